@@ -1,0 +1,27 @@
+# Two commands on a fresh machine: `make run` (the whole pipeline) and `make test` (the test suite).
+PYTHON ?= python3
+VENV ?= .venv
+CORES ?= 1
+SNAKEMAKE_ARGS ?=
+BIN := $(VENV)/bin
+
+.PHONY: run test lint clean-venv
+
+$(BIN)/activate: requirements.txt requirements-dev.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -r requirements-dev.txt
+	touch $(BIN)/activate
+
+run: $(BIN)/activate
+	$(BIN)/snakemake --cores $(CORES) $(SNAKEMAKE_ARGS)
+	@echo "Report: $(CURDIR)/results/report/report.html"
+
+test: $(BIN)/activate
+	$(BIN)/python -m pytest -q tests
+
+lint: $(BIN)/activate
+	$(BIN)/snakemake --lint
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,129 @@
+"""Resolve the run matrix: preset choice, preset + overrides merge, validation with field-naming messages."""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import jsonschema
+import yaml
+
+SCHEMA_PATH = Path(__file__).resolve().parent.parent / "schemas" / "config.schema.yaml"
+
+
+class ConfigError(ValueError):
+    """A config value is wrong; the message names the field and the fix."""
+
+
+def visible_gpus() -> tuple[list[str], str]:
+    """GPU names nvidia-smi lists, and how we found out. No torch import: this runs at DAG build time."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return [], "no nvidia-smi on PATH"
+    try:
+        out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return [], f"nvidia-smi failed: {exc}"
+    names = [line.split(":", 1)[1].split("(UUID")[0].strip() for line in out.stdout.splitlines() if line.startswith("GPU ")]
+    if out.returncode != 0 or not names:
+        return [], f"nvidia-smi lists no GPU (exit {out.returncode})"
+    return names, f"nvidia-smi lists {len(names)} GPU(s): {', '.join(sorted(set(names)))}"
+
+
+def choose_preset(requested: str, gpus: list[str], probe: str) -> dict:
+    if requested != "auto":
+        return {"preset": requested, "reason": f"preset: {requested} set in the config"}
+    if gpus:
+        return {"preset": "paper", "reason": f"preset: auto chose paper because {probe}"}
+    return {"preset": "smoke", "reason": f"preset: auto chose smoke because {probe}"}
+
+
+def deep_merge(base: dict, override: dict) -> dict:
+    merged = copy.deepcopy(base)
+    for key, value in (override or {}).items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = deep_merge(merged[key], value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
+def load_schema() -> dict:
+    return yaml.safe_load(SCHEMA_PATH.read_text())
+
+
+def _field(error: jsonschema.ValidationError, prefix: str) -> str:
+    parts = [prefix]
+    for part in error.absolute_path:
+        parts.append(f"[{part}]" if isinstance(part, int) else f".{part}")
+    return "".join(parts)
+
+
+def validate(instance: dict, definition: str | None, prefix: str) -> None:
+    """Validate against the schema (or one of its $defs); raise ConfigError naming the first bad field."""
+    schema = load_schema()
+    if definition:
+        schema = {"$schema": schema["$schema"], "$defs": schema["$defs"], "$ref": f"#/$defs/{definition}"}
+    validator = jsonschema.Draft202012Validator(schema)
+    errors = sorted(validator.iter_errors(instance), key=lambda e: (len(list(e.absolute_path)), str(e.absolute_path)))
+    if errors:
+        error = errors[0]
+        leaf = min(error.context, key=lambda e: len(list(e.absolute_path)), default=None) if error.context else None
+        if leaf is not None and len(list(leaf.absolute_path)) >= len(list(error.absolute_path)):
+            error = leaf
+        raise ConfigError(
+            f"Config error at {_field(error, prefix)}: {error.message}. "
+            f"Fix that value in your config (allowed values are in {SCHEMA_PATH.name})."
+        )
+
+
+def resolve_runs(config: dict, presets_dir: Path, gpus: list[str], probe: str) -> tuple[dict, dict]:
+    """Return (runs, choice): the validated run matrix and which preset was used, with the reason."""
+    validate(config, None, "config")
+    choice = choose_preset(config.get("preset", "auto"), gpus, probe)
+    preset_file = Path(presets_dir) / f"{choice['preset']}.yaml"
+    if not preset_file.exists():
+        raise ConfigError(f"Preset file {preset_file} is missing. Fix: restore it from the repository.")
+    preset = yaml.safe_load(preset_file.read_text()) or {}
+    runs = deep_merge(preset, config.get("runs") or {})
+    validate(runs, "runs_resolved", "runs")
+    if runs["train"]["warmup_steps"] >= runs["train"]["steps"]:
+        raise ConfigError(
+            f"Config error at runs.train.warmup_steps: {runs['train']['warmup_steps']} warm-up steps leave no timed "
+            f"step out of {runs['train']['steps']}. Fix: make warmup_steps smaller than steps."
+        )
+    return runs, choice
+
+
+def cells(runs: dict) -> list[dict]:
+    """Every cell of models x precisions x seeds, in a stable order."""
+    return [
+        {"model": model, "precision": precision, "seed": seed}
+        for model in runs["models"]
+        for precision in runs["precisions"]
+        for seed in runs["seeds"]
+    ]
+
+
+def cell_spec(runs: dict, model: str, precision: str, seed: int) -> dict:
+    """Everything a single run needs: the settings of this cell only, so other cells' edits don't rerun it."""
+    return {
+        "model": model,
+        "precision": precision,
+        "seed": int(seed),
+        "model_config": runs["models"][model],
+        "train": runs["train"],
+    }
+
+
+def cell_spec_json(runs: dict, model: str, precision: str, seed: int) -> str:
+    return json.dumps(cell_spec(runs, model, precision, seed), sort_keys=True)
+
+
+def apex_required(setting, gpus: list[str]) -> bool:
+    if setting == "auto":
+        return bool(gpus)
+    return bool(setting)

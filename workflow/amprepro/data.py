@@ -1,0 +1,77 @@
+"""Data for the runs: scikit-learn's digits (real, labelled, ships inside the package) and synthetic tensors."""
+
+from __future__ import annotations
+
+import torch
+
+DIGITS_CLASSES = 10
+
+
+def digits_split(seed: int = 0, test_fraction: float = 0.2):
+    """Digits as (N, 1, 8, 8) float images in [0, 1] and labels; a fixed split so all cells see the same data."""
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    images = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0
+    labels = torch.tensor(digits.target, dtype=torch.long)
+    order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(seed))
+    n_test = int(len(labels) * test_fraction)
+    test, train = order[:n_test], order[n_test:]
+    return (images[train], labels[train]), (images[test], labels[test])
+
+
+class DigitsBatches:
+    """Endless shuffled mini-batches of the digits training split, reproducible from the seed."""
+
+    def __init__(self, batch_size: int, seed: int, device: torch.device):
+        (self.x, self.y), (self.test_x, self.test_y) = digits_split()
+        self.x, self.y = self.x.to(device), self.y.to(device)
+        self.test_x, self.test_y = self.test_x.to(device), self.test_y.to(device)
+        self.batch_size = batch_size
+        self.generator = torch.Generator().manual_seed(seed)
+        self.order, self.cursor = self._shuffle(), 0
+
+    def _shuffle(self):
+        return torch.randperm(len(self.y), generator=self.generator)
+
+    def next(self):
+        if self.cursor + self.batch_size > len(self.order):
+            self.order, self.cursor = self._shuffle(), 0
+        index = self.order[self.cursor : self.cursor + self.batch_size].to(self.x.device)
+        self.cursor += self.batch_size
+        return self.x[index], self.y[index]
+
+    def test_set(self):
+        return self.test_x, self.test_y
+
+
+class SyntheticImages:
+    """One fixed random batch reused every step: measures the model, not a data loader."""
+
+    num_classes = 1000
+
+    def __init__(self, batch_size: int, image_size: int, seed: int, device: torch.device):
+        generator = torch.Generator().manual_seed(seed)
+        self.x = torch.randn(batch_size, 3, image_size, image_size, generator=generator).to(device)
+        self.y = torch.randint(0, self.num_classes, (batch_size,), generator=generator).to(device)
+
+    def next(self):
+        return self.x, self.y
+
+    def test_set(self):
+        return None
+
+
+class SyntheticTokens:
+    """Random token ids; the target is the next token (language-model shape, no meaning)."""
+
+    def __init__(self, batch_size: int, seq_len: int, vocab_size: int, seed: int, device: torch.device):
+        generator = torch.Generator().manual_seed(seed)
+        tokens = torch.randint(0, vocab_size, (batch_size, seq_len + 1), generator=generator).to(device)
+        self.x, self.y = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+
+    def next(self):
+        return self.x, self.y
+
+    def test_set(self):
+        return None

@@ -1,0 +1,108 @@
+"""Record the software environment: Python, platform, packages, torch build, and whether it is an isolated env."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import os
+import platform
+import shutil
+import subprocess
+import sys
+
+from amprepro.files import write_json
+
+
+def packages() -> dict[str, str]:
+    found = {}
+    for dist in importlib.metadata.distributions():
+        name = dist.metadata.get("Name")
+        if name:
+            found[name] = dist.version
+    return dict(sorted(found.items(), key=lambda kv: kv[0].lower()))
+
+
+def torch_build() -> dict:
+    try:
+        import torch
+    except ImportError as exc:
+        return {"importable": False, "error": str(exc)}
+    info = {
+        "importable": True,
+        "version": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cuda_available": torch.cuda.is_available(),
+        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        "nccl": None,
+        "debug": torch.version.debug,
+        "git_version": getattr(torch.version, "git_version", None),
+    }
+    if torch.cuda.is_available():
+        try:
+            info["nccl"] = ".".join(str(v) for v in torch.cuda.nccl.version())
+        except Exception as exc:  # NCCL absent from some builds
+            info["nccl"] = f"unavailable: {exc}"
+    return info
+
+
+def isolation() -> dict:
+    """Whether this job runs inside a Snakemake-created conda env or in whatever environment launched it."""
+    prefix = os.environ.get("CONDA_PREFIX")
+    in_snakemake_env = bool(prefix) and os.path.realpath(sys.prefix) == os.path.realpath(prefix) and (
+        os.sep + os.path.join(".snakemake", "conda") + os.sep in os.path.realpath(prefix) + os.sep
+        or os.environ.get("AMPREPRO_CONDA_PREFIX_ROOT", "\0") in os.path.realpath(prefix)
+    )
+    if in_snakemake_env:
+        return {"mode": "conda", "isolated": True, "prefix": prefix, "message": f"Isolated conda env {prefix}."}
+    return {
+        "mode": "current",
+        "isolated": False,
+        "prefix": sys.prefix,
+        "message": (
+            "NOT ISOLATED: jobs ran in the current environment "
+            f"({sys.prefix}), not in a pinned conda env. Versions below are whatever is installed there; "
+            "run with `snakemake --use-conda` for the pinned envs."
+        ),
+    }
+
+
+def conda_explicit() -> str | None:
+    if not os.environ.get("CONDA_PREFIX") or shutil.which("conda") is None:
+        return None
+    try:
+        out = subprocess.run(
+            ["conda", "list", "--explicit", "--prefix", os.environ["CONDA_PREFIX"]],
+            capture_output=True, text=True, timeout=120,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"conda list --explicit failed: {exc}"
+    return out.stdout if out.returncode == 0 else f"conda list --explicit failed: {out.stderr.strip()}"
+
+
+def collect() -> dict:
+    return {
+        "python": {"version": platform.python_version(), "implementation": platform.python_implementation(),
+                   "executable": sys.executable},
+        "platform": {"system": platform.system(), "release": platform.release(), "machine": platform.machine(),
+                     "node": platform.node(), "cpu_count": os.cpu_count()},
+        "isolation": isolation(),
+        "torch": torch_build(),
+        "packages": packages(),
+        "conda_explicit": conda_explicit(),
+    }
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    record = collect()
+    if not record["isolation"]["isolated"]:
+        print("WARNING: " + record["isolation"]["message"], file=sys.stderr)
+    write_json(args.out, record)
+    print(f"environment: python {record['python']['version']}, torch {record['torch'].get('version')}, "
+          f"{len(record['packages'])} packages, mode={record['isolation']['mode']}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,107 @@
+"""The six precisions as one training-step interface, chosen by name (timm's train.py does the same by flag)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+NATIVE_AMP_DTYPES = {"amp_fp16": torch.float16, "amp_bf16": torch.bfloat16}
+APEX_OPT_LEVELS = {"apex_o1": "O1", "apex_o2": "O2"}
+
+
+@dataclass
+class StepResult:
+    loss: torch.Tensor
+    scale: float | None
+    skipped: bool
+
+
+def unsupported_reason(precision: str, device: torch.device, apex: dict) -> str | None:
+    """Why this machine or build cannot run the precision; None when it can."""
+    on_cuda = device.type == "cuda"
+    if precision == "tf32":
+        if not on_cuda:
+            return "TF32 is a Tensor Core mode of NVIDIA GPUs (compute capability >= 8.0); no CUDA GPU here"
+        if torch.cuda.get_device_capability(device)[0] < 8:
+            return f"TF32 needs compute capability >= 8.0; this GPU is {torch.cuda.get_device_capability(device)}"
+    if precision == "amp_fp16" and not on_cuda:
+        return "fp16 AMP with GradScaler is the CUDA recipe the articles measure; no CUDA GPU here"
+    if precision == "amp_bf16" and on_cuda and not torch.cuda.is_bf16_supported():
+        return "this GPU does not support bf16 (needs compute capability >= 8.0)"
+    if precision in APEX_OPT_LEVELS:
+        if not on_cuda:
+            return "apex.amp runs on CUDA GPUs only; no CUDA GPU here"
+        if apex.get("status") != "built":
+            return f"apex is not built: {apex.get('reason', 'unknown')}"
+        if not apex.get("has_amp"):
+            return f"apex commit {apex.get('commit')} has no apex.amp (removed after tag 25.05); use ref 25.05"
+    return None
+
+
+def configure_tf32(precision: str) -> dict:
+    """Strict fp32 turns TF32 off for matmul and cuDNN; tf32 turns both on; AMP keeps PyTorch's defaults."""
+    if precision == "fp32":
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+    elif precision == "tf32":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    return {"matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32,
+            "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32}
+
+
+class Trainer:
+    """Forward, backward and optimizer step under one precision; reports loss, loss scale and skipped steps."""
+
+    def __init__(self, precision: str, model, optimizer, loss_fn, device: torch.device):
+        self.precision, self.device, self.loss_fn = precision, device, loss_fn
+        self.dtype = NATIVE_AMP_DTYPES.get(precision)
+        self.scaler = torch.amp.GradScaler(device.type) if precision == "amp_fp16" else None
+        self.amp = None
+        if precision in APEX_OPT_LEVELS:
+            from apex import amp
+
+            model, optimizer = amp.initialize(model, optimizer, opt_level=APEX_OPT_LEVELS[precision], verbosity=0)
+            self.amp = amp
+        self.model, self.optimizer = model, optimizer
+
+    def forward_loss(self, x, y):
+        with torch.autocast(self.device.type, dtype=self.dtype or torch.float32, enabled=self.dtype is not None):
+            return self.loss_fn(self.model(x), y)
+
+    def step(self, x, y) -> StepResult:
+        loss = self.forward_loss(x, y)
+        if self.scaler is not None:
+            result = self._scaled_step(loss)
+        elif self.amp is not None:
+            result = self._apex_step(loss)
+        else:
+            loss.backward()
+            self.optimizer.step()
+            result = StepResult(loss.detach(), None, False)
+        self.optimizer.zero_grad(set_to_none=True)
+        return result
+
+    def _scaled_step(self, loss) -> StepResult:
+        scale = self.scaler.get_scale()
+        self.scaler.scale(loss).backward()
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        return StepResult(loss.detach(), scale, self.scaler.get_scale() < scale)
+
+    def _apex_step(self, loss) -> StepResult:
+        scaler = self.amp._amp_state.loss_scalers[0]
+        scale = float(scaler.loss_scale())
+        with self.amp.scale_loss(loss, self.optimizer) as scaled:
+            scaled.backward()
+        self.optimizer.step()
+        return StepResult(loss.detach(), scale, float(scaler.loss_scale()) < scale)
+
+    @torch.no_grad()
+    def logits(self, x):
+        self.model.eval()
+        with torch.autocast(self.device.type, dtype=self.dtype or torch.float32, enabled=self.dtype is not None):
+            out = self.model(x)
+        self.model.train()
+        return out

@@ -1,0 +1,196 @@
+"""GPU-stack sanity checks the articles make or imply. Each: pass / fail / skip, with the reason and a one-line fix.
+
+A required check that fails stops the pipeline (non-zero exit, the failures printed first).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from amprepro.files import read_json, write_json
+
+
+def check(name, status, detail, fix="", required=False):
+    return {"name": name, "status": status, "detail": detail, "fix": fix if status == "fail" else "",
+            "required": required}
+
+
+def nvcc_release(nvcc: str) -> str | None:
+    try:
+        out = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    match = re.search(r"release (\d+\.\d+)", out)
+    return match.group(1) if match else None
+
+
+def cuda_home() -> str | None:
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    if home:
+        return home
+    nvcc = shutil.which("nvcc")
+    return str(Path(nvcc).resolve().parent.parent) if nvcc else None
+
+
+def torch_checks(torch, expect_gpu: bool) -> list[dict]:
+    cuda = torch.cuda.is_available()
+    results = [
+        check("torch version", "pass", f"torch {torch.__version__} (CUDA build: {torch.version.cuda})", required=True),
+        check("cuda.is_available", "pass" if cuda else ("fail" if expect_gpu else "skip"),
+              "a CUDA GPU is usable" if cuda else "no CUDA GPU usable by torch",
+              "nvidia-smi sees a GPU but torch does not: install a CUDA build of torch that matches the driver",
+              required=expect_gpu),
+    ]
+    if not cuda:
+        skip = "no CUDA GPU"
+        results += [check(n, "skip", skip) for n in ("cuDNN", "GPU name", "compute capability", "Tensor Cores",
+                                                     "bf16 support")]
+        return results
+    props = torch.cuda.get_device_properties(0)
+    major, minor = torch.cuda.get_device_capability(0)
+    cudnn_ok = torch.backends.cudnn.is_available() and torch.backends.cudnn.enabled
+    results += [
+        check("cuDNN", "pass" if cudnn_ok else "fail",
+              f"cuDNN {torch.backends.cudnn.version()} enabled={torch.backends.cudnn.enabled}",
+              "install a torch build with cuDNN and leave torch.backends.cudnn.enabled on", required=True),
+        check("GPU name", "pass", f"{props.name}, {props.total_memory / 2**30:.0f} GiB, {torch.cuda.device_count()} GPU(s)"),
+        check("compute capability", "pass", f"sm_{major}{minor}"),
+        check("Tensor Cores", "pass" if major >= 7 else "fail", f"compute capability {major}.{minor}",
+              "fp16 speedups need Tensor Cores (compute capability >= 7.0, Volta or newer)"),
+        check("bf16 support", "pass" if torch.cuda.is_bf16_supported() else "fail",
+              f"torch.cuda.is_bf16_supported() = {torch.cuda.is_bf16_supported()}",
+              "bf16 needs compute capability >= 8.0 (Ampere or newer); use amp_fp16 instead"),
+    ]
+    return results
+
+
+def toolkit_checks(torch, apex_required: bool) -> list[dict]:
+    if torch.version.cuda is None:
+        return [check("nvcc vs torch CUDA", "skip", "CPU-only torch build: nothing is compiled against CUDA"),
+                check("CUDA_HOME and cuda_runtime.h", "skip", "CPU-only torch build")]
+    nvcc = shutil.which("nvcc") or (str(Path(cuda_home(), "bin", "nvcc")) if cuda_home() else None)
+    release = nvcc_release(nvcc) if nvcc else None
+    if release is None:
+        version = check("nvcc vs torch CUDA", "fail", "nvcc not found (CUDA_HOME, PATH)",
+                        "install the CUDA toolkit (or conda cuda-nvcc) matching torch.version.cuda and set CUDA_HOME",
+                        required=apex_required)
+    else:
+        same = release == torch.version.cuda
+        version = check("nvcc vs torch CUDA", "pass" if same else "fail",
+                        f"nvcc {release}, torch built with CUDA {torch.version.cuda}",
+                        f"apex 25.05 demands equality: install CUDA toolkit {torch.version.cuda} or a torch built "
+                        f"for CUDA {release}", required=apex_required)
+    home = cuda_home()
+    header = Path(home, "include", "cuda_runtime.h") if home else None
+    headers = check("CUDA_HOME and cuda_runtime.h", "pass" if header and header.exists() else "fail",
+                    f"CUDA_HOME={home}, cuda_runtime.h {'found' if header and header.exists() else 'missing'}",
+                    "point CUDA_HOME at a full toolkit (runtime-only images and conda cudatoolkit lack the headers)",
+                    required=apex_required)
+    return [version, headers]
+
+
+def apex_checks(apex: dict) -> list[dict]:
+    required = bool(apex.get("required"))
+    if apex.get("status") != "built":
+        return [check("apex import", "skip", apex.get("reason", "apex not built"))]
+    if apex.get("site_dir"):
+        sys.path.insert(0, apex["site_dir"])
+    results = []
+    try:
+        import apex as apex_pkg  # noqa: F401
+
+        results.append(check("apex import", "pass", f"apex at {apex_pkg.__file__}", required=required))
+    except Exception as exc:
+        return [check("apex import", "fail", str(exc), "rebuild apex: delete results/apex and rerun", required)]
+    for name, ext in sorted(apex.get("extensions", {}).items()):
+        ok = ext.get("importable")
+        results.append(check(f"apex extension {name}", "pass" if ok else "fail", ext.get("error") or "importable",
+                             "rebuild apex with --cuda_ext (a Python-only build has no fused kernels)", required))
+    try:
+        from apex.optimizers import FusedAdam  # noqa: F401
+
+        import amp_C  # noqa: F401
+
+        results.append(check("FusedAdam available", "pass", "apex.optimizers.FusedAdam with amp_C", required=required))
+    except Exception as exc:
+        results.append(check("FusedAdam available", "fail", str(exc), "rebuild apex with --cuda_ext", required))
+    return results
+
+
+def autocast_checks(torch) -> list[dict]:
+    results = []
+    devices = [("cpu", torch.bfloat16)] + ([("cuda", torch.float16), ("cuda", torch.bfloat16)]
+                                          if torch.cuda.is_available() else [])
+    for device, dtype in devices:
+        a = torch.randn(8, 8, device=device)
+        with torch.autocast(device, dtype=dtype):
+            mm = (a @ a).dtype
+            softmax = torch.softmax(a, dim=-1).dtype if device == "cuda" else None
+        expected_softmax = torch.float32 if device == "cuda" else None
+        ok = mm == dtype and softmax == expected_softmax
+        results.append(check(f"autocast {device} {str(dtype).replace('torch.', '')}", "pass" if ok else "fail",
+                             f"matmul -> {mm}" + (f", softmax -> {softmax}" if softmax else ""),
+                             "autocast op lists changed: check the torch version", required=True))
+    return results
+
+
+def grad_scaler_check(torch) -> dict:
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    weight = torch.nn.Parameter(torch.ones(4, device=device))
+    optimizer = torch.optim.SGD([weight], lr=0.1)
+    scaler = torch.amp.GradScaler(device, init_scale=2.0**16)
+    scaler.scale((weight * 2).sum()).backward()
+    scaler.step(optimizer)
+    scaler.update()
+    ok = torch.allclose(weight.detach(), torch.full_like(weight, 0.8))
+    return check(f"GradScaler round trip ({device})", "pass" if ok else "fail",
+                 f"scaled backward + unscale gave weight {weight.detach().tolist()[:2]}..., scale {scaler.get_scale()}",
+                 "GradScaler did not unscale gradients: check the torch install", required=True)
+
+
+def kernel_check() -> dict:
+    try:
+        from jupyter_client.kernelspec import KernelSpecManager
+    except ImportError:
+        return check("Jupyter kernel python3", "skip", "jupyter_client is not in this env; the report env checks it")
+    specs = KernelSpecManager().find_kernel_specs()
+    ok = "python3" in specs
+    return check("Jupyter kernel python3", "pass" if ok else "fail",
+                 f"kernel python3 at {specs.get('python3')}" if ok else f"kernels found: {sorted(specs)}",
+                 "pip install ipykernel in the report env (papermill runs the report with kernel python3)")
+
+
+def run_checks(apex: dict, expect_gpu: bool) -> list[dict]:
+    import torch
+
+    return (torch_checks(torch, expect_gpu) + toolkit_checks(torch, bool(apex.get("required")))
+            + apex_checks(apex) + autocast_checks(torch) + [grad_scaler_check(torch), kernel_check()])
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--apex", required=True)
+    parser.add_argument("--expect-gpu", choices=["True", "False"], required=True)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    results = run_checks(read_json(args.apex), args.expect_gpu == "True")
+    for r in results:
+        print(f"[{r['status']:4}] {r['name']}: {r['detail']}" + (f"  FIX: {r['fix']}" if r["fix"] else ""))
+    blocking = [r for r in results if r["status"] == "fail" and r["required"]]
+    if blocking:
+        for r in blocking:
+            print(f"ERROR: required sanity check failed: {r['name']}: {r['detail']}. Fix: {r['fix']}", file=sys.stderr)
+        sys.exit(1)
+    write_json(args.out, {"checks": results, "passed": sum(r["status"] == "pass" for r in results),
+                          "failed": sum(r["status"] == "fail" for r in results),
+                          "skipped": sum(r["status"] == "skip" for r in results)})
+
+
+if __name__ == "__main__":
+    main()

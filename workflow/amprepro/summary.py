@@ -1,0 +1,85 @@
+"""One table of every cell (with speedups against strict FP32 and against TF32) plus the software versions."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from amprepro.files import read_json, write_csv, write_json
+
+COLUMNS = [
+    "model", "precision", "seed", "status", "reason", "throughput_per_s", "throughput_unit", "step_time_median_s",
+    "step_time_p90_s", "peak_allocated_bytes", "peak_reserved_bytes", "peak_rss_bytes", "final_loss",
+    "eval_accuracy", "skipped_steps", "first_nonfinite_step", "loss_scale_final", "speedup_vs_fp32",
+    "speedup_vs_tf32", "memory_ratio_vs_fp32",
+]
+KEY_PACKAGES = ["torch", "torchvision", "numpy", "scikit-learn", "snakemake", "papermill", "nbconvert", "apex"]
+
+
+def ratio(numerator, denominator):
+    return numerator / denominator if numerator and denominator else None
+
+
+def peak_memory(row: dict):
+    """GPU allocator peak where there is one; on CPU the process peak RSS (a coarser measure, labelled as such)."""
+    return row.get("peak_allocated_bytes") or row.get("peak_rss_bytes")
+
+
+def add_relative(rows: list[dict]) -> list[dict]:
+    baseline = {(r["model"], r["seed"], r["precision"]): r for r in rows if r["status"] == "ok"}
+    for row in rows:
+        fp32 = baseline.get((row["model"], row["seed"], "fp32"))
+        tf32 = baseline.get((row["model"], row["seed"], "tf32"))
+        ok = row["status"] == "ok"
+        row["speedup_vs_fp32"] = ratio(row.get("throughput_per_s"), fp32 and fp32["throughput_per_s"]) if ok else None
+        row["speedup_vs_tf32"] = ratio(row.get("throughput_per_s"), tf32 and tf32["throughput_per_s"]) if ok else None
+        row["memory_ratio_vs_fp32"] = ratio(peak_memory(row), fp32 and peak_memory(fp32)) if ok else None
+    return rows
+
+
+def versions(environment: dict, apex: dict, metrics: list[dict]) -> dict:
+    hardware = next((m["hardware"] for m in metrics if m.get("hardware")), {})
+    packages = environment.get("packages", {})
+    return {
+        "python": environment.get("python", {}).get("version"),
+        "torch": environment.get("torch", {}).get("version"),
+        "cuda": environment.get("torch", {}).get("cuda"),
+        "cudnn": environment.get("torch", {}).get("cudnn"),
+        "nccl": environment.get("torch", {}).get("nccl"),
+        "apex_status": apex.get("status"),
+        "apex_commit": apex.get("commit"),
+        "gpu": hardware.get("gpu_name"),
+        "gpu_count": hardware.get("gpu_count"),
+        "driver": hardware.get("driver"),
+        "cpu": hardware.get("cpu"),
+        "isolation": environment.get("isolation", {}).get("mode"),
+        "packages": {name: packages.get(name) for name in KEY_PACKAGES if name in packages},
+    }
+
+
+def summarize(metric_files: list[str], environment: dict, apex: dict, preset: dict) -> dict:
+    metrics = [read_json(path) for path in metric_files]
+    rows = add_relative([{c: m.get(c) for c in COLUMNS if c in m} | {"model": m["model"], "precision": m["precision"],
+                                                                     "seed": m["seed"], "status": m["status"]}
+                         for m in metrics])
+    counts = {status: sum(r["status"] == status for r in rows) for status in ("ok", "skipped", "collapsed")}
+    return {"preset": preset, "cells": rows, "counts": counts, "versions": versions(environment, apex, metrics)}
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--metrics", nargs="+", required=True)
+    parser.add_argument("--env", required=True)
+    parser.add_argument("--apex", required=True)
+    parser.add_argument("--preset", required=True, help="JSON: which preset ran and why")
+    parser.add_argument("--csv", required=True)
+    parser.add_argument("--json", required=True)
+    args = parser.parse_args(argv)
+    summary = summarize(args.metrics, read_json(args.env), read_json(args.apex), json.loads(args.preset))
+    write_csv(args.csv, summary["cells"], COLUMNS)
+    write_json(args.json, summary)
+    print(f"summary: {len(summary['cells'])} cells, {summary['counts']}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,19 @@
+rule apex:
+    """Build (or declare absent) NVIDIA Apex from a pinned source; verify every extension it promises."""
+    input:
+        env="results/environment/environment.json",
+        code=f"{PKG}/apex_stage.py",
+    output:
+        apex="results/apex/apex.json",
+    params:
+        settings=json.dumps({**config["apex"], "required": APEX_REQUIRED}, sort_keys=True),
+    log:
+        "results/logs/apex.log",
+    threads: workflow.cores
+    resources:
+        gpu=1 if GPUS else 0,
+    conda:
+        "../../envs/train.yaml"
+    shell:
+        "PYTHONPATH=workflow python -m amprepro.apex_stage"
+        " --settings {params.settings:q} --out {output.apex} --jobs {threads} > {log} 2>&1"

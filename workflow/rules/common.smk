@@ -1,0 +1,40 @@
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+from snakemake.utils import validate
+
+sys.path.insert(0, str(Path(workflow.basedir) / "workflow"))
+from amprepro.config import (  # noqa: E402
+    apex_required,
+    cell_spec_json,
+    cells,
+    resolve_runs,
+    visible_gpus,
+)
+
+
+validate(config, "../schemas/config.schema.yaml")
+
+GPUS, GPU_PROBE = visible_gpus()
+RUNS, PRESET = resolve_runs(config, Path(workflow.basedir) / "config" / "presets", GPUS, GPU_PROBE)
+PRESET["config_sha256"] = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()
+CELLS = cells(RUNS)
+APEX_REQUIRED = apex_required(config["apex"]["required"], GPUS)
+PKG = "workflow/amprepro"
+
+
+wildcard_constraints:
+    model="[A-Za-z0-9_]+",
+    precision="|".join(RUNS["precisions"]),
+    seed=r"\d+",
+
+
+def run_outputs(name):
+    """Paths of one output file for every cell of the matrix."""
+    return [f"results/runs/{c['model']}/{c['precision']}/seed{c['seed']}/{name}" for c in CELLS]
+
+
+def spec_for_cell(wildcards):
+    return cell_spec_json(RUNS, wildcards.model, wildcards.precision, wildcards.seed)

@@ -1,0 +1,12 @@
+rule environment:
+    """Record the software environment the jobs run in: Python, packages, torch build, conda or not."""
+    input:
+        code=f"{PKG}/environment.py",
+    output:
+        env="results/environment/environment.json",
+    log:
+        "results/logs/environment.log",
+    conda:
+        "../../envs/train.yaml"
+    shell:
+        "PYTHONPATH=workflow python -m amprepro.environment --out {output.env} > {log} 2>&1"

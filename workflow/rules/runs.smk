@@ -1,0 +1,44 @@
+rule train:
+    """One cell: one model, one precision, one seed, in its own process (apex O1 patches torch globally)."""
+    input:
+        sanity="results/sanity/sanity.json",
+        apex="results/apex/apex.json",
+        code=[f"{PKG}/{name}.py" for name in ("train", "models", "data", "precision", "measure")],
+    output:
+        metrics="results/runs/{model}/{precision}/seed{seed}/metrics.json",
+        steps="results/runs/{model}/{precision}/seed{seed}/steps.csv",
+    params:
+        spec=spec_for_cell,
+    log:
+        "results/logs/runs/{model}/{precision}/seed{seed}.log",
+    threads: 1 if not GPUS else 8
+    resources:
+        gpu=1 if GPUS else 0,
+    conda:
+        "../../envs/train.yaml"
+    shell:
+        "PYTHONPATH=workflow python -m amprepro.train"
+        " --spec {params.spec:q} --apex {input.apex} --threads {threads}"
+        " --metrics {output.metrics} --steps {output.steps} > {log} 2>&1"
+
+
+rule summary:
+    """One table of every cell plus the software versions they ran with."""
+    input:
+        metrics=run_outputs("metrics.json"),
+        env="results/environment/environment.json",
+        apex="results/apex/apex.json",
+        code=f"{PKG}/summary.py",
+    output:
+        table="results/summary/summary.csv",
+        summary="results/summary/summary.json",
+    params:
+        preset=json.dumps(PRESET, sort_keys=True),
+    log:
+        "results/logs/summary.log",
+    conda:
+        "../../envs/train.yaml"
+    shell:
+        "PYTHONPATH=workflow python -m amprepro.summary"
+        " --metrics {input.metrics} --env {input.env} --apex {input.apex}"
+        " --preset {params.preset:q} --csv {output.table} --json {output.summary} > {log} 2>&1"
