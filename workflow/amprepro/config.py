@@ -80,9 +80,13 @@ def validate(instance: dict, definition: str | None, prefix: str) -> None:
         )
 
 
+def validate_config(config: dict) -> None:
+    validate(config, None, "config")
+
+
 def resolve_runs(config: dict, presets_dir: Path, gpus: list[str], probe: str) -> tuple[dict, dict]:
     """Return (runs, choice): the validated run matrix and which preset was used, with the reason."""
-    validate(config, None, "config")
+    validate_config(config)
     choice = choose_preset(config.get("preset", "auto"), gpus, probe)
     preset_file = Path(presets_dir) / f"{choice['preset']}.yaml"
     if not preset_file.exists():

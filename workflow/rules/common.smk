@@ -11,11 +11,13 @@ from amprepro.config import (  # noqa: E402
     cell_spec_json,
     cells,
     resolve_runs,
+    validate_config,
     visible_gpus,
 )
 
 
-validate(config, "../schemas/config.schema.yaml")
+validate_config(config)  # first: one line naming the bad field and the fix
+validate(config, "../schemas/config.schema.yaml")  # fills in the schema's defaults
 
 GPUS, GPU_PROBE = visible_gpus()
 RUNS, PRESET = resolve_runs(config, Path(workflow.basedir) / "config" / "presets", GPUS, GPU_PROBE)

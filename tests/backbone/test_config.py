@@ -1,0 +1,84 @@
+from pathlib import Path
+
+import pytest
+import yaml
+
+from amprepro import config as cfg
+
+PRESETS = Path(__file__).resolve().parents[2] / "config" / "presets"
+BASE = yaml.safe_load((Path(__file__).resolve().parents[2] / "config" / "config.yaml").read_text())
+
+
+def resolve(overrides=None, preset="smoke", gpus=()):
+    config = cfg.deep_merge(BASE, {"preset": preset, **(overrides or {})})
+    return cfg.resolve_runs(config, PRESETS, list(gpus), "test probe")
+
+
+def test_auto_picks_paper_with_a_gpu_and_smoke_without():
+    assert cfg.choose_preset("auto", ["NVIDIA H200"], "nvidia-smi lists 1 GPU(s)")["preset"] == "paper"
+    choice = cfg.choose_preset("auto", [], "no nvidia-smi on PATH")
+    assert choice["preset"] == "smoke" and "no nvidia-smi on PATH" in choice["reason"]
+    assert cfg.choose_preset("paper", [], "x") == {"preset": "paper", "reason": "preset: paper set in the config"}
+
+
+def test_overrides_merge_key_by_key():
+    runs, _ = resolve({"runs": {"models": {"cnn": {"batch_size": 8}}, "seeds": [1, 2]}})
+    assert runs["models"]["cnn"] == {"arch": "small_cnn", "data": "digits", "batch_size": 8}
+    assert "transformer" in runs["models"] and runs["seeds"] == [1, 2]
+
+
+def test_cells_cover_the_whole_matrix():
+    runs, _ = resolve({"runs": {"seeds": [0, 1]}})
+    cells = cfg.cells(runs)
+    assert len(cells) == len(runs["models"]) * len(runs["precisions"]) * 2
+    assert {"model": "transformer", "precision": "apex_o2", "seed": 1} in cells
+
+
+def test_cell_spec_holds_only_its_own_model():
+    runs, _ = resolve()
+    before = cfg.cell_spec_json(runs, "cnn", "fp32", 0)
+    runs["models"]["transformer"]["batch_size"] = 7
+    assert cfg.cell_spec_json(runs, "cnn", "fp32", 0) == before
+    runs["models"]["cnn"]["batch_size"] = 7
+    assert cfg.cell_spec_json(runs, "cnn", "fp32", 0) != before
+
+
+@pytest.mark.parametrize(
+    "overrides, field",
+    [
+        ({"runs": {"precisions": ["fp8"]}}, "config.runs.precisions[0]"),
+        ({"runs": {"models": {"cnn": {"batch_size": 0}}}}, "config.runs.models.cnn.batch_size"),
+        ({"runs": {"models": {"cnn": {"arch": "resnet9000"}}}}, "config.runs.models.cnn.arch"),
+        ({"runs": {"train": {"lr": -1}}}, "config.runs.train.lr"),
+        ({"runs": {"seeds": []}}, "config.runs.seeds"),
+        ({"runs": {"models": {"new": {"arch": "small_cnn"}}}}, "runs.models.new"),
+        ({"preset": "fast"}, "config.preset"),
+        ({"apex": {"source": {"commit": "not-a-sha"}}}, "config.apex.source.commit"),
+        ({"apex": {"cuda_arch_list": "sm_90"}}, "config.apex.cuda_arch_list"),
+        ({"apex": {"colour": "red"}}, "config.apex"),
+        ({"runs": {"train": {"warmup_steps": 500}}}, "runs.train.warmup_steps"),
+    ],
+)
+def test_bad_config_names_the_field(overrides, field):
+    preset = overrides.pop("preset", "smoke") if "preset" in overrides else "smoke"
+    config = cfg.deep_merge(BASE, overrides)
+    config["preset"] = preset
+    with pytest.raises(cfg.ConfigError) as error:
+        cfg.resolve_runs(config, PRESETS, [], "test probe")
+    assert f"at {field}:" in str(error.value), str(error.value)
+    assert "Fix" in str(error.value)
+
+
+def test_apex_required_follows_the_gpu():
+    assert cfg.apex_required("auto", ["NVIDIA H200"]) is True
+    assert cfg.apex_required("auto", []) is False
+    assert cfg.apex_required(True, []) is True
+
+
+def test_merged_preset_missing_a_key_names_it(tmp_path):
+    (tmp_path / "smoke.yaml").write_text(yaml.safe_dump({"models": {"cnn": {"arch": "small_cnn", "data": "digits"}},
+                                                         "precisions": ["fp32"], "seeds": [0],
+                                                         "train": {"steps": 5, "warmup_steps": 1, "lr": 0.1,
+                                                                   "optimizer": "sgd"}}))
+    with pytest.raises(cfg.ConfigError, match=r"at runs\.models\.cnn: 'batch_size' is a required property"):
+        cfg.resolve_runs({**BASE, "preset": "smoke"}, tmp_path, [], "test probe")

@@ -1,0 +1,106 @@
+"""End to end: the smoke preset through Snakemake in a fresh copy, reruns, a killed job, lint, a broken config."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import SNAKEMAKE, copy_workflow, snakemake
+
+pytestmark = pytest.mark.e2e
+SECTIONS = ["Results", "Throughput", "Speedup against both baselines", "Peak memory", "Loss curves: FP32 against AMP",
+            "Loss scale", "Sanity checks", "Environment", "Provenance"]
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory):
+    workdir = copy_workflow(tmp_path_factory.mktemp("smoke") / "amprepro")
+    started = time.monotonic()
+    snakemake(workdir, "--cores", "2", "--config", "preset=smoke")
+    return workdir, time.monotonic() - started
+
+
+def job_counts(dry_run_stdout: str) -> dict:
+    """The 'Job stats' table of a dry run as {rule: count}."""
+    table = dry_run_stdout.split("Job stats:")[1]
+    return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.M) if m.group(1) != "total"}
+
+
+def test_smoke_preset_runs_every_cell_and_renders_the_report(smoke_run):
+    workdir, seconds = smoke_run
+    assert seconds < 300, f"smoke preset took {seconds:.0f} s"
+    summary = json.loads((workdir / "results/summary/summary.json").read_text())
+    assert summary["preset"]["preset"] == "smoke"
+    assert len(summary["cells"]) == 2 * 6
+    for cell in summary["cells"]:
+        metrics = json.loads((workdir / f"results/runs/{cell['model']}/{cell['precision']}/seed0/metrics.json").read_text())
+        assert metrics["status"] in ("ok", "skipped"), metrics
+        if metrics["status"] == "skipped":
+            assert metrics["reason"]
+    ran = {(c["model"], c["precision"]) for c in summary["cells"] if c["status"] == "ok"}
+    assert {("cnn", "fp32"), ("cnn", "amp_bf16"), ("transformer", "fp32"), ("transformer", "amp_bf16")} <= ran
+    html = (workdir / "results/report/report.html").read_text()
+    for section in SECTIONS:
+        assert f">{section}<" in html, f"report lacks section {section!r}"
+    assert html.count("data:image/png;base64,") >= 5
+    assert "def " not in html and "import " not in html  # no code cells
+    for log in ("environment", "apex", "sanity", "summary", "report"):
+        assert (workdir / f"results/logs/{log}.log").exists()
+
+
+def test_second_run_does_nothing(smoke_run):
+    workdir, _ = smoke_run
+    started = time.monotonic()
+    result = snakemake(workdir, "--cores", "2", "--config", "preset=smoke")
+    assert "Nothing to be done" in result.stdout + result.stderr
+    assert time.monotonic() - started < 30
+
+
+def test_changing_one_model_reruns_only_its_cells(smoke_run):
+    workdir, _ = smoke_run
+    override = workdir / "override.yaml"
+    override.write_text("preset: smoke\nruns:\n  models:\n    cnn:\n      batch_size: 32\n")
+    result = snakemake(workdir, "-n", "--cores", "2", "--configfile", "config/config.yaml", str(override))
+    counts = job_counts(result.stdout)
+    assert counts == {"train": 6, "summary": 1, "report": 1, "all": 1}, counts
+    assert "output: results/runs/transformer" not in result.stdout
+
+
+def test_killed_run_leaves_nothing_snakemake_takes_as_complete(tmp_path):
+    workdir = copy_workflow(tmp_path / "amprepro")
+    target = "results/runs/cnn/fp32/seed0/metrics.json"
+    args = [*SNAKEMAKE, "--cores", "1", target, "--config", "preset=smoke"]
+    override = workdir / "long.yaml"
+    override.write_text("preset: smoke\nruns:\n  train:\n    steps: 200000\n")
+    args += ["--configfile", "config/config.yaml", str(override)]
+    process = subprocess.Popen(args, cwd=workdir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               start_new_session=True)
+    log = workdir / "results/logs/runs/cnn/fp32/seed0.log"
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and not (log.exists() and "step    20" in log.read_text()):
+        time.sleep(0.5)
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    assert log.exists() and "step    20" in log.read_text(), "training never started"
+    cell = workdir / "results/runs/cnn/fp32/seed0"
+    assert not (cell / "metrics.json").exists() and not (cell / "steps.csv").exists()
+    result = snakemake(workdir, "-n", "--cores", "1", target, "--configfile", "config/config.yaml", str(override))
+    assert job_counts(result.stdout).get("train") == 1
+
+
+def test_broken_config_stops_with_the_field_named(workflow_copy):
+    result = snakemake(workflow_copy, "-n", "--cores", "1", "--config", "preset=fast", check=False)
+    assert result.returncode != 0
+    assert "Config error at config.preset: 'fast' is not one of" in result.stdout + result.stderr
+
+
+def test_lint_is_clean():
+    repo = Path(__file__).resolve().parents[2]
+    result = subprocess.run([*SNAKEMAKE, "--lint"], cwd=repo, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Lints for" not in result.stdout + result.stderr
