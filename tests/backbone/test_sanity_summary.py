@@ -1,0 +1,59 @@
+import json
+
+import pytest
+import torch
+
+from amprepro import sanity, summary
+
+NO_APEX = {"status": "skipped", "reason": "no apex source configured", "required": False}
+
+
+def test_checks_on_this_machine_each_have_a_status_and_reason():
+    results = sanity.run_checks(NO_APEX, expect_gpu=False)
+    names = {r["name"] for r in results}
+    assert {"torch version", "cuda.is_available", "nvcc vs torch CUDA", "apex import", "autocast cpu bfloat16",
+            "Jupyter kernel python3"} <= names
+    assert all(r["status"] in ("pass", "fail", "skip") and r["detail"] for r in results)
+    assert all(r["fix"] for r in results if r["status"] == "fail")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="simulates a GPU box whose torch sees no GPU")
+def test_required_failure_stops_with_the_fix(tmp_path, capsys):
+    apex = tmp_path / "apex.json"
+    apex.write_text(json.dumps(NO_APEX))
+    with pytest.raises(SystemExit) as exit_info:
+        sanity.main(["--apex", str(apex), "--expect-gpu", "True", "--out", str(tmp_path / "s.json")])
+    assert exit_info.value.code == 1
+    err = capsys.readouterr().err
+    assert "required sanity check failed: cuda.is_available" in err and "Fix: " in err
+    assert not (tmp_path / "s.json").exists()
+
+
+def test_nvcc_mismatch_is_diagnosed(tmp_path, monkeypatch):
+    fake = tmp_path / "nvcc"
+    fake.write_text("#!/bin/sh\necho 'Cuda compilation tools, release 11.8, V11.8.89'\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+
+    class FakeTorch:
+        class version:
+            cuda = "13.0"
+
+    version, headers = sanity.toolkit_checks(FakeTorch, apex_required=True)
+    assert version["status"] == "fail" and "nvcc 11.8" in version["detail"] and "13.0" in version["fix"]
+    assert headers["status"] == "fail" and "cuda_runtime.h missing" in headers["detail"]
+
+
+def metric(model, precision, throughput, memory, status="ok"):
+    return {"model": model, "precision": precision, "seed": 0, "status": status, "throughput_per_s": throughput,
+            "peak_allocated_bytes": memory}
+
+
+def test_speedups_against_both_baselines():
+    rows = summary.add_relative([metric("vit", "fp32", 400, 100), metric("vit", "tf32", 1200, 100),
+                                 metric("vit", "amp_fp16", 2400, 60), metric("vit", "apex_o1", None, None, "skipped")])
+    fp16 = rows[2]
+    assert fp16["speedup_vs_fp32"] == pytest.approx(6.0)
+    assert fp16["speedup_vs_tf32"] == pytest.approx(2.0)
+    assert fp16["memory_ratio_vs_fp32"] == pytest.approx(0.6)
+    assert rows[3]["speedup_vs_fp32"] is None
