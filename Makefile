@@ -4,6 +4,8 @@ VENV ?= .venv
 CORES ?= 1
 SNAKEMAKE_ARGS ?=
 BIN := $(VENV)/bin
+# Rules call `python`: it must be the venv's (with --use-conda, the env's own python comes first).
+export PATH := $(CURDIR)/$(BIN):$(PATH)
 
 .PHONY: run test lint clean-venv
 

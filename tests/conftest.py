@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -27,8 +28,16 @@ def copy_workflow(dest: Path) -> Path:
     return dest
 
 
+def job_env() -> dict:
+    """The rules call `python`: make it this interpreter, as `make run` does with the venv."""
+    env = dict(os.environ)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    return env
+
+
 def snakemake(workdir: Path, *args: str, check: bool = True, timeout: int = 900) -> subprocess.CompletedProcess:
-    result = subprocess.run([*SNAKEMAKE, *args], cwd=workdir, capture_output=True, text=True, timeout=timeout)
+    result = subprocess.run([*SNAKEMAKE, *args], cwd=workdir, capture_output=True, text=True, timeout=timeout,
+                            env=job_env())
     if check and result.returncode != 0:
         raise AssertionError(f"snakemake {' '.join(args)} failed ({result.returncode}):\n{result.stderr[-4000:]}")
     return result

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import SNAKEMAKE, copy_workflow, snakemake
+from conftest import SNAKEMAKE, copy_workflow, job_env, snakemake
 
 pytestmark = pytest.mark.e2e
 SECTIONS = ["Results", "Throughput", "Speedup against both baselines", "Peak memory", "Loss curves: FP32 against AMP",
@@ -79,7 +79,7 @@ def test_killed_run_leaves_nothing_snakemake_takes_as_complete(tmp_path):
     override.write_text("preset: smoke\nruns:\n  train:\n    steps: 200000\n")
     args += ["--configfile", "config/config.yaml", str(override)]
     process = subprocess.Popen(args, cwd=workdir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                               start_new_session=True)
+                               start_new_session=True, env=job_env())
     log = workdir / "results/logs/runs/cnn/fp32/seed0.log"
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and not (log.exists() and "step    20" in log.read_text()):

@@ -167,8 +167,12 @@ def kernel_check() -> dict:
 
 
 def run_checks(apex: dict, expect_gpu: bool) -> list[dict]:
-    import torch
-
+    try:
+        import torch
+    except ImportError as exc:
+        return [check("torch import", "fail", f"{sys.executable}: {exc}",
+                      "the `python` the jobs run has no torch: start the pipeline with `make run` (it puts .venv/bin "
+                      "first on PATH), activate the venv, or use `snakemake --use-conda`", required=True)]
     return (torch_checks(torch, expect_gpu) + toolkit_checks(torch, bool(apex.get("required")))
             + apex_checks(apex) + autocast_checks(torch) + [grad_scaler_check(torch), kernel_check()])
 
