@@ -1,0 +1,102 @@
+"""What a source's setup.py offers, read statically (running it would need the toolchain we are about to check).
+
+apex selects extensions with command-line flags (`if "--cuda_ext" in sys.argv:`) and, from 25.09 on, also with
+APEX_* environment variables (`has_flag("--cuda_ext", "APEX_CUDA_EXT")`). Every CppExtension/CUDAExtension call
+under such a test is attributed to that flag, including ones behind nested version checks, which for any CUDA
+that builds apex today are true.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass
+
+CORE_FLAGS = ("--cpp_ext", "--cuda_ext")
+EXTENSION_CLASSES = {"CppExtension": "cpp", "CUDAExtension": "cuda"}
+# 25.05 compares the nvcc release with torch.version.cuda for equality (check_cuda_torch_binary_vs_bare_metal).
+STRICT_CUDA_CHECK = "bare_metal_version != torch_binary_version"
+COMPUTE_70_GENCODE = re.compile(r'^[ \t]*cc_flag\.append\("-gencode"\)\n[ \t]*cc_flag\.append\("arch=compute_70,code=sm_70"\)\n',
+                                re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class SetupFacts:
+    extensions: dict[str, dict[str, str]]  # flag -> {extension name: "cpp" | "cuda"}
+    env_vars: dict[str, str]  # flag -> environment variable that also turns it on
+    parallel_env: bool  # APEX_PARALLEL_BUILD understood
+    parallel_option: bool  # "--parallel N" understood
+    strict_cuda_check: bool
+    compute_70_gencodes: int
+    has_amp: bool
+
+    def core_flags(self) -> list[str]:
+        return [flag for flag in CORE_FLAGS if self.extensions.get(flag)]
+
+    def promised(self, flags: list[str]) -> dict[str, str]:
+        return {name: kind for flag in flags for name, kind in self.extensions.get(flag, {}).items()}
+
+    def needs_cuda(self, flags: list[str]) -> bool:
+        return "cuda" in self.promised(flags).values()
+
+
+def inspect_setup(text: str, has_amp: bool) -> SetupFacts:
+    tree = ast.parse(text)
+    return SetupFacts(
+        extensions=_extensions_by_flag(tree),
+        env_vars=_env_vars(tree),
+        parallel_env="APEX_PARALLEL_BUILD" in text,
+        parallel_option='"--parallel" in sys.argv' in text,
+        strict_cuda_check=STRICT_CUDA_CHECK in text,
+        compute_70_gencodes=len(COMPUTE_70_GENCODE.findall(text)),
+        has_amp=has_amp,
+    )
+
+
+def _flags_in(test: ast.expr) -> list[str]:
+    return [node.value for node in ast.walk(test)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("--")]
+
+
+def _extension(node: ast.AST) -> tuple[str, str] | None:
+    if not isinstance(node, ast.Call):
+        return None
+    func = node.func.id if isinstance(node.func, ast.Name) else getattr(node.func, "attr", None)
+    if func not in EXTENSION_CLASSES:
+        return None
+    name = next((kw.value for kw in node.keywords if kw.arg == "name"), node.args[0] if node.args else None)
+    if isinstance(name, ast.Constant) and isinstance(name.value, str):
+        return name.value, EXTENSION_CLASSES[func]
+    return None
+
+
+def _extensions_by_flag(tree: ast.Module) -> dict[str, dict[str, str]]:
+    found: dict[str, dict[str, str]] = {}
+
+    def visit(node: ast.AST, flags: list[str]) -> None:
+        if isinstance(node, ast.If) and (tested := _flags_in(node.test)):
+            for child in node.body:
+                visit(child, tested)
+            for child in node.orelse:
+                visit(child, flags)
+            return
+        if flags and (ext := _extension(node)):
+            for flag in flags:
+                found.setdefault(flag, {})[ext[0]] = ext[1]
+        for child in ast.iter_child_nodes(node):
+            visit(child, flags)
+
+    visit(tree, [])
+    return found
+
+
+def _env_vars(tree: ast.Module) -> dict[str, str]:
+    """flag -> env var, from a dict literal like ENV_TO_FLAG = {"APEX_CPP_EXT": "--cpp_ext", ...}."""
+    pairs = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Dict):
+            for key, value in zip(node.keys, node.values):
+                if (isinstance(key, ast.Constant) and isinstance(key.value, str) and key.value.startswith("APEX_")
+                        and isinstance(value, ast.Constant) and str(value.value).startswith("--")):
+                    pairs[value.value] = key.value
+    return pairs

@@ -1,0 +1,143 @@
+"""Run in a fresh interpreter: put the apex site dir first, import torch, then exercise what the build promised.
+
+Usage: python verify_probe.py SITE_DIR CHECKS EXTENSIONS   (comma-separated lists)
+Prints one JSON object as its last line. Standalone on purpose: nothing here may import before torch.
+"""
+
+import copy
+import importlib
+import json
+import sys
+import time
+import traceback
+
+SITE_DIR, CHECKS, EXTENSIONS = sys.argv[1], sys.argv[2].split(","), [e for e in sys.argv[3].split(",") if e]
+sys.path.insert(0, SITE_DIR)
+
+import torch  # noqa: E402  (extensions link libc10: torch first)
+
+GPU_CHECKS = {"fused_adam", "fused_layer_norm", "amp_O1", "amp_O2"}
+
+
+def max_diff(a, b):
+    return float((a.detach().float() - b.detach().float()).abs().max())
+
+
+def check_imports():
+    modules = {}
+    for name in EXTENSIONS:
+        try:
+            module = importlib.import_module(name)
+            modules[name] = {"importable": True, "error": None, "file": getattr(module, "__file__", None)}
+        except Exception as exc:
+            modules[name] = {"importable": False, "error": f"{type(exc).__name__}: {exc}"}
+    try:
+        import apex
+
+        where = apex.__file__ or ""
+    except Exception as exc:
+        where = f"apex not importable: {type(exc).__name__}: {exc}"
+    ok = where.startswith(SITE_DIR) and all(m["importable"] for m in modules.values())
+    return ok, {"apex_file": where, "extensions": modules}
+
+
+def check_apex_c():
+    import apex_C
+
+    tensors = [torch.arange(6.0).reshape(2, 3), torch.ones(4)]
+    flat = apex_C.flatten(tensors)
+    back = apex_C.unflatten(flat, tensors)
+    ok = flat.numel() == 10 and all(torch.equal(a, b) for a, b in zip(tensors, back))
+    return ok, {"flat_numel": flat.numel()}
+
+
+def check_fused_adam():
+    from apex.optimizers import FusedAdam
+
+    torch.manual_seed(0)
+    reference = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Tanh(), torch.nn.Linear(64, 8)).cuda()
+    fused = copy.deepcopy(reference)
+    start = [p.detach().clone() for p in fused.parameters()]
+    optimizers = [(reference, torch.optim.Adam(reference.parameters(), lr=1e-3)),
+                  (fused, FusedAdam(fused.parameters(), lr=1e-3))]
+    x = torch.randn(32, 64, device="cuda")
+    for _ in range(3):
+        for model, optimizer in optimizers:
+            optimizer.zero_grad()
+            model(x).square().mean().backward()
+            optimizer.step()
+    torch.cuda.synchronize()
+    diff = max(max_diff(a, b) for a, b in zip(reference.parameters(), fused.parameters()))
+    moved = max(max_diff(a, b) for a, b in zip(start, fused.parameters()))
+    return diff < 1e-5 and moved > 1e-4, {"steps": 3, "max_abs_diff_vs_torch_adam": diff, "max_update": moved}
+
+
+def check_fused_layer_norm():
+    import apex.normalization.fused_layer_norm as fln
+    from apex.normalization import FusedLayerNorm
+
+    torch.manual_seed(0)
+    layer = FusedLayerNorm(256).cuda()
+    with torch.no_grad():
+        layer.weight.uniform_(0.5, 1.5)
+        layer.bias.uniform_(-0.5, 0.5)
+    x = torch.randn(8, 32, 256, device="cuda", requires_grad=True)
+    grad = torch.randn(8, 32, 256, device="cuda")
+    layer(x).backward(grad)
+    x2 = x.detach().clone().requires_grad_()
+    w2, b2 = (p.detach().clone().requires_grad_() for p in (layer.weight, layer.bias))
+    y2 = torch.nn.functional.layer_norm(x2, (256,), w2, b2, layer.eps)
+    y2.backward(grad)
+    y = layer(x.detach())
+    diffs = {"forward": max_diff(y, y2), "grad_input": max_diff(x.grad, x2.grad),
+             "grad_weight": max_diff(layer.weight.grad, w2.grad), "grad_bias": max_diff(layer.bias.grad, b2.grad)}
+    fused_kernel = getattr(fln, "fused_layer_norm_cuda", None) is not None
+    return fused_kernel and max(diffs.values()) < 1e-3, {"max_abs_diff": diffs, "fused_kernel_loaded": fused_kernel}
+
+
+def check_amp(level):
+    from apex import amp
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10)).cuda()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, optimizer = amp.initialize(model, optimizer, opt_level=level, verbosity=0)
+    start = [p.detach().float().clone() for p in model.parameters()]
+    x, y = torch.randn(32, 64, device="cuda"), torch.randint(0, 10, (32,), device="cuda")
+    for attempt in range(1, 6):  # the dynamic loss scale may skip the first steps on overflow
+        optimizer.zero_grad()
+        logits = model(x)
+        loss = torch.nn.functional.cross_entropy(logits.float(), y)
+        with amp.scale_loss(loss, optimizer) as scaled:
+            scaled.backward()
+        optimizer.step()
+        moved = max(max_diff(a, b) for a, b in zip(start, model.parameters()))
+        if moved > 0:
+            break
+    detail = {"steps": attempt, "loss": float(loss), "logits_dtype": str(logits.dtype),
+              "weight_dtype": str(next(model.parameters()).dtype),
+              "loss_scale": float(amp._amp_state.loss_scalers[0].loss_scale()), "max_update": moved}
+    return moved > 0 and bool(torch.isfinite(loss)), detail
+
+
+CHECKS_BY_NAME = {"imports": check_imports, "apex_C": check_apex_c, "fused_adam": check_fused_adam,
+                  "fused_layer_norm": check_fused_layer_norm,
+                  "amp_O1": lambda: check_amp("O1"), "amp_O2": lambda: check_amp("O2")}
+
+
+def run(name):
+    if name in GPU_CHECKS and not torch.cuda.is_available():
+        return {"ok": None, "skipped": "no CUDA device visible", "seconds": 0.0}
+    start = time.monotonic()
+    try:
+        ok, detail = CHECKS_BY_NAME[name]()
+        result = {"ok": bool(ok), **detail}
+    except Exception as exc:
+        result = {"ok": False, "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-2000:]}
+    result["seconds"] = round(time.monotonic() - start, 3)
+    return result
+
+
+report = {"gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+          "torch": torch.__version__, "checks": {name: run(name) for name in CHECKS}}
+print(json.dumps(report))
