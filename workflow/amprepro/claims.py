@@ -407,7 +407,7 @@ def evaluate_claim(claim: dict, summary: dict, sanity: dict | None = None, archs
     if use_override and claim.get("not_measurable"):
         not_measurable(claim["not_measurable"])
         if claim.get("proxy"):
-            proxy_claim = {**claim, "models": claim["proxy"]["models"]}
+            proxy_claim = {**claim, "models": claim["proxy"]["models"], "model": "/".join(claim["proxy"]["models"])}
             proxy = evaluate_claim(proxy_claim, summary, sanity, archs, use_override=False)
             result["proxy"] = {"note": claim["proxy"]["note"], "models": claim["proxy"]["models"],
                                "verdict": proxy["verdict"], "verdict_text": proxy["verdict_text"],

@@ -1,8 +1,16 @@
-"""Tables and charts for notebooks/report.ipynb. The notebook only calls these, so they are tested like code."""
+"""Tables and charts for notebooks/report.ipynb. The notebook only calls these, so they are tested like code.
+
+Every chart is a titled matplotlib figure with units and min-max error bars over seeds, embedded as a base64 PNG;
+every table is HTML with classes the report's CSS (workflow/report/nbconvert/amprepro/static/report.css) styles.
+"""
 
 from __future__ import annotations
 
+import base64
+import datetime as _dt
+import hashlib
 import html
+import io
 import subprocess
 from pathlib import Path
 
@@ -12,75 +20,352 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from amprepro import claims as claims_mod  # noqa: E402
+from amprepro import verify as verify_mod  # noqa: E402
 from amprepro.files import read_json  # noqa: E402
 
 PRECISION_ORDER = ["fp32", "tf32", "amp_fp16", "amp_bf16", "apex_o1", "apex_o2"]
+PRECISION_COLOR = {"fp32": "#4c566a", "tf32": "#8f9bb3", "amp_fp16": "#d1495b", "amp_bf16": "#edae49",
+                   "apex_o1": "#00798c", "apex_o2": "#30638e"}
+BASELINE_LABEL = {"fp32": "strict FP32", "tf32": "TF32"}
 GIB = 2**30
+esc = html.escape
+
+plt.rcParams.update({"figure.dpi": 100, "axes.grid": True, "grid.alpha": 0.3, "axes.axisbelow": True,
+                     "axes.spines.top": False, "axes.spines.right": False, "font.size": 9, "axes.titlesize": 10})
 
 
-def load(summary: str, environment: str, sanity: str, apex: str) -> dict:
-    return {"summary": read_json(summary), "environment": read_json(environment), "sanity": read_json(sanity),
-            "apex": read_json(apex)}
+# ----------------------------------------------------------------------------------------------------------------------
+# Inputs
+
+
+def load(summary: str, environment: str, sanity: str, apex: str, claims: str | None = None,
+         reference_dir: str | None = None, runs_dir: str | None = None) -> dict:
+    """Everything the report shows; the claims and the reference check are evaluated here, from the same inputs."""
+    data = {"summary": read_json(summary), "environment": read_json(environment), "sanity": read_json(sanity),
+            "apex": read_json(apex), "runs_dir": runs_dir, "claims_path": claims, "reference_dir": reference_dir}
+    data["claims"] = None
+    if claims:
+        loaded = claims_mod.load_claims(claims)
+        data["claims"] = claims_mod.evaluate(loaded, data["summary"], data["sanity"], claims_mod.model_archs(runs_dir))
+    data["verify"] = verify_mod.verify(data["summary"], reference_dir, runs_dir) if reference_dir else None
+    return data
 
 
 def cells_frame(summary: dict) -> pd.DataFrame:
     frame = pd.DataFrame(summary["cells"])
+    for column in ("throughput_unit", "peak_allocated_bytes", "peak_rss_bytes", "first_nonfinite_step",
+                   "skipped_steps", "reason"):
+        if column not in frame:
+            frame[column] = None
     frame["precision"] = pd.Categorical(frame["precision"], PRECISION_ORDER, ordered=True)
     return frame.sort_values(["model", "precision", "seed"]).reset_index(drop=True)
 
 
-def headline_html(data: dict) -> str:
-    summary, env, sanity, apex = data["summary"], data["environment"], data["sanity"], data["apex"]
-    versions, counts = summary["versions"], summary["counts"]
-    hardware = versions.get("gpu") or f"CPU only ({versions.get('cpu')})"
-    isolation = env.get("isolation", {})
-    warn = "" if isolation.get("isolated") else f"<p class='warn'><b>{html.escape(isolation.get('message', ''))}</b></p>"
-    items = [
-        f"<b>Preset:</b> {html.escape(summary['preset']['preset'])} ({html.escape(summary['preset']['reason'])})",
-        f"<b>Hardware:</b> {html.escape(str(hardware))}; driver {versions.get('driver') or 'n/a'}",
-        f"<b>Software:</b> torch {versions.get('torch')}, CUDA {versions.get('cuda') or 'none'}, "
-        f"Python {versions.get('python')}, env: {isolation.get('mode')}",
-        f"<b>Apex:</b> {apex.get('status')} ({html.escape(apex.get('reason', ''))})",
-        f"<b>Cells:</b> {counts.get('ok', 0)} ran, {counts.get('skipped', 0)} skipped, "
-        f"{counts.get('collapsed', 0)} collapsed (numerics), of {len(summary['cells'])}",
-        f"<b>Sanity:</b> {sanity['passed']} passed, {sanity['failed']} failed, {sanity['skipped']} skipped",
-    ]
-    return warn + "<ul>" + "".join(f"<li>{item}</li>" for item in items) + "</ul>"
-
-
-def environment_table(env: dict) -> pd.DataFrame:
-    torch = env.get("torch", {})
-    rows = [("Python", env["python"]["version"]), ("Platform", f"{env['platform']['system']} "
-            f"{env['platform']['release']} {env['platform']['machine']}"), ("CPU cores", env["platform"]["cpu_count"]),
-            ("Environment", env["isolation"]["message"]), ("torch", torch.get("version")),
-            ("torch CUDA", torch.get("cuda")), ("cuDNN", torch.get("cudnn")), ("NCCL", torch.get("nccl")),
-            ("Packages recorded", len(env.get("packages", {})))]
-    return pd.DataFrame(rows, columns=["item", "value"])
-
-
-def sanity_table(sanity: dict) -> pd.DataFrame:
-    frame = pd.DataFrame(sanity["checks"])
-    return frame[["name", "status", "required", "detail", "fix"]]
-
-
-def results_table(summary: dict) -> pd.DataFrame:
+def _ok(summary: dict) -> pd.DataFrame:
     frame = cells_frame(summary)
-    out = pd.DataFrame({
-        "model": frame["model"], "precision": frame["precision"].astype(str), "seed": frame["seed"],
-        "status": frame["status"],
-        "throughput": frame["throughput_per_s"].map(lambda v: f"{v:,.1f}" if pd.notna(v) else ""),
-        "unit": frame.get("throughput_unit", pd.Series([""] * len(frame))).fillna(""),
-        "median step ms": (frame["step_time_median_s"] * 1000).map(lambda v: f"{v:.2f}" if pd.notna(v) else ""),
-        "p90 step ms": (frame["step_time_p90_s"] * 1000).map(lambda v: f"{v:.2f}" if pd.notna(v) else ""),
-        "peak memory": [memory_label(row) for _, row in frame.iterrows()],
-        "× fp32": frame["speedup_vs_fp32"].map(lambda v: f"{v:.2f}" if pd.notna(v) else ""),
-        "× tf32": frame["speedup_vs_tf32"].map(lambda v: f"{v:.2f}" if pd.notna(v) else ""),
-        "final loss": frame["final_loss"].map(lambda v: f"{v:.4f}" if pd.notna(v) else ""),
-        "eval acc": frame["eval_accuracy"].map(lambda v: f"{v:.3f}" if pd.notna(v) else ""),
-        "skipped steps": frame["skipped_steps"].fillna("").astype(str),
-        "reason": frame["reason"].fillna(""),
-    })
-    return out
+    return frame[frame["status"] == "ok"].copy()
+
+
+def _hardware(summary: dict) -> str:
+    v = summary.get("versions", {})
+    if v.get("gpu"):
+        count = f" ×{v['gpu_count']}" if (v.get("gpu_count") or 1) > 1 else ""
+        return f"{v['gpu']}{count}, driver {v.get('driver') or 'n/a'}, CUDA {v.get('cuda') or 'n/a'}"
+    return f"CPU only ({v.get('cpu') or 'unknown CPU'}): no CUDA GPU"
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# HTML helpers
+
+
+def badge(kind: str, text: str) -> str:
+    return f'<span class="badge {esc(kind)}">{esc(text)}</span>'
+
+
+def verdict_badge(result: dict) -> str:
+    return badge(f"v-{result['verdict']}", result["verdict_text"])
+
+
+VERIFY_LABEL = {"pass": "PASS", "fail": "FAIL", "no_reference": "NO REFERENCE", "not_comparable": "NOT COMPARABLE"}
+
+
+def verify_badge(result: dict | None) -> str:
+    if result is None:
+        return badge("s-no_reference", "NOT RUN")
+    return badge(f"s-{result['status']}", VERIFY_LABEL[result["status"]])
+
+
+def html_table(rows: list[dict], columns: list[tuple[str, str]], classes: str = "", row_class=None,
+               raw: set[str] = frozenset(), numeric: set[str] = frozenset()) -> str:
+    """rows -> <table>. columns: (key, header). Values are escaped unless the key is in raw."""
+    head = "".join(f'<th class="{"num" if key in numeric else ""}">{esc(title)}</th>' for key, title in columns)
+    body = []
+    for row in rows:
+        cls = row_class(row) if row_class else ""
+        tds = []
+        for key, _ in columns:
+            value = row.get(key, "")
+            value = "" if value is None else value
+            text = str(value) if key in raw else esc(str(value))
+            css = "num" if key in numeric else ("reason" if key in ("reason", "note", "detail") else "")
+            tds.append(f'<td class="{css}">{text}</td>')
+        body.append(f'<tr class="{esc(cls)}">{"".join(tds)}</tr>')
+    return (f'<div class="table-wrap"><table class="{esc(classes)}"><thead><tr>{head}</tr></thead>'
+            f'<tbody>{"".join(body)}</tbody></table></div>')
+
+
+def figure_html(fig, alt: str, caption: str = "") -> str:
+    """The figure as an embedded PNG (base64): the HTML report opens offline with every chart inside it."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    data = base64.b64encode(buffer.getvalue()).decode("ascii")
+    img = f'<img class="chart" alt="{esc(alt)}" src="data:image/png;base64,{data}"/>'
+    return f"<figure>{img}<figcaption>{esc(caption)}</figcaption></figure>" if caption else img
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# The one-screen summary
+
+
+def glance_html(data: dict, title: str = "") -> str:
+    """Verdicts, reference check and hardware: what a reader needs before scrolling."""
+    summary, env, sanity, apex = data["summary"], data["environment"], data["sanity"], data["apex"]
+    versions, counts, preset = summary["versions"], summary["counts"], summary["preset"]
+    isolation = env.get("isolation", {})
+    verify = data.get("verify")
+    parts = [f"<h1>{esc(title)}</h1>" if title else ""]
+    if not isolation.get("isolated", True):
+        parts.append(f"<p class='warn'><b>{esc(isolation.get('message', 'NOT ISOLATED'))}</b></p>")
+    cards = [
+        ("Hardware", esc(_hardware(summary))
+         + f"<br><span class='small'>torch {esc(str(versions.get('torch')))}, Python {esc(str(versions.get('python')))}"
+         + f", apex {esc(str(apex.get('status')))}"
+         + (f" ({esc(str(versions.get('apex_commit'))[:12])})" if versions.get("apex_commit") else "") + "</span>", ""),
+        ("Run", f"{esc(preset.get('preset', '?'))} preset<br><span class='small'>{esc(preset.get('reason', ''))}</span>"
+         f"<br>{counts.get('ok', 0)} cells ran, {counts.get('skipped', 0)} skipped, {counts.get('collapsed', 0)} "
+         f"collapsed of {len(summary['cells'])}; sanity {sanity.get('passed', 0)} passed, "
+         f"{sanity.get('failed', 0)} failed, {sanity.get('skipped', 0)} skipped", ""),
+    ]
+    if verify is not None:
+        kind = "fail" if verify["status"] == "fail" else "pass" if verify["status"] == "pass" else ""
+        failures = verify.get("failures", [])
+        detail = esc(verify["message"])
+        if failures:
+            detail += "<br><span class='small'>" + "<br>".join(esc(f) for f in failures[:4]) + (
+                f"<br>… and {len(failures) - 4} more" if len(failures) > 4 else "") + "</span>"
+        cards.append(("Reference check (make verify)", f"{verify_badge(verify)} {detail}", kind))
+    parts.append('<div class="cards">' + "".join(
+        f'<div class="card {kind}"><b class="label">{esc(label)}</b>{body}</div>' for label, body, kind in cards)
+        + "</div>")
+    if data.get("claims") is not None:
+        c = claims_mod.counts(data["claims"])
+        parts.append(f"<b>Claims:</b> {len(data['claims'])} evaluated: {c['holds']} hold, {c['does_not_hold']} do not "
+                     f"hold, {c['depends_on_baseline']} depend on the baseline, {c['not_measurable']} not measurable "
+                     "here.")
+        parts.append(claims_glance_table(data["claims"]))
+    return '<section class="glance">' + "".join(parts) + "</section>"
+
+
+def shorten(text: str, limit: int = 150) -> str:
+    """One screen: long reasons are cut at a word boundary (the Claims section has them in full)."""
+    if len(text) <= limit:
+        return text
+    return text[:limit].rsplit(" ", 1)[0].rstrip(",;:(") + " …"
+
+
+def claims_glance_table(results: list[dict]) -> str:
+    rows = []
+    for r in results:
+        detail = shorten(r["measured_text"] if r["verdict"] != "not_measurable" else r["reason"])
+        rows.append({"claim": f"<b>{esc(r['id'])}</b><br>{esc(r['statement'])}", "verdict": verdict_badge(r),
+                     "claimed": esc(r["claimed_text"]), "detail": esc(detail)})
+    return html_table(rows, [("claim", "claim"), ("verdict", "verdict on this run"), ("claimed", "claimed"),
+                             ("detail", "measured (median, min–max over seeds) or why not")],
+                      classes="claims-glance", raw={"claim", "verdict", "claimed", "detail"})
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Claims in detail
+
+
+def claims_detail_html(results: list[dict]) -> str:
+    rows = []
+    for r in results:
+        src = r["source"]
+        source = (f"{esc(src['title'])}<br><span class='small'>{esc(src['file'])}</span>"
+                  + (f"<blockquote class='quote'>{esc(src['quote'])}</blockquote>" if src.get("quote") else ""))
+        tested = (f"{esc(r['model'])} → {esc(', '.join(r['matched_models']) or '/'.join(r['models']))}<br>"
+                  f"{esc(claims_mod.PRECISION_LABEL[r['variant']])} vs "
+                  + esc(" and ".join(claims_mod.PRECISION_LABEL[b] for b in r["baselines"]))
+                  + f"<br><span class='small'>{esc(r['metric'])}</span>")
+        per = []
+        if r["verdict"] == "not_measurable":
+            per.append(f"<span class='why'>{esc(r['reason'])}</span>")
+        else:
+            for baseline, b in r.get("by_baseline", {}).items():
+                label = esc(claims_mod.PRECISION_LABEL[baseline])
+                if b["verdict"] == "not_measurable":
+                    per.append(f"vs {label}: {badge('v-not_measurable', 'not measurable')} "
+                               f"<span class='why'>{esc(b['reason'])}</span>")
+                    continue
+                for model, m in b["models"].items():
+                    per.append(f"vs {label}, {esc(model)}: {esc(m.get('measured_text') or '—')} "
+                               f"{badge('v-' + m['verdict'], claims_mod.VERDICT_TEXT[m['verdict']])}"
+                               + (f" <span class='why'>{esc(m['reason'])}</span>"
+                                  if m["verdict"] == "not_measurable" or m.get("borderline") else ""))
+        if r.get("proxy"):
+            p = r["proxy"]
+            outcome = (f"{p['measured_text']} (at that scale: {p['verdict_text']})" if p["verdict"] != "not_measurable"
+                       else p["reason"])
+            per.append(f"<span class='small'><b>Shape check on {esc(', '.join(p['models']))} (context, not a verdict):"
+                       f"</b> {esc(outcome)}. {esc(p['note'])}</span>")
+        if r.get("note"):
+            per.append(f"<span class='small'>Note: {esc(r['note'])}</span>")
+        rows.append({"claim": f"<b>{esc(r['id'])}</b><br>{esc(r['statement'])}", "source": source, "tested": tested,
+                     "claimed": esc(r["claimed_text"]) + f"<br><span class='small'>tolerance {r['tolerance']:g}</span>",
+                     "verdict": verdict_badge(r), "measured": "<br>".join(per)})
+    return html_table(rows, [("claim", "claim"), ("source", "article"), ("tested", "model → cells; variant vs baseline"),
+                             ("claimed", "claimed"), ("verdict", "verdict"), ("measured", "measured per baseline")],
+                      classes="claims-detail", raw={"claim", "source", "tested", "claimed", "verdict", "measured"})
+
+
+def claims_chart(results: list[dict], summary: dict):
+    """Measured (median, min-max bar over seeds) against the claimed band, per claim, baseline and model."""
+    points = []
+    for r in results:
+        for baseline, b in r.get("by_baseline", {}).items():
+            for model, m in b["models"].items():
+                if m.get("median") is not None:
+                    points.append((r, baseline, model, m))
+    metrics = [mt for mt in ("speedup", "memory_reduction", "accuracy_delta") if any(p[0]["metric"] == mt for p in points)]
+    if not metrics:
+        fig, ax = plt.subplots(figsize=(9, 1.8))
+        ax.axis("off")
+        ax.text(0.5, 0.55, f"No claim is measurable on this run ({claims_mod.run_context(summary)}).",
+                ha="center", va="center", fontsize=11)
+        ax.text(0.5, 0.2, "Each claim's reason is in the table above.", ha="center", va="center", color="#5b6472")
+        ax.set_title("Claims: measured against claimed")
+        return fig
+    unit = {"speedup": ("speedup over the baseline (×)", 1.0), "memory_reduction": ("peak memory reduction (%)", 100.0),
+            "accuracy_delta": ("accuracy change (percentage points)", 100.0)}
+    heights = [max(1.6, 0.42 * sum(p[0]["metric"] == mt for p in points) + 1.0) for mt in metrics]
+    fig, axes = plt.subplots(len(metrics), 1, figsize=(9.5, sum(heights)), squeeze=False,
+                             gridspec_kw={"height_ratios": heights})
+    for ax, metric in zip(axes[:, 0], metrics):
+        label, scale = unit[metric]
+        rows = [p for p in points if p[0]["metric"] == metric]
+        for y, (r, baseline, model, m) in enumerate(rows):
+            low, high = claims_mod.claimed_band(r)
+            finite_low = low if low != float("-inf") else min(m["min"], high) - abs(high) * 0.25 - 0.05
+            finite_high = high if high != float("inf") else max(m["max"], low) + abs(low) * 0.25 + 0.05
+            ax.barh(y, (finite_high - finite_low) * scale, left=finite_low * scale, height=0.6, color="#b7dfc2",
+                    alpha=0.7, label="claimed (with tolerance)" if y == 0 else None)
+            color = {"holds": "#1a7f37", "does_not_hold": "#b42318"}.get(m["verdict"], "#475467")
+            ax.errorbar(m["median"] * scale, y, xerr=[[(m["median"] - m["min"]) * scale], [(m["max"] - m["median"]) * scale]],
+                        fmt="o", color=color, capsize=4, label="measured: median, min–max over seeds" if y == 0 else None)
+            ax.annotate(claims_mod.fmt_value(metric, m["median"]), (m["median"] * scale, y), textcoords="offset points",
+                        xytext=(6, 5), fontsize=8, color=color)
+        ax.set_yticks(range(len(rows)), [f"{r['id']}\n{model} vs {BASELINE_LABEL.get(b, b)}" for r, b, model, _ in rows],
+                      fontsize=7.5)
+        ax.invert_yaxis()
+        ax.set_xlabel(label)
+        ax.set_title(f"Claims ({metric.replace('_', ' ')}): measured against the claimed band")
+        ax.legend(fontsize=7.5, loc="lower right")
+    fig.tight_layout()
+    return fig
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Reference check
+
+
+def verify_html(result: dict | None) -> str:
+    if result is None:
+        return "<p>The reference check did not run.</p>"
+    parts = [f"<p>{verify_badge(result)} {esc(result['message'])}.</p>"]
+    if result["status"] == "no_reference":
+        parts.append("<p class='small'>Reference results are kept per GPU model under <code>reference/&lt;gpu-slug&gt;/"
+                     "</code>; <code>make verify</code> exits 0 with this warning. To add one from a real run on this "
+                     "GPU: <code>PYTHONPATH=workflow python -m amprepro.verify promote</code>, then review and commit "
+                     "it.</p>")
+    if result.get("failures"):
+        parts.append("<p><b>Out of tolerance:</b></p><ul>" + "".join(f"<li>{esc(f)}</li>" for f in result["failures"])
+                     + "</ul>")
+    for warning in result.get("warnings", []):
+        parts.append(f"<p class='warn'>{esc(warning)}</p>")
+    if result.get("reference"):
+        prov = result["reference"]["provenance"]
+        parts.append(f"<p class='small'>Reference: <code>{esc(result['reference']['path'])}</code>, recorded "
+                     f"{esc(str(prov.get('created_utc', 'n/a')))} at pipeline commit "
+                     f"{esc(str(prov.get('pipeline_commit', 'n/a'))[:12])}; torch {esc(str(prov.get('torch')))}, "
+                     f"CUDA {esc(str(prov.get('cuda')))}, driver {esc(str(prov.get('driver')))}. Tolerance bands from "
+                     f"{esc(', '.join(result['tolerances'].get('sources', [])))}.</p>")
+    for note in result.get("differences", []):
+        parts.append(f"<p class='small'>Differs from the reference: {esc(note)}</p>")
+    rows = []
+    for cell in result.get("cells", []):
+        row = {"cell": cell["cell"], "verdict": badge(f"s-{'pass' if cell['verdict'] == 'pass' else 'fail' if cell['verdict'] == 'fail' else 'no_reference'}",
+                                                      cell["verdict"].replace("_", " ")),
+               "status": f"{cell['status_here'] or '—'} / {cell['status_reference'] or '—'}", "note": cell["note"]}
+        for check in cell["checks"]:
+            text = "n/a" if check.get("ratio") is None else f"{check['ratio']:.3f}×"
+            if check["ok"] is False:
+                text = f"<b>{text}</b>"
+            row[check["metric"]] = text + f"<br><span class='small'>{esc(check['allowed'])}</span>"
+        rows.append(row)
+    if rows:
+        metrics = list(dict.fromkeys(ch["metric"] for c in result["cells"] for ch in c["checks"]))
+        columns = [("cell", "cell"), ("verdict", "verdict"), ("status", "status here / reference")]
+        columns += [(m, f"{verify_mod.METRIC_LABEL.get(m, m)}: this run / reference") for m in metrics]
+        columns += [("note", "note")]
+        parts.append(html_table(rows, columns, classes="verify", raw={"verdict", *metrics},
+                                numeric=set(metrics), row_class=lambda r: "row-fail" if "s-fail" in r["verdict"] else ""))
+    return "".join(parts)
+
+
+def verify_chart(result: dict | None):
+    """Ratio of this run to the reference per cell and metric, with the tolerance band; None without a reference."""
+    if not result or not any(c["checks"] for c in result.get("cells", [])):
+        return None
+    metrics = list(dict.fromkeys(ch["metric"] for c in result["cells"] for ch in c["checks"]
+                                 if ch.get("ratio") is not None))
+    if not metrics:
+        return None
+    fig, axes = plt.subplots(len(metrics), 1, figsize=(10, 2.6 * len(metrics)), squeeze=False)
+    for ax, metric in zip(axes[:, 0], metrics):
+        xs, ys, colors, labels, bands = [], [], [], [], []
+        for c in result["cells"]:
+            for ch in c["checks"]:
+                if ch["metric"] == metric and ch.get("ratio") is not None:
+                    xs.append(len(xs))
+                    ys.append(ch["ratio"])
+                    colors.append("#b42318" if ch["ok"] is False else "#1a7f37")
+                    labels.append(c["cell"].replace("/seed", "/s"))
+                    band = verify_mod.band_for(result["tolerances"], c).get(metric, {}).get("ratio")
+                    bands.append(band)
+        for x, band in zip(xs, bands):
+            if band:
+                ax.bar(x, band[1] - band[0], bottom=band[0], width=0.8, color="#e6f4ea", edgecolor="none",
+                       label="tolerance band" if x == 0 else None)
+        ax.scatter(xs, ys, c=colors, zorder=3, s=22, label="this run / reference")
+        ax.axhline(1.0, color="grey", linewidth=0.8)
+        ax.set_xticks(xs, labels, rotation=70, ha="right", fontsize=6.5)
+        ax.set_ylabel("ratio (×)")
+        ax.set_title(f"{verify_mod.METRIC_LABEL.get(metric, metric)}: this run / reference, per cell "
+                     "(red = out of tolerance)")
+        ax.legend(fontsize=7.5, loc="best")
+    fig.tight_layout()
+    return fig
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Results table and charts
+
+
+def _fmt_num(v, spec: str) -> str:
+    return format(v, spec) if pd.notna(v) else ""
 
 
 def memory_label(row) -> str:
@@ -91,68 +376,154 @@ def memory_label(row) -> str:
     return ""
 
 
-def _ok(summary: dict) -> pd.DataFrame:
+def results_table(summary: dict) -> pd.DataFrame:
     frame = cells_frame(summary)
-    return frame[frame["status"] == "ok"]
+    return pd.DataFrame({
+        "model": frame["model"], "precision": frame["precision"].astype(str), "seed": frame["seed"],
+        "status": frame["status"],
+        "throughput": frame["throughput_per_s"].map(lambda v: _fmt_num(v, ",.1f")),
+        "unit": frame["throughput_unit"].fillna(""),
+        "median step ms": (frame["step_time_median_s"] * 1000).map(lambda v: _fmt_num(v, ".2f")),
+        "p90 step ms": (frame["step_time_p90_s"] * 1000).map(lambda v: _fmt_num(v, ".2f")),
+        "peak memory": [memory_label(row) for _, row in frame.iterrows()],
+        "× fp32": frame["speedup_vs_fp32"].map(lambda v: _fmt_num(v, ".2f")),
+        "× tf32": frame["speedup_vs_tf32"].map(lambda v: _fmt_num(v, ".2f")),
+        "final loss": frame["final_loss"].map(lambda v: _fmt_num(v, ".4f")),
+        "eval acc": frame["eval_accuracy"].map(lambda v: _fmt_num(v, ".3f")),
+        "skipped steps": frame["skipped_steps"].map(lambda v: "" if pd.isna(v) else str(int(v))),
+        "reason": frame["reason"].fillna(""),
+    })
 
 
-def _grouped_bars(ax, frame: pd.DataFrame, column: str, scale: float = 1.0):
-    """Bars of the median over seeds per model and precision, error bars spanning min to max over seeds."""
-    stats = frame.groupby(["model", "precision"], observed=True)[column].agg(["median", "min", "max"]).reset_index()
-    models = list(dict.fromkeys(stats["model"]))
-    precisions = [p for p in PRECISION_ORDER if p in set(stats["precision"].astype(str))]
-    width = 0.8 / max(len(precisions), 1)
-    for i, precision in enumerate(precisions):
-        sub = stats[stats["precision"].astype(str) == precision].set_index("model").reindex(models)
-        x = [m + i * width for m in range(len(models))]
-        err = [(sub["median"] - sub["min"]) / scale, (sub["max"] - sub["median"]) / scale]
-        ax.bar(x, sub["median"] / scale, width, yerr=err, capsize=3, label=precision)
-    ax.set_xticks([m + width * (len(precisions) - 1) / 2 for m in range(len(models))], models)
-    ax.legend(fontsize=8)
+def results_html(summary: dict) -> str:
+    """The results table; a skipped cell's reason spans the measurement columns instead of squeezing into one."""
+    frame = results_table(summary)
+    numeric = {"seed", "throughput", "median step ms", "p90 step ms", "× fp32", "× tf32", "final loss", "eval acc",
+               "skipped steps"}
+    columns = [c for c in frame.columns if c != "reason"]
+    measured = columns[4:]
+    head = "".join(f'<th class="{"num" if c in numeric else ""}">{esc(c)}</th>' for c in columns + ["reason"])
+    body = []
+    for row in frame.to_dict("records"):
+        first = "".join(f'<td class="{"num" if c in numeric else ""}">{esc(str(row[c]))}</td>' for c in columns[:4])
+        if row["status"] == "skipped":
+            rest = f'<td class="why" colspan="{len(measured) + 1}">{esc(row["reason"])}</td>'
+        else:
+            rest = "".join(f'<td class="{"num" if c in numeric else ""}">{esc(str(row[c]))}</td>' for c in measured)
+            rest += f'<td class="reason">{esc(row["reason"])}</td>'
+        body.append(f'<tr class="status-{esc(row["status"])}">{first}{rest}</tr>')
+    return (f'<div class="table-wrap"><table class="results"><thead><tr>{head}</tr></thead>'
+            f'<tbody>{"".join(body)}</tbody></table></div>')
+
+
+def _per_model_axes(models: list[str], height: float = 3.2):
+    n = max(len(models), 1)
+    fig, axes = plt.subplots(1, n, figsize=(max(4.2 * n, 7), height), squeeze=False)
+    return fig, list(axes[0])
+
+
+def _bars(ax, sub: pd.DataFrame, column: str, scale: float = 1.0, fmt: str = "{:.0f}"):
+    """Bars of the median over seeds per precision, error bars spanning min to max over seeds, value on top."""
+    stats = sub.groupby("precision", observed=True)[column].agg(["median", "min", "max", "count"]).reset_index()
+    stats = stats[stats["count"] > 0]
+    xs = list(range(len(stats)))
+    med = stats["median"] / scale
+    err = [(stats["median"] - stats["min"]) / scale, (stats["max"] - stats["median"]) / scale]
+    colors = [PRECISION_COLOR.get(str(p), "#888") for p in stats["precision"]]
+    ax.bar(xs, med, yerr=err, capsize=4, color=colors, error_kw={"elinewidth": 1})
+    for x, value in zip(xs, med):
+        ax.annotate(fmt.format(value), (x, value), textcoords="offset points", xytext=(0, 3), ha="center", fontsize=7.5)
+    ax.set_xticks(xs, [str(p) for p in stats["precision"]], rotation=20)
+    ax.margins(y=0.15)
+
+
+def _skipped_note(summary: dict, model: str) -> str:
+    frame = cells_frame(summary)
+    gone = frame[(frame["model"] == model) & (frame["status"] != "ok")]
+    parts = []
+    for status in ("skipped", "collapsed"):
+        names = list(dict.fromkeys(gone[gone["status"] == status]["precision"].astype(str)))
+        if names:
+            parts.append(f"{status}: {', '.join(names)}")
+    return "; ".join(parts)
+
+
+def _no_data(ax, text: str):
+    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, color="#5b6472")
+    ax.set_xticks([])
+    ax.set_yticks([])
 
 
 def throughput_chart(summary: dict):
     frame = _ok(summary)
-    fig, ax = plt.subplots(figsize=(8, 3.5))
-    if frame.empty:
-        ax.text(0.5, 0.5, "no cell ran", ha="center")
-    else:
-        _grouped_bars(ax, frame, "throughput_per_s")
-        unit = frame["throughput_unit"].dropna().iloc[0] if "throughput_unit" in frame else "items/s"
-        ax.set_ylabel(f"throughput ({unit}, per model)")
-    ax.set_title("Training throughput (median over seeds, bars span min-max)")
+    models = list(dict.fromkeys(frame["model"]))
+    fig, axes = _per_model_axes(models)
+    if not models:
+        _no_data(axes[0], "no cell ran")
+        axes[0].set_title("Training throughput")
+    for ax, model in zip(axes, models):
+        sub = frame[frame["model"] == model]
+        _bars(ax, sub, "throughput_per_s", fmt="{:,.0f}")
+        unit = sub["throughput_unit"].dropna().iloc[0] if sub["throughput_unit"].notna().any() else "items/s"
+        ax.set_ylabel(f"throughput ({unit})")
+        ax.set_title(f"{model}: training throughput")
+        note = _skipped_note(summary, model)
+        if note:
+            ax.set_xlabel(note, fontsize=7, color="#5b6472")
+    fig.suptitle("Throughput: median over seeds; error bars span min–max over seeds (higher is better)", fontsize=10)
     fig.tight_layout()
     return fig
 
 
 def memory_chart(summary: dict):
-    frame = _ok(summary).copy()
-    frame["peak_gib"] = [(row.get("peak_allocated_bytes") if pd.notna(row.get("peak_allocated_bytes"))
-                          else row.get("peak_rss_bytes")) / GIB for _, row in frame.iterrows()]
-    on_gpu = frame["peak_allocated_bytes"].notna().any() if not frame.empty else False
-    fig, ax = plt.subplots(figsize=(8, 3.5))
-    if frame.empty:
-        ax.text(0.5, 0.5, "no cell ran", ha="center")
-    else:
-        _grouped_bars(ax, frame, "peak_gib")
-    ax.set_ylabel("peak memory (GiB)")
-    ax.set_title("Peak memory: " + ("GPU allocator peak" if on_gpu else "process peak RSS (CPU: no allocator stats)"))
+    frame = _ok(summary)
+    on_gpu = bool(frame["peak_allocated_bytes"].notna().any()) if not frame.empty else False
+    column = "peak_allocated_bytes" if on_gpu else "peak_rss_bytes"
+    models = list(dict.fromkeys(frame["model"]))
+    fig, axes = _per_model_axes(models)
+    if not models:
+        _no_data(axes[0], "no cell ran")
+        axes[0].set_title("Peak memory")
+    for ax, model in zip(axes, models):
+        sub = frame[(frame["model"] == model) & frame[column].notna()]
+        if sub.empty:
+            _no_data(ax, "no memory recorded")
+        else:
+            _bars(ax, sub, column, scale=GIB, fmt="{:.2f}")
+        ax.set_ylabel("peak GPU allocator memory (GiB)" if on_gpu else "peak process RSS (GiB)")
+        ax.set_title(f"{model}: peak memory")
+    what = "GPU allocator peak (max_memory_allocated)" if on_gpu else "process peak RSS (CPU: no allocator statistics)"
+    fig.suptitle(f"Peak memory: {what}; lower is better; error bars span min–max over seeds", fontsize=10)
     fig.tight_layout()
     return fig
 
 
 def speedup_chart(summary: dict):
     frame = _ok(summary)
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.5), sharey=False)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.4))
     for ax, column, baseline in zip(axes, ["speedup_vs_fp32", "speedup_vs_tf32"], ["strict FP32", "TF32"]):
-        sub = frame[frame[column].notna()]
+        base = column.removeprefix("speedup_vs_")
+        sub = frame[frame[column].notna() & (frame["precision"].astype(str) != base)]
         if sub.empty:
-            ax.text(0.5, 0.5, f"no {baseline} baseline ran here", ha="center", transform=ax.transAxes)
+            _no_data(ax, f"no {baseline} baseline ran here" if frame[column].isna().all()
+                     else f"nothing but the {baseline} baseline ran here")
         else:
-            _grouped_bars(ax, sub, column)
+            stats = sub.groupby(["model", "precision"], observed=True)[column].agg(["median", "min", "max"]).reset_index()
+            models = list(dict.fromkeys(stats["model"]))
+            precisions = [p for p in PRECISION_ORDER if p in set(stats["precision"].astype(str))]
+            width = 0.8 / max(len(precisions), 1)
+            for i, precision in enumerate(precisions):
+                part = stats[stats["precision"].astype(str) == precision].set_index("model").reindex(models)
+                x = [m + i * width for m in range(len(models))]
+                ax.bar(x, part["median"], width, yerr=[part["median"] - part["min"], part["max"] - part["median"]],
+                       capsize=3, label=precision, color=PRECISION_COLOR.get(precision))
+            ax.set_xticks([m + width * (len(precisions) - 1) / 2 for m in range(len(models))], models)
             ax.axhline(1.0, color="grey", linewidth=0.8)
-        ax.set_title(f"Speedup vs {baseline} (×, higher is faster)")
-        ax.set_ylabel("speedup (×)")
+            ax.legend(fontsize=7.5)
+        ax.set_title(f"Speedup vs {baseline} (same model and seed)")
+        ax.set_ylabel(f"throughput / {baseline} throughput (×)")
+    fig.suptitle("Speedup against both baselines: median over seeds, error bars span min–max (higher is faster)",
+                 fontsize=10)
     fig.tight_layout()
     return fig
 
@@ -165,42 +536,99 @@ def read_steps(runs_dir: str, model: str, precision: str, seed: int) -> pd.DataF
     return frame if not frame.empty else None
 
 
+def _steps_by_precision(summary: dict, runs_dir: str, model: str, column: str) -> dict:
+    """precision -> DataFrame(step x seed) of one column of steps.csv, for the ok cells of one model."""
+    frame = _ok(summary)
+    out = {}
+    for precision in PRECISION_ORDER:
+        series = {}
+        for _, row in frame[(frame["model"] == model) & (frame["precision"].astype(str) == precision)].iterrows():
+            steps = read_steps(runs_dir, model, precision, int(row["seed"]))
+            if steps is not None and column in steps and steps[column].notna().any():
+                series[int(row["seed"])] = steps.set_index("step")[column]
+        if series:
+            out[precision] = pd.DataFrame(series)
+    return out
+
+
 def loss_curves(summary: dict, runs_dir: str):
     frame = _ok(summary)
-    models = list(dict.fromkeys(frame["model"])) or ["(none)"]
-    fig, axes = plt.subplots(1, len(models), figsize=(5 * len(models), 3.5), squeeze=False)
-    for ax, model in zip(axes[0], models):
-        for _, row in frame[frame["model"] == model].iterrows():
-            steps = read_steps(runs_dir, model, str(row["precision"]), int(row["seed"]))
-            if steps is not None:
-                ax.plot(steps["step"], steps["loss"], label=f"{row['precision']} s{row['seed']}",
-                        linewidth=1.6 if row["precision"] == "fp32" else 1.0)
-        ax.set_title(f"{model}: loss, FP32 against AMP")
+    models = list(dict.fromkeys(frame["model"]))
+    fig, axes = _per_model_axes(models, height=3.4)
+    if not models:
+        _no_data(axes[0], "no cell ran")
+        axes[0].set_title("Loss curves")
+    for ax, model in zip(axes, models):
+        for precision, table in _steps_by_precision(summary, runs_dir, model, "loss").items():
+            color = PRECISION_COLOR.get(precision)
+            seeds = table.shape[1]
+            ax.plot(table.index, table.median(axis=1), color=color, linewidth=1.8 if precision == "fp32" else 1.1,
+                    label=precision + (f" ({seeds} seeds)" if seeds > 1 else ""))
+            if seeds > 1:
+                ax.fill_between(table.index, table.min(axis=1), table.max(axis=1), color=color, alpha=0.18)
+        ax.set_title(f"{model}: training loss, FP32 against AMP")
         ax.set_xlabel("step")
-        ax.set_ylabel("training loss")
+        ax.set_ylabel("training loss (cross-entropy)")
         if ax.lines:
-            ax.legend(fontsize=8)
+            ax.legend(fontsize=7.5)
+        else:
+            _no_data(ax, "no steps.csv")
+    fig.suptitle("Loss curves: median over seeds, shaded band spans min–max over seeds", fontsize=10)
     fig.tight_layout()
     return fig
 
 
 def loss_scale_chart(summary: dict, runs_dir: str):
     frame = _ok(summary)
-    fig, ax = plt.subplots(figsize=(8, 3))
-    for _, row in frame.iterrows():
-        steps = read_steps(runs_dir, row["model"], str(row["precision"]), int(row["seed"]))
-        if steps is not None and steps["loss_scale"].notna().any():
-            ax.plot(steps["step"], steps["loss_scale"], label=f"{row['model']} {row['precision']}")
+    fig, ax = plt.subplots(figsize=(9, 3))
+    for index, model in enumerate(dict.fromkeys(frame["model"])):
+        for precision, table in _steps_by_precision(summary, runs_dir, model, "loss_scale").items():
+            ax.plot(table.index, table.median(axis=1), label=f"{model} {precision}",
+                    color=PRECISION_COLOR.get(precision), linestyle=["-", "--", ":", "-."][index % 4])
+            if table.shape[1] > 1:
+                ax.fill_between(table.index, table.min(axis=1), table.max(axis=1), alpha=0.15,
+                                color=PRECISION_COLOR.get(precision))
     if ax.lines:
         ax.set_yscale("log", base=2)
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=7.5, ncol=2)
     else:
-        ax.text(0.5, 0.5, "no loss-scaled (fp16) run here", ha="center", transform=ax.transAxes)
-    ax.set_title("Dynamic loss scale per step (fp16 runs)")
+        _no_data(ax, "no loss-scaled (fp16) run here")
+    ax.set_title("Dynamic loss scale per step (fp16 runs; median over seeds, band = min–max)")
     ax.set_xlabel("step")
-    ax.set_ylabel("loss scale")
+    ax.set_ylabel("loss scale (log2 axis)")
     fig.tight_layout()
     return fig
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Sanity, environment, provenance
+
+
+def sanity_html(sanity: dict) -> str:
+    rows = [{**c, "status": badge({"pass": "s-pass", "fail": "s-fail"}.get(c["status"], "s-no_reference"), c["status"])}
+            for c in sanity["checks"]]
+    return html_table(rows, [("name", "check"), ("status", "status"), ("required", "required"), ("detail", "detail"),
+                             ("fix", "fix")], classes="sanity", raw={"status"})
+
+
+def sanity_table(sanity: dict) -> pd.DataFrame:
+    frame = pd.DataFrame(sanity["checks"])
+    return frame[["name", "status", "required", "detail", "fix"]]
+
+
+def environment_table(env: dict) -> pd.DataFrame:
+    torch = env.get("torch", {})
+    platform = env.get("platform", {})
+    rows = [("Python", env.get("python", {}).get("version")),
+            ("Platform", f"{platform.get('system')} {platform.get('release')} {platform.get('machine')}"),
+            ("CPU cores", platform.get("cpu_count")), ("Environment", env.get("isolation", {}).get("message")),
+            ("torch", torch.get("version")), ("torch CUDA", torch.get("cuda")), ("cuDNN", torch.get("cudnn")),
+            ("NCCL", torch.get("nccl")), ("Packages recorded", len(env.get("packages", {})))]
+    return pd.DataFrame(rows, columns=["item", "value"])
+
+
+def kv_html(frame: pd.DataFrame, classes: str = "kv") -> str:
+    return html_table(frame.to_dict("records"), [(c, c) for c in frame.columns], classes=classes)
 
 
 def pipeline_commit() -> str:
@@ -213,24 +641,27 @@ def pipeline_commit() -> str:
         return "n/a"
 
 
+def _sha256(path: str | None) -> str:
+    if not path or not Path(path).exists():
+        return "n/a"
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
 def provenance_table(data: dict) -> pd.DataFrame:
     versions, preset = data["summary"]["versions"], data["summary"]["preset"]
+    env = data["environment"]
+    verify = data.get("verify") or {}
+    reference = verify.get("reference") or {}
     rows = [("pipeline commit", pipeline_commit()), ("config sha256", preset.get("config_sha256")),
-            ("preset", preset.get("preset")), ("environment", versions.get("isolation")),
-            ("GPU", versions.get("gpu") or "none"), ("driver", versions.get("driver") or "n/a"),
-            ("CUDA", versions.get("cuda") or "none"), ("cuDNN", versions.get("cudnn")),
-            ("torch", versions.get("torch")), ("apex commit", versions.get("apex_commit") or "not built")]
+            ("claims file", f"{data.get('claims_path') or 'none'} (sha256 {_sha256(data.get('claims_path'))})"),
+            ("reference used", reference.get("path") or f"none ({verify.get('status', 'not run')})"),
+            ("preset", f"{preset.get('preset')}: {preset.get('reason')}"),
+            ("environment", f"{versions.get('isolation')}: {env.get('isolation', {}).get('prefix', '')}"),
+            ("GPU", versions.get("gpu") or "none"), ("GPU count", versions.get("gpu_count")),
+            ("driver", versions.get("driver") or "n/a"), ("CUDA", versions.get("cuda") or "none"),
+            ("cuDNN", versions.get("cudnn") or "n/a"), ("torch", versions.get("torch")),
+            ("apex", f"{data['apex'].get('status')}, commit {versions.get('apex_commit') or 'not built'}"),
+            ("Python", versions.get("python")), ("report rendered (UTC)",
+                                                  _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S"))]
     rows += [(f"package {name}", version) for name, version in versions.get("packages", {}).items()]
     return pd.DataFrame(rows, columns=["item", "value"])
-
-
-def figure_html(fig, alt: str) -> str:
-    """The figure as an embedded PNG (base64): the HTML report opens offline with every chart inside it."""
-    import base64
-    import io
-
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=110)
-    plt.close(fig)
-    data = base64.b64encode(buffer.getvalue()).decode("ascii")
-    return f'<img class="chart" alt="{html.escape(alt)}" src="data:image/png;base64,{data}"/>'
