@@ -352,8 +352,7 @@ def evaluate_model(claim: dict, cells: dict, model: str, baseline: str) -> dict:
 def measured_text(metric: str, stats: dict) -> str:
     text = fmt_value(metric, stats["median"])
     if stats["n_seeds"] > 1:
-        low, high = sorted((stats["min"], stats["max"]), key=lambda v: (-v if metric == "memory_reduction" else v))
-        text += f" (min–max {fmt_value(metric, low)} to {fmt_value(metric, high)}, {stats['n_seeds']} seeds)"
+        text += f" (min–max {fmt_value(metric, stats['min'])} to {fmt_value(metric, stats['max'])}, {stats['n_seeds']} seeds)"
     else:
         text += " (1 seed)"
     return text

@@ -304,6 +304,10 @@ def verify_html(result: dict | None) -> str:
                      f"{esc(', '.join(result['tolerances'].get('sources', [])))}.</p>")
     for note in result.get("differences", []):
         parts.append(f"<p class='small'>Differs from the reference: {esc(note)}</p>")
+    allowed = {}
+    for cell in result.get("cells", []):
+        for check in cell["checks"]:
+            allowed.setdefault(check["metric"], set()).add(check["allowed"])
     rows = []
     for cell in result.get("cells", []):
         row = {"cell": cell["cell"], "verdict": badge(f"s-{'pass' if cell['verdict'] == 'pass' else 'fail' if cell['verdict'] == 'fail' else 'no_reference'}",
@@ -313,12 +317,15 @@ def verify_html(result: dict | None) -> str:
             text = "n/a" if check.get("ratio") is None else f"{check['ratio']:.3f}×"
             if check["ok"] is False:
                 text = f"<b>{text}</b>"
-            row[check["metric"]] = text + f"<br><span class='small'>{esc(check['allowed'])}</span>"
+            uniform = len(allowed.get(check["metric"], ())) == 1
+            row[check["metric"]] = text + ("" if uniform else f"<br><span class='small'>{esc(check['allowed'])}</span>")
         rows.append(row)
     if rows:
         metrics = list(dict.fromkeys(ch["metric"] for c in result["cells"] for ch in c["checks"]))
         columns = [("cell", "cell"), ("verdict", "verdict"), ("status", "status here / reference")]
-        columns += [(m, f"{verify_mod.METRIC_LABEL.get(m, m)}: this run / reference") for m in metrics]
+        columns += [(m, f"{verify_mod.METRIC_LABEL.get(m, m)}: this run / reference"
+                     + (f" (allowed {next(iter(allowed[m]))})" if len(allowed.get(m, ())) == 1 else ""))
+                    for m in metrics]
         columns += [("note", "note")]
         parts.append(html_table(rows, columns, classes="verify", raw={"verdict", *metrics},
                                 numeric=set(metrics), row_class=lambda r: "row-fail" if "s-fail" in r["verdict"] else ""))
