@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 # Rules call `python`: it must be the venv's (with --use-conda, the env's own python comes first).
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: run test lint clean-venv
+.PHONY: run test lint clean-venv verify
 
 $(BIN)/activate: requirements.txt requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -18,6 +18,11 @@ $(BIN)/activate: requirements.txt requirements-dev.txt
 run: $(BIN)/activate
 	$(BIN)/snakemake --cores $(CORES) $(SNAKEMAKE_ARGS)
 	@echo "Report: $(CURDIR)/results/report/report.html"
+
+# Compare this run with the committed reference results of the same GPU model (reference/<gpu-slug>/); exits non-zero
+# when a cell is out of tolerance, naming the cells and by how much; exits 0 with a warning when there is no reference.
+verify: $(BIN)/activate
+	$(BIN)/snakemake --cores $(CORES) verify $(SNAKEMAKE_ARGS)
 
 test: $(BIN)/activate
 	$(BIN)/python -m pytest -q tests

@@ -13,6 +13,7 @@ include: "workflow/rules/apex.smk"
 include: "workflow/rules/sanity.smk"
 include: "workflow/rules/runs.smk"
 include: "workflow/rules/report.smk"
+include: "workflow/rules/verify.smk"
 
 
 rule all:

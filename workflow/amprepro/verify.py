@@ -87,6 +87,14 @@ class VerifyError(ValueError):
 # Reference files
 
 
+def reference_inputs(reference_dir: str | Path = "reference") -> list[str]:
+    """Every reference and tolerance file, for a rule's input: changing one re-runs the comparison."""
+    folder = Path(reference_dir)
+    if not folder.is_dir():
+        return []
+    return sorted(str(p) for p in folder.rglob("*") if p.is_file() and p.suffix in (".csv", ".json", ".yaml"))
+
+
 def gpu_slug(name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
 

@@ -1,3 +1,6 @@
+from amprepro.verify import reference_inputs  # noqa: E402
+
+
 rule report:
     """Execute notebooks/report.ipynb with papermill (real parameters), render HTML without code cells."""
     input:
@@ -8,7 +11,10 @@ rule report:
         sanity="results/sanity/sanity.json",
         apex="results/apex/apex.json",
         steps=run_outputs("steps.csv"),
-        code=[f"{PKG}/render.py", f"{PKG}/reportlib.py"],
+        claims="config/claims.yaml",
+        reference=reference_inputs("reference"),
+        code=[f"{PKG}/{name}.py" for name in ("render", "reportlib", "claims", "verify")]
+        + [f"workflow/report/nbconvert/amprepro/{name}" for name in ("conf.json", "index.html.j2", "static/report.css")],
     output:
         notebook="results/report/report.ipynb",
         html=report(
@@ -27,4 +33,4 @@ rule report:
         " --notebook {input.notebook} --executed {output.notebook} --html {output.html}"
         " --param title={params.title:q} --param summary={input.summary} --param table={input.table}"
         " --param environment={input.env} --param sanity={input.sanity} --param apex={input.apex}"
-        " --param runs_dir=results/runs > {log} 2>&1"
+        " --param runs_dir=results/runs --param claims={input.claims} --param reference_dir=reference > {log} 2>&1"

@@ -1,0 +1,49 @@
+# Claims and the reference check.
+# The report (rule report) evaluates both from the same inputs and shows them, so `make run` always ends with a
+# report. `snakemake verify` / `make verify` is the gate: it fails (non-zero exit) when a cell is out of tolerance,
+# naming the cells and by how much. It stays out of `rule all` because it must be able to fail.
+from amprepro.claims import load_claims  # noqa: E402
+from amprepro.verify import reference_inputs  # noqa: E402
+
+
+report: "../report/workflow.rst"
+
+
+CLAIMS_FILE = "config/claims.yaml"
+# A bad claim stops the run before any job, with a message that names the claim and the field.
+CLAIMS = load_claims(CLAIMS_FILE)
+
+
+rule verify_compare:
+    """Compare every cell with the committed reference of the same GPU model; evaluate the claims. Never fails on tolerance."""
+    input:
+        summary="results/summary/summary.json",
+        sanity="results/sanity/sanity.json",
+        metrics=run_outputs("metrics.json"),
+        claims=CLAIMS_FILE,
+        reference=reference_inputs("reference"),
+        code=[f"{PKG}/verify.py", f"{PKG}/claims.py"],
+    output:
+        verify=report("results/verify/verify.json", category="Verify", caption="../report/verify.rst"),
+        table=report("results/verify/verify.csv", category="Verify", caption="../report/verify.rst"),
+    log:
+        "results/logs/verify_compare.log",
+    conda:
+        "../../envs/report.yaml"
+    shell:
+        "PYTHONPATH=workflow python -m amprepro.verify compare"
+        " --summary {input.summary} --sanity {input.sanity} --runs-dir results/runs"
+        " --reference-dir reference --claims {input.claims}"
+        " --json {output.verify} --csv {output.table} > {log} 2>&1"
+
+
+rule verify:
+    """make verify: exit non-zero when a cell is out of tolerance against the reference, naming the cells and by how much."""
+    input:
+        verify="results/verify/verify.json",
+    log:
+        "results/logs/verify.log",
+    conda:
+        "../../envs/report.yaml"
+    shell:
+        "PYTHONPATH=workflow python -m amprepro.verify gate --verify {input.verify} 2>&1 | tee {log}"
