@@ -56,7 +56,7 @@ def test_cell_spec_holds_only_its_own_model():
         ({"apex": {"source": {"commit": "not-a-sha"}}}, "config.apex.source.commit"),
         ({"apex": {"cuda_arch_list": "sm_90"}}, "config.apex.cuda_arch_list"),
         ({"apex": {"colour": "red"}}, "config.apex"),
-        ({"runs": {"train": {"warmup_steps": 500}}}, "runs.train.warmup_steps"),
+        ({"runs": {"train": {"warmup_steps": 500}}}, "runs.train.warmup_steps (model cnn)"),
     ],
 )
 def test_bad_config_names_the_field(overrides, field):
@@ -82,3 +82,19 @@ def test_merged_preset_missing_a_key_names_it(tmp_path):
                                                                    "optimizer": "sgd"}}))
     with pytest.raises(cfg.ConfigError, match=r"at runs\.models\.cnn: 'batch_size' is a required property"):
         cfg.resolve_runs({**BASE, "preset": "smoke"}, tmp_path, [], "test probe")
+
+
+def test_model_overrides_restrict_precisions_seeds_and_train():
+    runs, _ = resolve({"runs": {"models": {"cnn": {"precisions": ["fp32"], "seeds": [3, 4], "train": {"steps": 19}}}}})
+    cnn_cells = [c for c in cfg.cells(runs) if c["model"] == "cnn"]
+    assert cnn_cells == [{"model": "cnn", "precision": "fp32", "seed": 3}, {"model": "cnn", "precision": "fp32", "seed": 4}]
+    spec = cfg.cell_spec(runs, "cnn", "fp32", 3)
+    assert spec["train"]["steps"] == 19 and spec["train"]["lr"] == runs["train"]["lr"]
+    assert "precisions" not in spec["model_config"] and "train" not in spec["model_config"]
+
+
+def test_paper_preset_is_valid_and_has_every_precision_for_the_three_models():
+    runs, _ = resolve(preset="paper")
+    cells = cfg.cells(runs)
+    for model in ("resnet50", "vit_b_16", "gpt124m"):
+        assert {c["precision"] for c in cells if c["model"] == model} == set(cfg.load_schema()["$defs"]["precision"]["enum"])

@@ -94,11 +94,13 @@ def resolve_runs(config: dict, presets_dir: Path, gpus: list[str], probe: str) -
     preset = yaml.safe_load(preset_file.read_text()) or {}
     runs = deep_merge(preset, config.get("runs") or {})
     validate(runs, "runs_resolved", "runs")
-    if runs["train"]["warmup_steps"] >= runs["train"]["steps"]:
-        raise ConfigError(
-            f"Config error at runs.train.warmup_steps: {runs['train']['warmup_steps']} warm-up steps leave no timed "
-            f"step out of {runs['train']['steps']}. Fix: make warmup_steps smaller than steps."
-        )
+    for model, settings in runs["models"].items():
+        train = deep_merge(runs["train"], settings.get("train", {}))
+        if train["warmup_steps"] >= train["steps"]:
+            raise ConfigError(
+                f"Config error at runs.train.warmup_steps (model {model}): {train['warmup_steps']} warm-up steps "
+                f"leave no timed step out of {train['steps']}. Fix: make warmup_steps smaller than steps."
+            )
     return runs, choice
 
 
@@ -106,20 +108,22 @@ def cells(runs: dict) -> list[dict]:
     """Every cell of models x precisions x seeds, in a stable order."""
     return [
         {"model": model, "precision": precision, "seed": seed}
-        for model in runs["models"]
+        for model, settings in runs["models"].items()
         for precision in runs["precisions"]
-        for seed in runs["seeds"]
+        if precision in settings.get("precisions", runs["precisions"])
+        for seed in settings.get("seeds", runs["seeds"])
     ]
 
 
 def cell_spec(runs: dict, model: str, precision: str, seed: int) -> dict:
     """Everything a single run needs: the settings of this cell only, so other cells' edits don't rerun it."""
+    settings = runs["models"][model]
     return {
         "model": model,
         "precision": precision,
         "seed": int(seed),
-        "model_config": runs["models"][model],
-        "train": runs["train"],
+        "model_config": {k: v for k, v in settings.items() if k not in ("precisions", "seeds", "train")},
+        "train": deep_merge(runs["train"], settings.get("train", {})),
     }
 
 

@@ -106,6 +106,11 @@ GPT_SIZES = {"gpt": {}, "gpt_tiny": {"vocab_size": 512, "layers": 2, "heads": 4,
 
 
 def unavailable_reason(arch: str) -> str | None:
+    if arch == "vit_base_patch16_224":
+        try:
+            import timm  # noqa: F401
+        except Exception as exc:
+            return f"{arch} comes from timm, which is not importable here ({exc}); install timm"
     if arch in ("resnet50", "vit_b_16"):
         try:
             import torchvision  # noqa: F401
@@ -121,6 +126,10 @@ def build(arch: str, model_config: dict) -> nn.Module:
         return TinyTransformer()
     if arch in GPT_SIZES:
         return GPT(seq_len=model_config.get("seq_len", 1024), **GPT_SIZES[arch])
+    if arch == "vit_base_patch16_224":
+        import timm
+
+        return timm.create_model(arch, pretrained=False)
     if arch in ("resnet50", "vit_b_16"):
         import torchvision
 

@@ -54,7 +54,7 @@ def configure_tf32(precision: str) -> dict:
 class Trainer:
     """Forward, backward and optimizer step under one precision; reports loss, loss scale and skipped steps."""
 
-    def __init__(self, precision: str, model, optimizer, loss_fn, device: torch.device):
+    def __init__(self, precision: str, model, optimizer, loss_fn, device: torch.device, wrap=None):
         self.precision, self.device, self.loss_fn = precision, device, loss_fn
         self.dtype = NATIVE_AMP_DTYPES.get(precision)
         self.scaler = torch.amp.GradScaler(device.type) if precision == "amp_fp16" else None
@@ -64,7 +64,8 @@ class Trainer:
 
             model, optimizer = amp.initialize(model, optimizer, opt_level=APEX_OPT_LEVELS[precision], verbosity=0)
             self.amp = amp
-        self.model, self.optimizer = model, optimizer
+        # DDP wraps after amp.initialize, as apex requires.
+        self.model, self.optimizer = (wrap(model) if wrap else model), optimizer
 
     def forward_loss(self, x, y):
         with torch.autocast(self.device.type, dtype=self.dtype or torch.float32, enabled=self.dtype is not None):

@@ -97,19 +97,80 @@ def numerics(rows: list[dict]) -> dict:
     }
 
 
-def run(spec: dict, apex: dict, threads: int) -> tuple[dict, list[dict]]:
+def variant_unsupported(model_config: dict, precision_name: str, device, apex: dict) -> str | None:
+    if model_config.get("fused_layer_norm") and apex.get("status") != "built":
+        return "fused_layer_norm needs apex's FusedLayerNorm: apex is not built"
+    if model_config.get("compile") and precision_name.startswith("apex"):
+        return "torch.compile with apex.amp is unsupported (O1 patches torch functions at run time)"
+    gpus = model_config.get("gpus", 1)
+    if gpus > 1 and device.type == "cuda" and torch_cuda_count() < gpus:
+        return f"this cell asks for {gpus} GPUs; {torch_cuda_count()} visible"
+    return None
+
+
+def torch_cuda_count() -> int:
     import torch
 
-    from amprepro import measure, models, precision
+    return torch.cuda.device_count()
 
+
+def swap_layer_norms(model):
+    """Replace every nn.LayerNorm by apex's FusedLayerNorm with the same shape and weights."""
+    from apex.normalization import FusedLayerNorm
+    from torch import nn
+
+    for name, child in model.named_children():
+        if isinstance(child, nn.LayerNorm):
+            fused = FusedLayerNorm(child.normalized_shape, eps=child.eps, elementwise_affine=child.elementwise_affine)
+            fused.load_state_dict(child.state_dict())
+            setattr(model, name, fused)
+        else:
+            swap_layer_norms(child)
+    return model
+
+
+def prepare_model(model_config: dict, device):
+    import torch
+
+    from amprepro import models
+
+    model = models.build(model_config["arch"], model_config)
+    if model_config.get("fused_layer_norm"):
+        model = swap_layer_norms(model)
+    model = model.to(device)
+    if model_config.get("channels_last"):
+        model = model.to(memory_format=torch.channels_last)
+    return model
+
+
+def step_flops(trainer, x, y, world: int) -> int | None:
+    """FLOPs of one global training step (forward + backward; the counted step is not applied)."""
+    from amprepro import flops
+
+    try:
+        total = flops.count_training_flops(lambda: trainer.forward_loss(x, y).backward())
+    except Exception as exc:  # counting is best effort: some custom kernels have no FLOP formula
+        print(f"FLOP counting failed: {exc}", flush=True)
+        total = None
+    trainer.optimizer.zero_grad(set_to_none=True)
+    return total * world if total else None
+
+
+def run(spec: dict, apex: dict, threads: int, dist=None) -> tuple[dict, list[dict]]:
+    import torch
+
+    from amprepro import distributed, flops, measure, models, precision
+
+    dist = dist or distributed.Dist()
     torch.set_num_threads(threads)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = dist.device()
     model_config, train = spec["model_config"], spec["train"]
     base = {"model": spec["model"], "precision": spec["precision"], "seed": spec["seed"], "spec": spec,
-            "hardware": measure.hardware(device), "software": measure.software(apex)}
+            "hardware": measure.hardware(device), "software": measure.software(apex), "world_size": dist.world}
     reason = (precision.unsupported_reason(spec["precision"], device, apex)
               or models.unavailable_reason(model_config["arch"])
-              or optimizer_unsupported(train["optimizer"], device, apex))
+              or optimizer_unsupported(train["optimizer"], device, apex)
+              or variant_unsupported(model_config, spec["precision"], device, apex))
     if reason:
         return {**base, "status": "skipped", "reason": reason}, []
 
@@ -117,32 +178,48 @@ def run(spec: dict, apex: dict, threads: int) -> tuple[dict, list[dict]]:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     seed_everything(spec["seed"], train.get("deterministic", False))
     tf32 = precision.configure_tf32(spec["precision"])
-    model = models.build(model_config["arch"], model_config).to(device)
-    if model_config.get("channels_last"):
-        model = model.to(memory_format=torch.channels_last)
+    model = prepare_model(model_config, device)
     batches = make_data(model_config, spec["seed"], device, model)
     optimizer = make_optimizer(train["optimizer"], model.parameters(), train["lr"], train.get("weight_decay", 0.0),
                                device)
-    trainer = precision.Trainer(spec["precision"], model, optimizer, cross_entropy, device)
+    wrap = lambda m: dist.wrap(m, device, model_config.get("sync_batchnorm", False))  # noqa: E731
+    trainer = precision.Trainer(spec["precision"], model, optimizer, cross_entropy, device, wrap=wrap)
+    if model_config.get("compile"):
+        trainer.model = torch.compile(trainer.model)
+
+    def next_batch():
+        x, y = batches.next()
+        x, y = dist.shard(x), dist.shard(y)
+        if model_config.get("channels_last") and x.dim() == 4:
+            x = x.contiguous(memory_format=torch.channels_last)
+        return x, y
+
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-
-    rows, started = [], time.time()
+    energy = flops.EnergyMeter(device)
+    rows, started, energy_start = [], time.time(), None
     for step in range(train["steps"]):
-        x, y = batches.next()
+        if step == train["warmup_steps"]:
+            energy_start = energy.read_joules()
+        x, y = next_batch()
         with measure.StepTimer(device) as timer:
             result = trainer.step(x, y)
-            loss = float(result.loss)  # one host sync per step for every precision: fair and simple
+            loss = float(dist.mean(result.loss))  # one host sync per step for every precision: fair and simple
         rows.append({"step": step, "loss": loss, "loss_scale": result.scale, "skipped": result.skipped,
                      "step_time_s": timer.seconds})
-        if step % 20 == 0:
+        if step % 20 == 0 and dist.is_main:
             print(f"step {step:5d} loss {loss:.4f} scale {result.scale} {timer.seconds * 1000:.1f} ms", flush=True)
+    energy_end = energy.read_joules()
+    # Counted after training, on the last batch, so counting changes neither the data order nor the timings.
+    flops_per_step = None if dist.active else step_flops(trainer, x, y, world=dist.world)
 
     items, unit = items_per_step(model_config)
     stats = measure.step_stats([r["step_time_s"] for r in rows], train["warmup_steps"], items)
     checks = numerics(rows)
     collapsed = not math.isfinite(rows[-1]["loss"]) or (checks["loss_scale_min"] is not None
                                                        and checks["loss_scale_min"] < 1.0)
+    achieved = flops_per_step / stats["step_time_median_s"] / 1e12 if flops_per_step else None
+    timed_items = items * stats["timed_steps"]
     metrics = {
         **base,
         "status": "collapsed" if collapsed else "ok",
@@ -154,8 +231,13 @@ def run(spec: dict, apex: dict, threads: int) -> tuple[dict, list[dict]]:
         **checks,
         "final_loss": rows[-1]["loss"],
         "final_loss_mean10": sum(r["loss"] for r in rows[-10:]) / len(rows[-10:]),
-        "eval_accuracy": evaluate(trainer, batches),
+        "eval_accuracy": evaluate(trainer, batches) if not dist.active else None,
         "parameters": models.parameter_count(model),
+        "flops_per_step": flops_per_step,
+        "achieved_tflops": achieved,
+        "datasheet_peak_tflops": flops.datasheet_peak(base["hardware"]["gpu_name"], spec["precision"]),
+        "energy_j_per_item": ((energy_end - energy_start) / timed_items
+                              if energy_start is not None and energy_end is not None else None),
         "tf32": tf32,
         "wall_seconds": time.time() - started,
     }
@@ -174,7 +256,13 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     spec, apex = json.loads(args.spec), read_json(args.apex)
     put_apex_on_path(apex)
-    metrics, rows = run(spec, apex, args.threads)
+    from amprepro import distributed
+
+    dist = distributed.setup()
+    metrics, rows = run(spec, apex, args.threads, dist)
+    dist.close()
+    if not dist.is_main:
+        return
     # Steps first, metrics last: metrics.json only exists once the run is complete.
     write_csv(args.steps, rows, STEP_FIELDS)
     write_json(args.metrics, metrics)

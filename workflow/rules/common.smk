@@ -6,6 +6,7 @@ from pathlib import Path
 from snakemake.utils import validate
 
 sys.path.insert(0, str(Path(workflow.basedir) / "workflow"))
+from amprepro.distributed import launcher  # noqa: E402
 from amprepro.config import (  # noqa: E402
     apex_required,
     cell_spec_json,
@@ -36,6 +37,14 @@ wildcard_constraints:
 def run_outputs(name):
     """Paths of one output file for every cell of the matrix."""
     return [f"results/runs/{c['model']}/{c['precision']}/seed{c['seed']}/{name}" for c in CELLS]
+
+
+def gpus_for_cell(wildcards):
+    return RUNS["models"][wildcards.model].get("gpus", 1) if GPUS else 0
+
+
+def launcher_for_cell(wildcards):
+    return launcher(RUNS["models"][wildcards.model].get("gpus", 1))
 
 
 def spec_for_cell(wildcards):

@@ -3,21 +3,22 @@ rule train:
     input:
         sanity="results/sanity/sanity.json",
         apex="results/apex/apex.json",
-        code=[f"{PKG}/{name}.py" for name in ("train", "models", "data", "precision", "measure")],
+        code=[f"{PKG}/{n}.py" for n in ("train", "models", "data", "precision", "measure", "flops", "distributed")],
     output:
         metrics="results/runs/{model}/{precision}/seed{seed}/metrics.json",
         steps="results/runs/{model}/{precision}/seed{seed}/steps.csv",
     params:
         spec=spec_for_cell,
+        launcher=launcher_for_cell,
     log:
         "results/logs/runs/{model}/{precision}/seed{seed}.log",
     threads: 1 if not GPUS else 8
     resources:
-        gpu=1 if GPUS else 0,
+        gpu=gpus_for_cell,
     conda:
         "../../envs/train.yaml"
     shell:
-        "PYTHONPATH=workflow python -m amprepro.train"
+        "PYTHONPATH=workflow {params.launcher} -m amprepro.train"
         " --spec {params.spec:q} --apex {input.apex} --threads {threads}"
         " --metrics {output.metrics} --steps {output.steps} > {log} 2>&1"
 

@@ -1,0 +1,72 @@
+"""Data parallel training through torchrun: one process per GPU (gloo on CPU, for tests), rank 0 writes results."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Dist:
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+
+    @property
+    def active(self) -> bool:
+        return self.world > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def device(self) -> torch.device:
+        if torch.cuda.is_available():
+            torch.cuda.set_device(self.local_rank)
+            return torch.device("cuda", self.local_rank)
+        return torch.device("cpu")
+
+    def shard(self, tensor: torch.Tensor) -> torch.Tensor:
+        """This rank's contiguous slice of the global batch: together the ranks see exactly the global batch."""
+        if not self.active:
+            return tensor
+        size = tensor.shape[0] // self.world
+        return tensor[self.rank * size : (self.rank + 1) * size]
+
+    def mean(self, value: torch.Tensor) -> torch.Tensor:
+        if not self.active:
+            return value
+        value = value.detach().clone()
+        torch.distributed.all_reduce(value)
+        return value / self.world
+
+    def wrap(self, model, device: torch.device, sync_batchnorm: bool):
+        if not self.active:
+            return model
+        if sync_batchnorm:
+            model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+        ids = [device.index] if device.type == "cuda" else None
+        return torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
+
+    def close(self) -> None:
+        if self.active:
+            torch.distributed.destroy_process_group()
+
+
+def setup() -> Dist:
+    """Join the torchrun process group when launched by torchrun; a single process otherwise."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world == 1:
+        return Dist()
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    torch.distributed.init_process_group(backend)
+    return Dist(int(os.environ["RANK"]), world, int(os.environ.get("LOCAL_RANK", "0")))
+
+
+def launcher(gpus: int) -> str:
+    """The command prefix for a run: plain python, or torchrun with one process per GPU."""
+    if gpus <= 1:
+        return "python"
+    return f"torchrun --standalone --nproc_per_node {gpus}"
