@@ -11,7 +11,8 @@ COLUMNS = [
     "model", "precision", "seed", "status", "reason", "throughput_per_s", "throughput_unit", "step_time_median_s",
     "step_time_p90_s", "peak_allocated_bytes", "peak_reserved_bytes", "peak_rss_bytes", "final_loss",
     "eval_accuracy", "skipped_steps", "first_nonfinite_step", "loss_scale_final", "speedup_vs_fp32",
-    "speedup_vs_tf32", "memory_ratio_vs_fp32",
+    "speedup_vs_tf32", "memory_ratio_vs_fp32", "achieved_tflops", "mfu_vs_measured_peak", "mfu_vs_datasheet",
+    "energy_j_per_item",
 ]
 KEY_PACKAGES = ["torch", "torchvision", "numpy", "scikit-learn", "snakemake", "papermill", "nbconvert", "apex"]
 
@@ -37,6 +38,20 @@ def add_relative(rows: list[dict]) -> list[dict]:
     return rows
 
 
+def add_mfu(rows: list[dict], metrics: list[dict], peak: dict) -> list[dict]:
+    """MFU against the matmul peak measured in this pipeline run and against the datasheet, both stated."""
+    from amprepro.flops import PEAK_KIND
+
+    for row, m in zip(rows, metrics):
+        achieved = m.get("achieved_tflops")
+        row["achieved_tflops"] = achieved
+        row["energy_j_per_item"] = m.get("energy_j_per_item")
+        measured = peak.get("tflops", {}).get(PEAK_KIND[row["precision"]])
+        row["mfu_vs_measured_peak"] = ratio(achieved, measured)
+        row["mfu_vs_datasheet"] = ratio(achieved, m.get("datasheet_peak_tflops"))
+    return rows
+
+
 def versions(environment: dict, apex: dict, metrics: list[dict]) -> dict:
     hardware = next((m["hardware"] for m in metrics if m.get("hardware")), {})
     packages = environment.get("packages", {})
@@ -57,13 +72,15 @@ def versions(environment: dict, apex: dict, metrics: list[dict]) -> dict:
     }
 
 
-def summarize(metric_files: list[str], environment: dict, apex: dict, preset: dict) -> dict:
+def summarize(metric_files: list[str], environment: dict, apex: dict, preset: dict, peak: dict | None = None) -> dict:
     metrics = [read_json(path) for path in metric_files]
     rows = add_relative([{c: m.get(c) for c in COLUMNS if c in m} | {"model": m["model"], "precision": m["precision"],
                                                                      "seed": m["seed"], "status": m["status"]}
                          for m in metrics])
+    rows = add_mfu(rows, metrics, peak or {})
     counts = {status: sum(r["status"] == status for r in rows) for status in ("ok", "skipped", "collapsed")}
-    return {"preset": preset, "cells": rows, "counts": counts, "versions": versions(environment, apex, metrics)}
+    return {"preset": preset, "cells": rows, "counts": counts, "versions": versions(environment, apex, metrics),
+            "peak": peak or {}}
 
 
 def main(argv=None) -> None:
@@ -71,11 +88,13 @@ def main(argv=None) -> None:
     parser.add_argument("--metrics", nargs="+", required=True)
     parser.add_argument("--env", required=True)
     parser.add_argument("--apex", required=True)
+    parser.add_argument("--peak", required=True)
     parser.add_argument("--preset", required=True, help="JSON: which preset ran and why")
     parser.add_argument("--csv", required=True)
     parser.add_argument("--json", required=True)
     args = parser.parse_args(argv)
-    summary = summarize(args.metrics, read_json(args.env), read_json(args.apex), json.loads(args.preset))
+    summary = summarize(args.metrics, read_json(args.env), read_json(args.apex), json.loads(args.preset),
+                        read_json(args.peak))
     write_csv(args.csv, summary["cells"], COLUMNS)
     write_json(args.json, summary)
     print(f"summary: {len(summary['cells'])} cells, {summary['counts']}")

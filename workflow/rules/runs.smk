@@ -23,12 +23,30 @@ rule train:
         " --metrics {output.metrics} --steps {output.steps} > {log} 2>&1"
 
 
+rule peak:
+    """This GPU's measured matmul ceiling per precision (MFU is reported against it and the datasheet)."""
+    input:
+        sanity="results/sanity/sanity.json",
+        code=[f"{PKG}/peak.py", f"{PKG}/flops.py"],
+    output:
+        peak="results/peak/peak.json",
+    log:
+        "results/logs/peak.log",
+    resources:
+        gpu=1 if GPUS else 0,
+    conda:
+        "../../envs/train.yaml"
+    shell:
+        "PYTHONPATH=workflow python -m amprepro.peak --out {output.peak} > {log} 2>&1"
+
+
 rule summary:
     """One table of every cell plus the software versions they ran with."""
     input:
         metrics=run_outputs("metrics.json"),
         env="results/environment/environment.json",
         apex="results/apex/apex.json",
+        peak="results/peak/peak.json",
         code=f"{PKG}/summary.py",
     output:
         table="results/summary/summary.csv",
@@ -41,5 +59,5 @@ rule summary:
         "../../envs/train.yaml"
     shell:
         "PYTHONPATH=workflow python -m amprepro.summary"
-        " --metrics {input.metrics} --env {input.env} --apex {input.apex}"
+        " --metrics {input.metrics} --env {input.env} --apex {input.apex} --peak {input.peak}"
         " --preset {params.preset:q} --csv {output.table} --json {output.summary} > {log} 2>&1"
