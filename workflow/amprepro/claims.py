@@ -341,7 +341,7 @@ def evaluate_model(claim: dict, cells: dict, model: str, baseline: str) -> dict:
     out.update(stats)
     holds = in_band(claim, stats["median"])
     out["verdict"] = "holds" if holds else "does_not_hold"
-    out["borderline"] = in_band(claim, stats["min"]) != in_band(claim, stats["max"])
+    out["borderline"] = len({in_band(claim, stats[k]) for k in ("min", "median", "max")}) > 1
     out["measured_text"] = measured_text(metric, stats)
     out["reason"] = (f"{model}: {out['measured_text']}"
                      + ("" if holds else f", {_direction(claim, stats['median'])}")

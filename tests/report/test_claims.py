@@ -1,0 +1,234 @@
+"""Claims as data: schema messages that name the field, and verdicts checked against hand-computed values."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import yaml
+
+from amprepro import claims
+from report_helpers import CLAIMS, GPU, SMOKE
+
+GIB = 2**30
+
+
+def cell(model, precision, seed=0, status="ok", throughput=None, memory=None, accuracy=None, reason="", step=None):
+    return {"model": model, "precision": precision, "seed": seed, "status": status, "reason": reason,
+            "throughput_per_s": throughput, "peak_allocated_bytes": memory, "eval_accuracy": accuracy,
+            "first_nonfinite_step": step}
+
+
+def summary(cells, gpu="NVIDIA TEST GPU", preset="paper"):
+    return {"cells": cells, "preset": {"preset": preset, "reason": "test"}, "versions": {"gpu": gpu}}
+
+
+TENSOR_CORES = {"checks": [{"name": "Tensor Cores", "status": "pass", "detail": "compute capability 9.0"}]}
+
+
+def claim(**overrides):
+    base = {"id": "c", "source": {"file": "000.txt", "title": "t"}, "statement": "s", "model": "Model",
+            "models": ["m"], "metric": "speedup", "baseline": ["fp32", "tf32"], "variant": "amp_fp16",
+            "claimed": {"about": 2.0}, "tolerance": 0.2}
+    base.update(overrides)
+    return claims.validate({"claims": [base]})[0]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# the claims file and its schema
+
+
+def test_repository_claims_file_is_valid_and_covers_the_seed_claims():
+    loaded = claims.load_claims(CLAIMS)
+    ids = {c["id"] for c in loaded}
+    assert {"vit-apex-o1-memory", "vit-apex-o1-speed", "resnet50-apex-memory", "resnet50-apex-speed",
+            "fp16-tensor-core-throughput", "amp-memory-40-60", "llm7b-epoch-time", "llm7b-peak-memory"} <= ids
+    for c in loaded:
+        assert c["source"]["file"].endswith(".txt") and c["source"]["title"]
+    by_id = {c["id"]: c for c in loaded}
+    assert by_id["vit-apex-o1-speed"]["claimed"] == {"about": 1.75}
+    assert by_id["resnet50-apex-speed"]["claimed"] == {"at_least": 1.30}
+    assert by_id["fp16-tensor-core-throughput"]["claimed"] == {"between": [2.0, 3.0]}
+    assert by_id["amp-memory-40-60"]["claimed"] == {"between": [0.40, 0.60]}
+    assert by_id["llm7b-epoch-time"]["not_measurable"]
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda c: c.update(tolerance=-0.1), "claims[0] (id 'c').tolerance: -0.1 is less than the minimum of 0"),
+    (lambda c: c.update(metric="latency"), "claims[0] (id 'c').metric: 'latency' is not one of"),
+    (lambda c: c.update(variant="fp8"), "claims[0] (id 'c').variant: 'fp8' is not one of"),
+    (lambda c: c.pop("source"), "claims[0] (id 'c'): 'source' is a required property"),
+    (lambda c: c["source"].pop("title"), "claims[0] (id 'c').source: 'title' is a required property"),
+    (lambda c: c.update(claimed={"roughly": 2}), "claims[0] (id 'c').claimed: Additional properties are not allowed"),
+    (lambda c: c.update(claimed={"between": [3, 2]}), "claims[0] (id 'c').claimed.between: [3, 2] is not [low, high]"),
+    (lambda c: c.update(baseline=["fp32", "amp_fp16"]), "claims[0] (id 'c').variant: 'amp_fp16' is also a baseline"),
+    (lambda c: c.update(colour="red"), "claims[0] (id 'c'): Additional properties are not allowed ('colour'"),
+])
+def test_a_bad_claim_names_the_field(mutate, message):
+    data = {"id": "c", "source": {"file": "000.txt", "title": "t"}, "statement": "s", "model": "M", "models": ["m"],
+            "metric": "speedup", "baseline": ["fp32"], "variant": "amp_fp16", "claimed": {"about": 2.0},
+            "tolerance": 0.2}
+    mutate(data)
+    with pytest.raises(claims.ClaimsError) as info:
+        claims.validate({"claims": [data]}, "my-claims.yaml")
+    assert str(info.value).startswith("my-claims.yaml: claim field ")
+    assert message in str(info.value)
+
+
+def test_duplicate_ids_and_bad_yaml_are_refused(tmp_path):
+    good = yaml.safe_load(CLAIMS.read_text())
+    good["claims"].append(copy.deepcopy(good["claims"][0]))
+    with pytest.raises(claims.ClaimsError, match="duplicate id"):
+        claims.validate(good)
+    path = tmp_path / "claims.yaml"
+    path.write_text("claims: [\n")
+    with pytest.raises(claims.ClaimsError, match="not valid YAML"):
+        claims.load_claims(path)
+
+
+def test_a_user_claim_in_the_same_form_is_evaluated(tmp_path):
+    path = tmp_path / "claims.yaml"
+    path.write_text(yaml.safe_dump({"claims": [{
+        "id": "my-bf16", "source": {"file": "my-notes.md", "title": "Our lab"}, "statement": "bf16 is 1.5x",
+        "model": "ResNet-50", "models": ["resnet50"], "metric": "speedup", "baseline": "tf32", "variant": "amp_bf16",
+        "claimed": {"at_least": 1.5}, "tolerance": 0}]}))
+    (result,) = claims.evaluate(claims.load_claims(path), json.loads((GPU / "summary/summary.json").read_text()))
+    # fixture: resnet50 bf16 2407 / tf32 2198 = 1.095 < 1.5
+    assert result["verdict"] == "does_not_hold"
+    assert result["by_baseline"]["tf32"]["models"]["resnet50"]["median"] == pytest.approx(2407 / 2198, rel=0.01)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# hand-computed verdicts
+
+
+def test_holds_against_one_baseline_and_not_the_other_is_reported_as_such():
+    cells = [cell("m", "fp32", throughput=100), cell("m", "tf32", throughput=200), cell("m", "amp_fp16", throughput=250)]
+    result = claims.evaluate_claim(claim(claimed={"between": [2.0, 3.0]}, tolerance=0), summary(cells), TENSOR_CORES)
+    # 250/100 = 2.5 in [2, 3]; 250/200 = 1.25 not
+    assert result["verdict"] == "depends_on_baseline"
+    assert result["verdict_text"] == "holds vs strict FP32; does not hold vs TF32"
+    assert result["by_baseline"]["fp32"]["models"]["m"]["median"] == pytest.approx(2.5)
+    assert result["by_baseline"]["tf32"]["models"]["m"]["median"] == pytest.approx(1.25)
+
+
+def test_median_and_min_max_spread_over_seeds():
+    cells = []
+    for seed, (base, amp) in enumerate([(100, 180), (100, 200), (100, 230)]):
+        cells += [cell("m", "fp32", seed, throughput=base), cell("m", "amp_fp16", seed, throughput=amp)]
+    result = claims.evaluate_claim(claim(baseline=["fp32"], claimed={"about": 2.0}, tolerance=0.15), summary(cells),
+                                   TENSOR_CORES)
+    m = result["by_baseline"]["fp32"]["models"]["m"]
+    assert (m["median"], m["min"], m["max"], m["n_seeds"]) == (pytest.approx(2.0), pytest.approx(1.8),
+                                                                pytest.approx(2.3), 3)
+    assert result["verdict"] == "holds"  # median 2.0 in 1.85-2.15
+    assert m["borderline"]  # 1.8 and 2.3 are both outside the band while the median is in it
+    assert "min–max 1.80× to 2.30×, 3 seeds" in result["measured_text"]
+
+
+def test_memory_reduction_about_forty_percent():
+    cells = [cell("m", "fp32", memory=10 * GIB), cell("m", "tf32", memory=10 * GIB),
+             cell("m", "apex_o1", memory=int(6.2 * GIB))]
+    result = claims.evaluate_claim(claim(metric="memory_reduction", variant="apex_o1", claimed={"about": 0.40},
+                                         tolerance=0.05), summary(cells))
+    assert result["by_baseline"]["fp32"]["models"]["m"]["median"] == pytest.approx(0.38)
+    assert result["verdict"] == "holds"
+    assert result["verdict_text"] == "holds vs strict FP32 and TF32"
+    assert "−38.0 %" in result["measured_text"]
+
+
+def test_at_least_with_tolerance_edges():
+    base = [cell("m", "fp32", throughput=100)]
+    just = claims.evaluate_claim(claim(baseline=["fp32"], claimed={"at_least": 1.30}, tolerance=0.02),
+                                 summary(base + [cell("m", "amp_fp16", throughput=128)]), TENSOR_CORES)
+    under = claims.evaluate_claim(claim(baseline=["fp32"], claimed={"at_least": 1.30}, tolerance=0.02),
+                                  summary(base + [cell("m", "amp_fp16", throughput=127.9)]), TENSOR_CORES)
+    assert just["verdict"] == "holds" and under["verdict"] == "does_not_hold"
+    assert "below the claimed band" in under["reason"]
+
+
+def test_generic_claim_evaluates_every_model_that_ran_both_cells():
+    cells = [cell("a", "fp32", throughput=100), cell("a", "amp_fp16", throughput=250),
+             cell("b", "fp32", throughput=100), cell("b", "amp_fp16", throughput=400),
+             cell("c", "fp32", throughput=100), cell("c", "amp_fp16", status="skipped", reason="no apex")]
+    result = claims.evaluate_claim(claim(models=["any"], baseline=["fp32"], claimed={"between": [2.0, 3.0]},
+                                         tolerance=0), summary(cells), TENSOR_CORES)
+    assert result["matched_models"] == ["a", "b", "c"]
+    per = result["by_baseline"]["fp32"]["models"]
+    assert per["a"]["verdict"] == "holds" and per["b"]["verdict"] == "does_not_hold"
+    assert per["c"]["verdict"] == "not_measurable" and "no apex" in per["c"]["reason"]
+    assert result["verdict"] == "does_not_hold"
+    assert "holds only for a of 2 models" in result["reason"]
+
+
+def test_generic_fp16_claim_on_cpu_needs_a_tensor_core_gpu():
+    smoke = json.loads((SMOKE / "summary/summary.json").read_text())
+    sanity = json.loads((SMOKE / "sanity/sanity.json").read_text())
+    by_id = {c["id"]: c for c in claims.load_claims(CLAIMS)}
+    result = claims.evaluate_claim(by_id["fp16-tensor-core-throughput"], smoke, sanity)
+    assert result["verdict"] == "not_measurable"
+    assert result["reason"].startswith("needs a Tensor Core GPU")
+    assert "smoke preset on CPU" in result["reason"]
+
+
+def test_named_model_missing_says_which_cell_and_why():
+    smoke = json.loads((SMOKE / "summary/summary.json").read_text())
+    by_id = {c["id"]: c for c in claims.load_claims(CLAIMS)}
+    result = claims.evaluate_claim(by_id["vit-apex-o1-speed"], smoke)
+    assert result["verdict"] == "not_measurable"
+    assert result["reason"].startswith("no ViT-Base cell ran (vit_b_16): smoke preset on CPU")
+
+
+def test_models_match_by_arch_too():
+    cells = [cell("my_vit", "fp32", throughput=100), cell("my_vit", "amp_fp16", throughput=200)]
+    result = claims.evaluate_claim(claim(models=["vit_b_16"], baseline=["fp32"]), summary(cells), TENSOR_CORES,
+                                   archs={"my_vit": "vit_b_16"})
+    assert result["matched_models"] == ["my_vit"] and result["verdict"] == "holds"
+
+
+def test_collapsed_variant_does_not_hold_and_skipped_variant_is_not_measurable():
+    collapsed = [cell("m", "fp32", throughput=100), cell("m", "amp_fp16", status="collapsed", throughput=300, step=17)]
+    result = claims.evaluate_claim(claim(baseline=["fp32"]), summary(collapsed), TENSOR_CORES)
+    assert result["verdict"] == "does_not_hold" and "collapsed" in result["reason"] and "step 17" in result["reason"]
+    skipped = [cell("m", "fp32", throughput=100), cell("m", "amp_fp16", status="skipped", reason="apex is not built")]
+    result = claims.evaluate_claim(claim(baseline=["fp32"]), summary(skipped), TENSOR_CORES)
+    assert result["verdict"] == "not_measurable" and "m/amp_fp16 skipped: apex is not built" in result["reason"]
+
+
+def test_memory_claim_on_cpu_rss_is_not_measurable():
+    cells = [dict(cell("m", "fp32"), peak_rss_bytes=GIB), dict(cell("m", "amp_bf16"), peak_rss_bytes=GIB)]
+    result = claims.evaluate_claim(claim(metric="memory_reduction", variant="amp_bf16", baseline=["fp32"],
+                                         claimed={"about": 0.4}), summary(cells, gpu=None, preset="smoke"))
+    assert result["verdict"] == "not_measurable"
+    assert "CPU process RSS" in result["reason"]
+
+
+def test_not_measurable_claim_keeps_a_proxy_as_context_only():
+    gpu = json.loads((GPU / "summary/summary.json").read_text())
+    sanity = json.loads((GPU / "sanity/sanity.json").read_text())
+    by_id = {c["id"]: c for c in claims.load_claims(CLAIMS)}
+    result = claims.evaluate_claim(by_id["llm7b-epoch-time"], gpu, sanity)
+    assert result["verdict"] == "not_measurable" and "7B" in result["reason"]
+    proxy = result["proxy"]
+    # fixture gpt124m: apex_o1 140000 / fp32 38000 = 3.68, / tf32 95000 = 1.47
+    assert proxy["by_baseline"]["fp32"]["models"]["gpt124m"]["median"] == pytest.approx(140000 / 38000, rel=0.01)
+    assert proxy["by_baseline"]["tf32"]["models"]["gpt124m"]["median"] == pytest.approx(140000 / 95000, rel=0.01)
+
+
+def test_gpu_fixture_verdicts_match_hand_computed_values():
+    gpu = json.loads((GPU / "summary/summary.json").read_text())
+    sanity = json.loads((GPU / "sanity/sanity.json").read_text())
+    results = {r["id"]: r for r in claims.evaluate(claims.load_claims(CLAIMS), gpu, sanity)}
+    # ViT apex O1: memory 1 - 9.40/15.18 = 0.381 (in 0.35-0.45); speed 2330/402 = 5.80 (no), 2330/1248 = 1.87 (yes)
+    assert results["vit-apex-o1-memory"]["verdict"] == "holds"
+    assert results["vit-apex-o1-speed"]["verdict"] == "depends_on_baseline"
+    assert results["vit-apex-o1-speed"]["verdict_text"] == "does not hold vs strict FP32; holds vs TF32"
+    # ResNet-50 apex O1: 2740/908 = 3.02 >= 1.28; 2740/2198 = 1.25 < 1.28
+    assert results["resnet50-apex-speed"]["verdict_text"] == "holds vs strict FP32; does not hold vs TF32"
+    # fp16 2-3x: vs fp32 3.27, 6.29, 4.21 (none in 1.9-3.1); vs tf32 1.35, 2.03, 1.68 (ViT only)
+    assert results["fp16-tensor-core-throughput"]["verdict"] == "does_not_hold"
+    # no eval accuracy on synthetic data
+    assert results["vit-apex-o1-accuracy"]["verdict"] == "not_measurable"
+    assert "synthetic" in results["vit-apex-o1-accuracy"]["reason"]
+    assert all(r["verdict_text"] for r in results.values())
