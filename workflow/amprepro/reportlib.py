@@ -96,10 +96,14 @@ def verify_badge(result: dict | None) -> str:
     return badge(f"s-{result['status']}", VERIFY_LABEL[result["status"]])
 
 
+def _cls(name: str) -> str:
+    return f' class="{esc(name)}"' if name else ""
+
+
 def html_table(rows: list[dict], columns: list[tuple[str, str]], classes: str = "", row_class=None,
                raw: set[str] = frozenset(), numeric: set[str] = frozenset()) -> str:
     """rows -> <table>. columns: (key, header). Values are escaped unless the key is in raw."""
-    head = "".join(f'<th class="{"num" if key in numeric else ""}">{esc(title)}</th>' for key, title in columns)
+    head = "".join(f'<th{_cls("num" if key in numeric else "")}>{esc(title)}</th>' for key, title in columns)
     body = []
     for row in rows:
         cls = row_class(row) if row_class else ""
@@ -109,8 +113,8 @@ def html_table(rows: list[dict], columns: list[tuple[str, str]], classes: str = 
             value = "" if value is None else value
             text = str(value) if key in raw else esc(str(value))
             css = "num" if key in numeric else ("reason" if key in ("reason", "note", "detail") else "")
-            tds.append(f'<td class="{css}">{text}</td>')
-        body.append(f'<tr class="{esc(cls)}">{"".join(tds)}</tr>')
+            tds.append(f'<td{_cls(css)}>{text}</td>')
+        body.append(f'<tr{_cls(cls)}>{"".join(tds)}</tr>')
     return (f'<div class="table-wrap"><table class="{esc(classes)}"><thead><tr>{head}</tr></thead>'
             f'<tbody>{"".join(body)}</tbody></table></div>')
 
@@ -409,14 +413,14 @@ def results_html(summary: dict) -> str:
                "skipped steps"}
     columns = [c for c in frame.columns if c != "reason"]
     measured = columns[4:]
-    head = "".join(f'<th class="{"num" if c in numeric else ""}">{esc(c)}</th>' for c in columns + ["reason"])
+    head = "".join(f'<th{_cls("num" if c in numeric else "")}>{esc(c)}</th>' for c in columns + ["reason"])
     body = []
     for row in frame.to_dict("records"):
-        first = "".join(f'<td class="{"num" if c in numeric else ""}">{esc(str(row[c]))}</td>' for c in columns[:4])
+        first = "".join(f'<td{_cls("num" if c in numeric else "")}>{esc(str(row[c]))}</td>' for c in columns[:4])
         if row["status"] == "skipped":
             rest = f'<td class="why" colspan="{len(measured) + 1}">{esc(row["reason"])}</td>'
         else:
-            rest = "".join(f'<td class="{"num" if c in numeric else ""}">{esc(str(row[c]))}</td>' for c in measured)
+            rest = "".join(f'<td{_cls("num" if c in numeric else "")}>{esc(str(row[c]))}</td>' for c in measured)
             rest += f'<td class="reason">{esc(row["reason"])}</td>'
         body.append(f'<tr class="status-{esc(row["status"])}">{first}{rest}</tr>')
     return (f'<div class="table-wrap"><table class="results"><thead><tr>{head}</tr></thead>'

@@ -1,0 +1,104 @@
+"""The rendered report: self-contained, no code, the one-screen summary first, provenance last, every claim judged."""
+
+from __future__ import annotations
+
+import base64
+import re
+
+import pytest
+import yaml
+
+from amprepro import render
+from report_helpers import CLAIMS
+
+SECTIONS = ["Claims", "Reference check", "Results", "Throughput", "Speedup against both baselines", "Peak memory",
+            "Loss curves: FP32 against AMP", "Loss scale", "Sanity checks", "Environment", "Provenance"]
+VERDICTS = ("holds", "does not hold", "not measurable here", "depends on the baseline")
+IMG = re.compile(r"<img\b[^>]*>")
+ATTR = re.compile(r'(\w+)="([^"]*)"')
+
+
+def charts(html: str) -> list[tuple[str, str]]:
+    """(alt, base64 PNG) of every chart image, whatever order nbconvert writes the attributes in."""
+    out = []
+    for tag in IMG.findall(html):
+        attrs = dict(ATTR.findall(tag))
+        assert attrs.get("class") == "chart" and attrs["src"].startswith("data:image/png;base64,"), tag[:200]
+        out.append((attrs["alt"], attrs["src"].split(",", 1)[1]))
+    return out
+
+
+def claim_ids():
+    return [c["id"] for c in yaml.safe_load(CLAIMS.read_text())["claims"]]
+
+
+def glance(html: str) -> str:
+    start = html.index('<section class="glance">')
+    return html[start:html.index("</section>", start)]
+
+
+@pytest.mark.parametrize("which", ["smoke_html", "gpu_html"])
+def test_self_contained_without_code(request, which):
+    html = request.getfixturevalue(which).read_text()
+    assert render.check_offline(html) == []
+    assert "<script" not in html.lower() and "cdnjs" not in html and "mermaid" not in html
+    assert "Content-Security-Policy" in html and "default-src 'none'" in html
+    assert "reportlib." not in html and "import " not in html and "def " not in html
+    assert "In&nbsp;[" not in html
+    assert "<style" in html and "table.claims-glance" in html  # the report's own CSS is inlined
+
+
+@pytest.mark.parametrize("which", ["smoke_html", "gpu_html"])
+def test_sections_in_order_summary_first_provenance_last(request, which):
+    html = request.getfixturevalue(which).read_text()
+    positions = [html.index(f">{section}<") for section in SECTIONS]
+    assert positions == sorted(positions)
+    assert html.index('<section class="glance">') < positions[0]
+    assert html.rindex("pipeline commit") > positions[-1]
+    for item in ("config sha256", "claims file", "GPU", "driver", "CUDA", "torch", "apex", "environment"):
+        assert f"<td>{item}" in html[positions[-1]:]
+
+
+@pytest.mark.parametrize("which", ["smoke_html", "gpu_html"])
+def test_every_chart_is_an_embedded_non_empty_png(request, which):
+    html = request.getfixturevalue(which).read_text()
+    found = charts(html)
+    expected = {"claims chart: measured against claimed", "throughput chart", "speedup chart", "memory chart",
+                "loss curves", "loss scale chart"}
+    assert expected <= {alt for alt, _ in found}
+    for alt, data in found:
+        raw = base64.b64decode(data)
+        assert raw.startswith(b"\x89PNG\r\n\x1a\n") and len(raw) > 5000, alt
+    assert html.count("<img") == len(found)
+
+
+def test_smoke_summary_lists_every_claim_with_a_reason(smoke_html):
+    top = glance(smoke_html.read_text())
+    for claim_id in claim_ids():
+        row = top[top.index(f"<b>{claim_id}</b>"):]
+        row = row[:row.index("</tr>")]
+        assert "not measurable here" in row
+        assert re.search(r"no .* cell ran|needs a Tensor Core GPU|skipped|no 7B model", row), row
+    assert "CPU only" in top and "NO REFERENCE" in top and "smoke preset" in top
+
+
+def test_gpu_summary_shows_verdicts_verify_failure_and_hardware(gpu_html):
+    html = gpu_html.read_text()
+    top = glance(html)
+    assert "NVIDIA H200" in top
+    assert "FAIL" in top and "4 of 36 cells out of tolerance" in top and "resnet50/amp_fp16/seed0" in top
+    assert "does not hold vs strict FP32; holds vs TF32" in top  # vit-apex-o1-speed
+    for claim_id in claim_ids():
+        assert f"<b>{claim_id}</b>" in top
+    assert sum(top.count(v) for v in VERDICTS) >= len(claim_ids())
+    assert "reference check chart: this run / reference per cell" in html
+    assert 'class="row-fail"' in html and "collapsed" in html
+
+
+def test_check_offline_catches_what_would_break_offline():
+    assert render.check_offline('<p>ok</p><img src="data:image/png;base64,AAAA"/>') == []
+    assert render.check_offline('<script type="module">import("https://x/y.mjs")</script>')
+    assert render.check_offline('<img src="https://example.org/a.png">')
+    assert render.check_offline('<link rel="stylesheet" href="//cdn.example.org/a.css">')
+    assert render.check_offline("<style>@import 'x.css';</style>")
+    assert render.check_offline('<img src="figures/a.png">') == []  # relative files are caught by the browser test
