@@ -384,7 +384,10 @@ def report_lines(result: dict) -> list[str]:
     lines += [f"  note: {line}" for line in result.get("differences", [])]
     if result.get("claims"):
         lines.append("claims (informational; they do not change the exit code):")
-        lines += [f"  {r['id']}: {r['verdict_text']}" for r in result["claims"]]
+        for r in result["claims"]:
+            detail = r["measured_text"] if r["verdict"] != "not_measurable" else r["reason"]
+            detail = detail if len(detail) <= 140 else detail[:140].rsplit(" ", 1)[0] + " …"
+            lines.append(f"  {r['id']}: {r['verdict_text']} — {detail}")
     return lines
 
 
