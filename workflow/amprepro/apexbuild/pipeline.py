@@ -20,7 +20,7 @@ from amprepro.apexbuild.preflight import preflight
 from amprepro.apexbuild.setup_inspect import SetupFacts, inspect_setup
 from amprepro.apexbuild.source import Source, file_sha256, resolve
 from amprepro.apexbuild.store import Store, cache_key
-from amprepro.apexbuild.toolchain import Toolchain, survey
+from amprepro.apexbuild.toolchain import Toolchain, gpu_identity, survey
 from amprepro.apexbuild.verify import require_ok, verify
 from amprepro.files import write_json
 
@@ -50,7 +50,8 @@ def build_and_verify(settings: dict, jobs: int, results_dir: str | Path = RESULT
     entry, cache = found
     manifest = json.loads((entry / "manifest.json").read_text())
     site = install(entry / manifest["wheel"]["file"], manifest["wheel"]["sha256"], results / "site" / key)
-    verification = verify(site, promised, manifest["extensions_built"], setup.has_amp)
+    verification = verify(site, promised, manifest["extensions_built"], setup.has_amp, manifest["wheel"]["sha256"],
+                          gpu_identity(env), env)
     require_ok(verification, site)
     seconds = time.monotonic() - start
     echo(f"[apex] {cache}: {key} verified in {seconds:.1f} s; site dir {site}", flush=True)

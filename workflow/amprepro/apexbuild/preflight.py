@@ -15,7 +15,7 @@ from packaging.version import Version
 
 from amprepro.apexbuild.errors import ApexError
 from amprepro.apexbuild.setup_inspect import SetupFacts
-from amprepro.apexbuild.toolchain import Toolchain
+from amprepro.apexbuild.toolchain import BUILD_PROBE, Toolchain, probe_python
 
 MIN_PIP = Version("23.1")  # first pip that hands --config-settings to setuptools' build_wheel
 NVIDIA_APEX_SUMMARY = "PyTorch Extensions written by NVIDIA"
@@ -23,9 +23,10 @@ PROBE_KERNEL = "#include <cuda_runtime.h>\n__global__ void probe() {}\nint main(
 
 
 def preflight(tools: Toolchain, setup: SetupFacts, flags: list[str], env: dict) -> None:
-    problems = python_problems(tools.python) + cxx_problems(env)
+    python = probe_python(BUILD_PROBE, env)
+    problems = python_problems(python) + cxx_problems(env)
     if setup.needs_cuda(flags):
-        problems += cuda_problems(tools, setup, env)
+        problems += cuda_problems(tools, python, setup, env)
     if problems:
         listed = "\n".join(f"  - {problem}" for problem in problems)
         raise ApexError(f"apex preflight found {len(problems)} problem(s) before compiling:\n{listed}")
@@ -61,24 +62,23 @@ def cxx_problems(env: dict) -> list[str]:
     return []
 
 
-def cuda_problems(tools: Toolchain, setup: SetupFacts, env: dict) -> list[str]:
-    torch_cuda = tools.python["torch_cuda"]
+def cuda_problems(tools: Toolchain, python: dict, setup: SetupFacts, env: dict) -> list[str]:
     problems = []
-    if tools.python["torch"] and torch_cuda is None:
-        problems.append(f"torch {tools.python['torch']} is a CPU-only build (torch.version.cuda is None), so "
+    if python["torch"] and python["torch_cuda"] is None:
+        problems.append(f"torch {python['torch']} is a CPU-only build (torch.version.cuda is None), so "
                         "CUDA extensions cannot be built against it. Fix: install a CUDA build of torch.")
     if tools.nvcc is None:
         problems.append(tools.nvcc_problem)
     else:
-        problems += nvcc_problems(tools, setup, env)
+        problems += nvcc_problems(tools, python["torch_cuda"], setup, env)
     if tools.arch_list is None:
         problems.append(f"no GPU architecture to compile for ({tools.arch_source}); a login/CPU node has no GPU "
                         "to detect. Fix: set apex.cuda_arch_list, e.g. '9.0' for H100/H200, '8.0' for A100.")
     return problems
 
 
-def nvcc_problems(tools: Toolchain, setup: SetupFacts, env: dict) -> list[str]:
-    nvcc, torch_cuda = tools.nvcc, tools.python["torch_cuda"]
+def nvcc_problems(tools: Toolchain, torch_cuda: str | None, setup: SetupFacts, env: dict) -> list[str]:
+    nvcc = tools.nvcc
     if nvcc.release is None:
         return [f"{nvcc.path} (found via {nvcc.found_via}) does not run or print a release. Fix: repair the "
                 "CUDA toolkit or point CUDA_HOME at a working one."]

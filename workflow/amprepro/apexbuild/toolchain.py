@@ -16,15 +16,29 @@ from pathlib import Path
 
 DEFAULT_CUDA_HOMES = ("/usr/local/cuda",)
 
-PYTHON_PROBE = r"""
-import importlib.metadata as md, json, sys, sysconfig
-out = {"python": sys.version.split()[0], "soabi": sysconfig.get_config_var("SOABI"), "executable": sys.executable}
+# Key facts without importing torch (a rerun must take seconds): torch/version.py is plain assignments.
+KEY_PROBE = r"""
+import importlib.util, json, pathlib, sys, sysconfig
+out = {"python": sys.version.split()[0], "soabi": sysconfig.get_config_var("SOABI"), "executable": sys.executable,
+       "torch": None, "torch_cuda": None, "torch_git": None}
+spec = importlib.util.find_spec("torch")
+version_file = pathlib.Path(spec.origin).parent / "version.py" if spec and spec.origin else None
+if version_file and version_file.is_file():
+    found = {}
+    exec(compile(version_file.read_text(), str(version_file), "exec"), found)
+    out.update(torch=found.get("__version__"), torch_cuda=found.get("cuda"), torch_git=found.get("git_version"))
+print(json.dumps(out))
+"""
+
+# What the build needs from the interpreter; only run before compiling.
+BUILD_PROBE = r"""
+import importlib.metadata as md, json, sys
+out = {"executable": sys.executable}
 try:
     import torch
-    out.update(torch=torch.__version__, torch_cuda=torch.version.cuda,
-               torch_git=getattr(torch.version, "git_version", None), torch_error=None)
+    out.update(torch=torch.__version__, torch_cuda=torch.version.cuda, torch_error=None)
 except Exception as exc:
-    out.update(torch=None, torch_cuda=None, torch_git=None, torch_error=f"{type(exc).__name__}: {exc}")
+    out.update(torch=None, torch_cuda=None, torch_error=f"{type(exc).__name__}: {exc}")
 try:
     import torch.utils.cpp_extension as cpp_extension
     out.update(cpp_extension_error=None, ninja=bool(cpp_extension.is_ninja_available()))
@@ -34,7 +48,8 @@ try:
     out["pip"] = md.version("pip")
 except md.PackageNotFoundError:
     out["pip"] = None
-out["apex_dists"] = [{"version": d.version, "summary": d.metadata.get("Summary") or "", "path": str(getattr(d, "_path", ""))}
+out["apex_dists"] = [{"version": d.version, "summary": d.metadata.get("Summary") or "",
+                      "path": str(getattr(d, "_path", ""))}
                      for d in md.distributions() if (d.metadata.get("Name") or "").lower() == "apex"]
 print(json.dumps(out))
 """
@@ -58,7 +73,7 @@ class Toolchain:
 
 
 def survey(needs_cuda: bool, env: dict, configured_arch: str | None) -> Toolchain:
-    python = probe_python(env)
+    python = probe_python(KEY_PROBE, env)
     if not needs_cuda:
         return Toolchain(python, None, None, None, "not needed: no CUDA extension is requested")
     nvcc, problem = find_nvcc(env)
@@ -66,8 +81,8 @@ def survey(needs_cuda: bool, env: dict, configured_arch: str | None) -> Toolchai
     return Toolchain(python, nvcc, problem, arch, arch_source)
 
 
-def probe_python(env: dict) -> dict:
-    done = subprocess.run([sys.executable, "-c", PYTHON_PROBE], capture_output=True, text=True, env=env, timeout=300)
+def probe_python(probe: str, env: dict) -> dict:
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=300)
     if done.returncode != 0:
         raise RuntimeError(f"python probe failed: {done.stderr.strip()}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -127,3 +142,17 @@ def detect_arch(env: dict) -> tuple[str | None, str]:
     if done.returncode != 0 or not caps:
         return None, f"nvidia-smi reports no GPU (exit {done.returncode})"
     return ";".join(caps), "detected with nvidia-smi"
+
+
+def gpu_identity(env: dict) -> str:
+    """Which GPUs this process would use: verification results are valid for exactly these."""
+    smi = shutil.which("nvidia-smi", path=env.get("PATH", ""))
+    if smi is None:
+        return "none (no nvidia-smi)"
+    try:
+        done = subprocess.run([smi, "--query-gpu=name,uuid,driver_version", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"unknown ({exc})"
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    return " | ".join(done.stdout.strip().splitlines()) + (f" | CUDA_VISIBLE_DEVICES={visible}" if visible else "")
