@@ -8,6 +8,7 @@ configfile: "config/config.yaml"
 
 
 include: "workflow/rules/common.smk"
+include: "workflow/rules/conda_check.smk"
 include: "workflow/rules/environment.smk"
 include: "workflow/rules/apex.smk"
 include: "workflow/rules/sanity.smk"
