@@ -39,7 +39,7 @@ KNOWN_FAILURES = [
      "apex demands nvcc's release equal torch.version.cuda. Fix: use the matching toolkit."),
     (re.compile(r"No module named '(torch|setuptools|wheel)'"),
      "the build could not import {0}. Fix: install it in this env (the build runs without isolation)."),
-    (re.compile(r"option (--\S+) not recognized"),
+    (re.compile(r"option (--[^\n]+?) not recognized"),
      "setup.py did not consume the option {0}. Fix: this ref does not support it; report the flag choice."),
 ]
 
