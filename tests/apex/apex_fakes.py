@@ -15,7 +15,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 FAKE_APEX = REPO / "tests" / "fixtures" / "fake_apex"
-GIT_IDENTITY = ["-c", "user.name=amprepro tests", "-c", "user.email=tests@amprepro.invalid", "-c", "commit.gpgsign=false"]
+GIT_IDENTITY = ["-c", "user.name=amprepro tests", "-c", "user.email=tests@amprepro.invalid",
+                "-c", "commit.gpgsign=false"]
 
 
 def git(cwd: Path, *args: str) -> str:
@@ -100,7 +101,9 @@ def fake_python_packages(root: Path, torch_cuda: str | None = "13.0", ninja: boo
     """A directory for PYTHONPATH holding a stand-in torch (version.py + cpp_extension) built for torch_cuda."""
     torch_dir = root / "torch"
     (torch_dir / "utils").mkdir(parents=True)
-    init = f"raise ImportError({torch_import_error!r})\n" if torch_import_error else "from .version import __version__, cuda\nfrom . import version\n"
+    init = "from .version import __version__, cuda\nfrom . import version\n"
+    if torch_import_error:
+        init = f"raise ImportError({torch_import_error!r})\n"
     (torch_dir / "__init__.py").write_text(init)
     (torch_dir / "version.py").write_text(f"__version__ = '2.11.0+fake'\ncuda = {torch_cuda!r}\ngit_version = 'fake'\n")
     (torch_dir / "utils" / "__init__.py").write_text("")

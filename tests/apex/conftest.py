@@ -7,10 +7,9 @@ import time
 from pathlib import Path
 
 import pytest
-from apex_fakes import FAKE_APEX, Built, Echo, make_repo, settings_for
-
 from amprepro import apexbuild
 from amprepro.apexbuild import toolchain
+from apex_fakes import FAKE_APEX, Built, Echo, make_repo, settings_for
 
 
 @pytest.fixture(scope="session")

@@ -12,12 +12,11 @@ import time
 import zipfile
 
 import pytest
-from apex_fakes import REPO, Echo, settings_for
-
 from amprepro import apexbuild
 from amprepro.apexbuild import ApexError
 from amprepro.apexbuild.source import file_sha256
 from amprepro.apexbuild.store import Store, is_complete
+from apex_fakes import REPO, Echo, settings_for
 
 EXTENSIONS = ["apex_C", "apex_version_C"]
 
@@ -55,7 +54,8 @@ def test_installed_into_a_site_dir_and_verified_in_a_fresh_interpreter(built):
     assert verification["ok"] and verification["checks"]["apex_C"]["ok"]
     assert verification["checks"]["imports"]["apex_file"].startswith(str(site.resolve()))
     assert built.record["extensions"] == {ext: {"built": True, "importable": True, "error": None} for ext in EXTENSIONS}
-    code = f"import sys; sys.path.insert(0, {str(site)!r}); import torch, apex_C; print(apex_C.flatten([torch.ones(3)]))"
+    code = (f"import sys; sys.path.insert(0, {str(site)!r}); import torch, apex_C; "
+            "print(apex_C.flatten([torch.ones(3)]))")
     assert "tensor([1., 1., 1.])" in subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout
 
 

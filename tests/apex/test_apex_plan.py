@@ -6,7 +6,6 @@ import json
 import shlex
 
 import pytest
-
 from amprepro.apexbuild import patches
 from amprepro.apexbuild.build import diagnose, pip_wheel_command, plan_build
 from amprepro.apexbuild.setup_inspect import inspect_setup
@@ -44,7 +43,8 @@ if "--parallel" in sys.argv:
     idx = sys.argv.index("--parallel")
 '''
 # 25.09 added environment variables for the same flags.
-SETUP_25_09 = SETUP_25_05.replace('if "--cpp_ext" in sys.argv:\n', 'if has_flag("--cpp_ext", "APEX_CPP_EXT"):\n').replace(
+SETUP_25_09 = SETUP_25_05.replace(
+    'if "--cpp_ext" in sys.argv:\n', 'if has_flag("--cpp_ext", "APEX_CPP_EXT"):\n').replace(
     'if "--cuda_ext" in sys.argv:\n', 'if has_flag("--cuda_ext", "APEX_CUDA_EXT"):\n') + '''
 ENV_TO_FLAG = {"APEX_CPP_EXT": "--cpp_ext", "APEX_CUDA_EXT": "--cuda_ext", "APEX_XENTROPY": "--xentropy"}
 apex_parallel_build = os.environ.get("APEX_PARALLEL_BUILD", None)

@@ -10,11 +10,10 @@ import subprocess
 import tarfile
 
 import pytest
-from apex_fakes import FAKE_APEX, git, make_repo
-
 from amprepro.apexbuild import ApexError
 from amprepro.apexbuild.source import export, export_marker, resolve
 from amprepro.apexbuild.treehash import tree_hash
+from apex_fakes import FAKE_APEX, git, make_repo
 
 OTHER_COMMIT = "0123456789abcdef0123456789abcdef01234567"
 

@@ -31,7 +31,8 @@ def main(argv=None) -> None:
     try:
         if args.command == "export":
             record = export(args.git_dir, args.ref, args.dest)
-            print(f"exported {record['commit']} (tree {record['tree']}) to {args.dest}; marker {export_marker(args.dest)}")
+            print(f"exported {record['commit']} (tree {record['tree']}) to {args.dest}; "
+                  f"marker {export_marker(args.dest)}")
         else:
             print(json.dumps(build_and_verify(json.loads(args.settings), args.jobs, args.results_dir), indent=2))
     except ApexError as exc:

@@ -12,8 +12,7 @@ import time
 from pathlib import Path
 
 from amprepro.apexbuild import patches
-from amprepro.apexbuild.build import (pip_wheel_command, plan_build, require_extensions, run_build,
-                                      wheel_extensions)
+from amprepro.apexbuild.build import pip_wheel_command, plan_build, require_extensions, run_build, wheel_extensions
 from amprepro.apexbuild.errors import ApexError
 from amprepro.apexbuild.install import install
 from amprepro.apexbuild.preflight import preflight
@@ -164,7 +163,7 @@ def manifest(ctx: BuildContext, plan, applied, promised, built, wheel: Path, sec
             "max_jobs": plan.max_jobs,
             "jobs": ctx.jobs,
             "host": platform.node(),
-            "finished_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "finished_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         },
         "patches": applied,
         "extensions_promised": promised,
@@ -179,8 +178,8 @@ def summary(source: Source, cache: str, verification: dict, seconds: float) -> s
     importable = sum(info["importable"] for info in extensions.values())
     passed = [name for name, result in verification["checks"].items() if result.get("ok")]
     skipped = [name for name, result in verification["checks"].items() if result.get("ok") is None]
-    text = (f"apex {source.ref or source.kind} ({source.commit[:12]}) {cache} in {seconds:.1f} s: {importable}/{len(extensions)} "
-            f"extensions importable; checks passed: {', '.join(passed)}")
+    text = (f"apex {source.ref or source.kind} ({source.commit[:12]}) {cache} in {seconds:.1f} s: "
+            f"{importable}/{len(extensions)} extensions importable; checks passed: {', '.join(passed)}")
     if verification["gpu"]:
         text += f" on {verification['gpu']}"
     if skipped:

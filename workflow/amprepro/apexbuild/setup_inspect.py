@@ -16,8 +16,8 @@ CORE_FLAGS = ("--cpp_ext", "--cuda_ext")
 EXTENSION_CLASSES = {"CppExtension": "cpp", "CUDAExtension": "cuda"}
 # 25.05 compares the nvcc release with torch.version.cuda for equality (check_cuda_torch_binary_vs_bare_metal).
 STRICT_CUDA_CHECK = "bare_metal_version != torch_binary_version"
-COMPUTE_70_GENCODE = re.compile(r'^[ \t]*cc_flag\.append\("-gencode"\)\n[ \t]*cc_flag\.append\("arch=compute_70,code=sm_70"\)\n',
-                                re.MULTILINE)
+COMPUTE_70_GENCODE = re.compile(
+    r'^[ \t]*cc_flag\.append\("-gencode"\)\n[ \t]*cc_flag\.append\("arch=compute_70,code=sm_70"\)\n', re.MULTILINE)
 
 
 @dataclass(frozen=True)

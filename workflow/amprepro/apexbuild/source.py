@@ -69,7 +69,7 @@ def resolve(spec: dict, git_cache: Path) -> Source:
     """Identify the configured source and prove it is the pinned commit; ApexError when it is not."""
     path, tarball, url = spec.get("path"), spec.get("tarball"), spec.get("url")
     if path and tarball:
-        raise ApexError("apex.source sets both path and tarball: keep one of them (path wins over url, so does tarball).")
+        raise ApexError("apex.source sets both path and tarball: keep one of them (either wins over url).")
     if path:
         return from_path(Path(path), spec)
     if tarball:
@@ -139,7 +139,8 @@ def from_tarball(tarball: Path, spec: dict) -> Source:
             _check_commit(embedded, wanted, f"{tarball} (commit id written by git archive)")
         commit, how = embedded, f"sha256 {actual_sha[:12]}… and the commit id git archive wrote into the tarball"
     elif wanted and len(wanted) == 40:
-        commit, how = wanted.lower(), f"sha256 {actual_sha[:12]}… (the tarball carries no commit id; commit as configured)"
+        commit = wanted.lower()
+        how = f"sha256 {actual_sha[:12]}… (the tarball carries no commit id; commit as configured)"
     else:
         raise ApexError(f"{tarball} carries no commit id (it was not made by git archive) and apex.source.commit is "
                         "not a full 40-digit sha: set the full commit the tarball was made from.")

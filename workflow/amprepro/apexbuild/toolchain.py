@@ -14,6 +14,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from amprepro.apexbuild.errors import ApexError
+
 DEFAULT_CUDA_HOMES = ("/usr/local/cuda",)
 
 # Key facts without importing torch (a rerun must take seconds): torch/version.py is plain assignments.
@@ -77,14 +79,17 @@ def survey(needs_cuda: bool, env: dict, configured_arch: str | None) -> Toolchai
     if not needs_cuda:
         return Toolchain(python, None, None, None, "not needed: no CUDA extension is requested")
     nvcc, problem = find_nvcc(env)
-    arch, arch_source = (normalize_arch(configured_arch), "apex.cuda_arch_list") if configured_arch else detect_arch(env)
+    if configured_arch:
+        arch, arch_source = normalize_arch(configured_arch), "apex.cuda_arch_list"
+    else:
+        arch, arch_source = detect_arch(env)
     return Toolchain(python, nvcc, problem, arch, arch_source)
 
 
 def probe_python(probe: str, env: dict) -> dict:
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=300)
     if done.returncode != 0:
-        raise RuntimeError(f"python probe failed: {done.stderr.strip()}")
+        raise ApexError(f"{sys.executable} could not run a 1-line probe: {done.stderr.strip()[-800:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
