@@ -15,7 +15,7 @@
 # is enforced (no cgroups): jobs share the real cores.
 #
 # Knobs (environment):
-#   SLURM_FAKE_GPUS=2         fake GPUs on the node (0..4)
+#   SLURM_FAKE_GPUS=4         fake GPUs on the node (0..4)
 #   SLURM_FAKE_GPU_TYPE=fake  gres type name; set it to the gpu_model you put in profiles/slurm (e.g. h100)
 #   SLURM_PARTITION=debug     name of the (default) partition; add SLURM_EXTRA_PARTITIONS="gpu cpu" for more
 #   SLURM_NODE_CPUS=32        CPUs the node advertises (at least the real count)
@@ -29,7 +29,7 @@
 # Exit status: 0 when the node is idle (and the smoke job completed); non-zero with the daemons' logs otherwise.
 set -euo pipefail
 
-FAKE_GPUS="${SLURM_FAKE_GPUS:-2}"
+FAKE_GPUS="${SLURM_FAKE_GPUS:-4}"
 GPU_TYPE="${SLURM_FAKE_GPU_TYPE:-fake}"
 PARTITION="${SLURM_PARTITION:-debug}"
 EXTRA_PARTITIONS="${SLURM_EXTRA_PARTITIONS:-}"

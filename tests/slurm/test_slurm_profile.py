@@ -1,0 +1,325 @@
+"""The smoke preset through a real Slurm: `--workflow-profile profiles/slurm` plus the localhost overrides in
+profiles/slurm-localtest gives the same cells and statuses as a local run; a job that fails and a job that hits
+its time limit show up as failed rules naming their Slurm log; a rerun completes the rest; and Slurm's own
+records (scontrol, the jobcomp log, the slurmctld log) show that every job went through sbatch.
+
+Needs a running Slurm with an idle node that has GPU gres: tools/slurm/start.sh starts one on localhost (CI:
+.ci/setup/20-slurm.sh). Without it, every test here is skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+PARTS = ["Snakefile", "workflow", "config", "envs", "notebooks", "profiles"]  # what a fresh checkout runs from
+VENV_BIN = Path(sys.executable).parent
+SNAKEMAKE = [sys.executable, "-m", "snakemake"]
+CONFIG = ["--config", "preset=smoke"]
+SLURM = ["--workflow-profile", "profiles/slurm", "--profile", "profiles/slurm-localtest", *CONFIG]
+RUN_TIMEOUT_S = 420
+
+# Fault injection (only in the first Slurm run), through a `python` shim first on PATH: the rules call `python`.
+FAILING_CELL = ("cnn", "amp_bf16", 0)  # exits 3 -> Slurm state FAILED
+HANGING_CELL = ("transformer", "tf32", 0)  # sleeps; its time limit is cut to 1 min -> Slurm state TIMEOUT
+SHIM = """#!/usr/bin/env bash
+# tests/slurm fault injection: one train cell fails, one hangs until Slurm's time limit ends it.
+case "$*" in
+  *'"model": "{fail_model}"'*'"precision": "{fail_precision}"'*)
+    echo "injected failure (tests/slurm)" >&2; exit 3 ;;
+  *'"model": "{hang_model}"'*'"precision": "{hang_precision}"'*)
+    echo "injected hang (tests/slurm): cutting the time limit of Slurm job $SLURM_JOB_ID to 1 minute" >&2
+    scontrol update JobId="$SLURM_JOB_ID" TimeLimit=1 >&2 || exit 4
+    exec sleep 900 ;;
+esac
+exec "{python}" "$@"
+"""
+
+
+def _slurm_unavailable() -> str | None:
+    """Why the Slurm tests cannot run here, or None."""
+    hint = "start one with tools/slurm/start.sh (CI does it in .ci/setup/20-slurm.sh)"
+    if shutil.which("sbatch") is None:
+        return f"no Slurm here: sbatch is not on PATH; {hint}"
+    try:
+        out = subprocess.run(["sinfo", "-h", "-o", "%T|%G"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"Slurm does not answer (sinfo: {exc}); {hint}"
+    if out.returncode != 0:
+        return f"Slurm does not answer (sinfo: {out.stderr.strip() or out.returncode}); {hint}"
+    nodes = [line.split("|") for line in out.stdout.splitlines() if "|" in line]
+    usable = [gres for state, gres in nodes if state.rstrip("*~#") in ("idle", "mixed", "allocated", "completing")]
+    if not usable:
+        return f"Slurm answers but no node is up (sinfo: {out.stdout.strip() or 'no nodes'}); {hint}"
+    if not any("gpu" in gres for gres in usable):
+        return f"no node with GPU gres (profiles/slurm asks for GPUs); {hint}, which advertises fake ones"
+    return None
+
+
+REASON = _slurm_unavailable()
+pytestmark = [pytest.mark.slurm, pytest.mark.e2e, pytest.mark.skipif(REASON is not None, reason=REASON or "")]
+
+
+# ----------------------------------------------------------------------------------------------------- helpers
+def copy_checkout(dest: Path) -> Path:
+    dest.mkdir(parents=True)
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    for part in PARTS:
+        source = REPO / part
+        if source.is_dir():
+            shutil.copytree(source, dest / part, ignore=ignore)
+        elif source.exists():
+            shutil.copy2(source, dest / part)
+    return dest
+
+
+def env_with(*first_on_path: Path) -> dict:
+    """The jobs inherit this environment (the plugin submits with --export=ALL): `python` must be the venv's."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_", "SRUN_"))}
+    env.pop("SNAKEMAKE_PROFILE", None)
+    env["PATH"] = os.pathsep.join([*map(str, first_on_path), str(VENV_BIN), env.get("PATH", "")])
+    return env
+
+
+class Run:
+    """One snakemake invocation, in its own process group so a hang can be killed with everything under it."""
+
+    def __init__(self, workdir: Path, args: list[str], env: dict, name: str, nice: int = 0):
+        self.workdir, self.args, self.name = workdir, args, name
+        self.log = workdir.parent / f"{name}.log"
+        self.t0 = time.monotonic()
+        with open(self.log, "w") as out:
+            self.proc = subprocess.Popen([*SNAKEMAKE, *args], cwd=workdir, env=env, stdout=out,
+                                         stderr=subprocess.STDOUT, start_new_session=True,
+                                         preexec_fn=(lambda: os.nice(nice)) if nice else None)
+        self.seconds = None
+
+    def wait(self, timeout: float = RUN_TIMEOUT_S) -> "Run":
+        try:
+            self.proc.wait(timeout=max(1.0, timeout - (time.monotonic() - self.t0)))
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # the slurm executor ignores SIGTERM while jobs run
+            self.proc.wait()
+            cancel_jobs_of(self.workdir)
+            pytest.fail(f"{self.name}: snakemake {' '.join(self.args)} still running after {timeout:.0f}s; "
+                        f"output tail:\n{self.output[-4000:]}")
+        self.seconds = time.monotonic() - self.t0
+        return self
+
+    @property
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    @property
+    def returncode(self) -> int:
+        return self.proc.returncode
+
+    def submissions(self) -> dict[str, Path]:
+        """Slurm job id -> Slurm log, as the plugin reports each sbatch it ran."""
+        found = re.findall(r"has been submitted with SLURM jobid (\d+) \(log: (\S+?)\)\.?$", self.output, re.M)
+        return {jobid: Path(log) for jobid, log in found}
+
+    def run_uuid(self) -> str:
+        match = re.search(r"SLURM run ID: (\S+)", self.output)
+        assert match, f"{self.name}: no 'SLURM run ID' in the output:\n{self.output[-3000:]}"
+        return match.group(1)
+
+
+def cancel_jobs_of(workdir: Path) -> None:
+    out = subprocess.run(["squeue", "-h", "-o", "%i|%Z"], capture_output=True, text=True).stdout
+    ids = [i for i, wd in (line.split("|", 1) for line in out.splitlines() if "|" in line) if wd == str(workdir)]
+    if ids:
+        subprocess.run(["scancel", *ids], capture_output=True)
+
+
+def scontrol_job(jobid: str) -> dict[str, str]:
+    """Slurm's record of one job (kept MinJobAge seconds after it ends), as KEY=value pairs."""
+    out = subprocess.run(["scontrol", "-o", "show", "job", jobid], capture_output=True, text=True)
+    assert out.returncode == 0, f"scontrol has no record of job {jobid}: {out.stderr.strip()}"
+    record = {}
+    for token in re.findall(r"(\w[\w/:]*)=(\S*)", out.stdout):
+        record.setdefault(token[0], token[1])
+    return record
+
+
+def slurm_config() -> dict[str, str]:
+    out = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True).stdout
+    return dict(re.findall(r"^(\w+)\s+=\s+(.*?)\s*$", out, re.M))
+
+
+def read_if_readable(path: str | None) -> str | None:
+    try:
+        return Path(path).read_text(errors="replace") if path else None
+    except OSError:
+        return None
+
+
+def cells(workdir: Path) -> dict[tuple, tuple]:
+    """(model, precision, seed) -> (status, reason), from the summary the run wrote."""
+    summary = json.loads((workdir / "results/summary/summary.json").read_text())
+    return {(c["model"], c["precision"], int(c["seed"])): (c["status"], c.get("reason") or "") for c in summary["cells"]}
+
+
+def metrics_path(workdir: Path, cell: tuple) -> Path:
+    model, precision, seed = cell
+    return workdir / f"results/runs/{model}/{precision}/seed{seed}/metrics.json"
+
+
+# ----------------------------------------------------------------------------------------------------- the runs
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Local run (in the background), then Slurm run 1 with the injected faults, then Slurm run 2 (the rerun)."""
+    if importlib.util.find_spec("snakemake_executor_plugin_slurm") is None:
+        pytest.fail("Slurm is running but snakemake-executor-plugin-slurm is not installed in this env: "
+                    "pip install -r profiles/slurm/requirements.txt")
+    base = tmp_path_factory.mktemp("slurm")
+    local_dir = copy_checkout(base / "local")
+    slurm_dir = copy_checkout(base / "slurm")
+    shim_dir = base / "shim"
+    shim_dir.mkdir()
+    shim = shim_dir / "python"
+    shim.write_text(SHIM.format(fail_model=FAILING_CELL[0], fail_precision=FAILING_CELL[1],
+                                hang_model=HANGING_CELL[0], hang_precision=HANGING_CELL[1],
+                                python=VENV_BIN / "python"))
+    shim.chmod(0o755)
+
+    # The local run only has to give the same cells and statuses: it runs alongside, at the lowest CPU priority,
+    # so that it does not slow the Slurm jobs (the plugin's status checks back off while no job finishes).
+    local = Run(local_dir, ["--cores", "2", *CONFIG], env_with(), "local", nice=19)
+    try:
+        first = Run(slurm_dir, SLURM, env_with(shim_dir), "slurm-1-faults").wait()
+        after_first = {p.relative_to(slurm_dir) for p in slurm_dir.glob("results/**/*") if p.is_file()}
+        rerun = Run(slurm_dir, SLURM, env_with(), "slurm-2-rerun").wait()
+        noop = subprocess.run([*SNAKEMAKE, *SLURM, "--dry-run"], cwd=slurm_dir, env=env_with(),
+                              capture_output=True, text=True, timeout=120)
+        local.wait()
+    finally:
+        for run in ("local", "first", "rerun"):
+            proc = locals().get(run)
+            if proc is not None and proc.proc.poll() is None:
+                os.killpg(proc.proc.pid, signal.SIGKILL)
+        cancel_jobs_of(slurm_dir)
+    for name, seconds in (("local", local.seconds), ("slurm run 1", first.seconds), ("slurm rerun", rerun.seconds)):
+        print(f"{name}: {seconds:.0f}s")
+    return {"local": local, "first": first, "rerun": rerun, "noop": noop, "slurm_dir": slurm_dir,
+            "local_dir": local_dir, "after_first": after_first}
+
+
+# ----------------------------------------------------------------------------------------------------- the tests
+def test_local_run_completes(runs):
+    local = runs["local"]
+    assert local.returncode == 0, f"local run failed:\n{local.output[-4000:]}"
+
+
+def test_failed_and_timed_out_jobs_are_failed_rules_naming_their_slurm_log(runs):
+    first, slurm_dir = runs["first"], runs["slurm_dir"]
+    out = first.output
+    assert first.returncode != 0, "run 1 had two broken cells but exited 0"
+    submissions = first.submissions()
+    for cell, state in ((FAILING_CELL, "FAILED"), (HANGING_CELL, "TIMEOUT")):
+        model, precision, seed = cell
+        match = re.search(rf"SLURM-job '(\d+)' failed, SLURM status is: '{state}'", out)
+        assert match, f"no failed rule with SLURM status {state} for {cell}:\n{out[-5000:]}"
+        jobid = match.group(1)
+        log = submissions.get(jobid)
+        assert log is not None, f"Slurm job {jobid} ({state}) is not among the submissions {sorted(submissions)}"
+        assert log == slurm_dir / ".snakemake/slurm_logs/rule_train" / f"{model}_{precision}_{seed}" / f"{jobid}.log"
+        # the failed rule names the Slurm log among its logs, and the log is kept (logs of successful jobs are not)
+        assert re.search(rf"Error in rule train:(?:(?!Error in rule).)*?log: [^\n]*{re.escape(str(log))}", out, re.S), \
+            f"the error for Slurm job {jobid} does not name {log}"
+        assert log.is_file(), f"the Slurm log {log} of the failed job is gone"
+        assert scontrol_job(jobid)["JobState"] == state
+    # keep-going (profiles/slurm): after run 1, every cell but the two broken ones has its metrics.json
+    after_first = {metrics_path(Path(), cell) for cell in cells(runs["local_dir"])} - runs["after_first"]
+    assert after_first == {metrics_path(Path(), FAILING_CELL), metrics_path(Path(), HANGING_CELL)}, \
+        f"cells without metrics after run 1: {sorted(map(str, after_first))}"
+    assert Path("results/summary/summary.json") not in runs["after_first"], "summary ran despite two missing cells"
+
+
+def test_rerun_completes_the_rest(runs):
+    rerun = runs["rerun"]
+    assert rerun.returncode == 0, f"the rerun failed:\n{rerun.output[-5000:]}"
+    rules = sorted(scontrol_job(jobid)["Comment"] for jobid in rerun.submissions())
+    assert rules == sorted([
+        "rule_report", "rule_summary",
+        "rule_train_wildcards_{}_{}_{}".format(*FAILING_CELL),
+        "rule_train_wildcards_{}_{}_{}".format(*HANGING_CELL),
+    ]), f"the rerun should redo exactly the two broken cells, then summary and report; it ran {rules}"
+    assert (runs["slurm_dir"] / "results/report/report.html").is_file()
+    noop = runs["noop"]
+    assert noop.returncode == 0 and "Nothing to be done" in noop.stdout + noop.stderr, \
+        f"a third run through the profile still has work to do:\n{(noop.stdout + noop.stderr)[-3000:]}"
+
+
+def test_same_cells_and_statuses_as_local_run(runs):
+    assert runs["local"].returncode == 0 and runs["rerun"].returncode == 0
+    local, slurm = cells(runs["local_dir"]), cells(runs["slurm_dir"])
+    assert len(local) == 12
+    assert sorted(slurm) == sorted(local), "the Slurm run has different cells"
+    differ = {c: (local[c], slurm[c]) for c in local if local[c] != slurm[c]}
+    assert not differ, f"cells whose status or reason differ (local, slurm): {differ}"
+
+
+def test_every_job_went_through_sbatch(runs):
+    """Slurm's own records: scontrol (BatchFlag=1: a batch script, i.e. sbatch), the jobcomp log and the
+    slurmctld log hold every job id the plugin reported, with this run's name, directory, rule and Slurm log."""
+    slurm_dir = runs["slurm_dir"]
+    config = slurm_config()
+    jobcomp = read_if_readable(config.get("JobCompLoc")) if config.get("JobCompType") == "jobcomp/filetxt" else None
+    ctld_log = read_if_readable(config.get("SlurmctldLogFile"))
+    checked = {}
+    for run, expected_jobs in ((runs["first"], 15), (runs["rerun"], 4)):
+        submissions, uuid = run.submissions(), run.run_uuid()
+        # run 1: environment, apex, sanity, peak and 12 cells, minus peak when the workflow has none
+        assert len(submissions) in (expected_jobs, expected_jobs + 1), \
+            f"{run.name}: {len(submissions)} sbatch submissions: {sorted(submissions)}"
+        for jobid, log in submissions.items():
+            record = scontrol_job(jobid)
+            assert record["BatchFlag"] == "1", f"job {jobid} is not a batch job: {record}"
+            assert record["JobName"] == uuid, f"job {jobid} belongs to another run: {record['JobName']} != {uuid}"
+            assert record["WorkDir"] == str(slurm_dir)
+            assert record["StdOut"] == str(log)
+            assert record["Comment"].startswith("rule_")
+            if jobcomp is not None:
+                assert re.search(rf"^JobId={jobid} .*Name={uuid} .*WorkDir={re.escape(str(slurm_dir))} ",
+                                 jobcomp, re.M), f"job {jobid} is not in the jobcomp log {config['JobCompLoc']}"
+            if ctld_log is not None:
+                assert f"_slurm_rpc_submit_batch_job: JobId={jobid} " in ctld_log, \
+                    f"slurmctld never logged the sbatch of job {jobid}"
+            checked[jobid] = record
+    states = {}
+    for record in checked.values():
+        states[record["JobState"]] = states.get(record["JobState"], 0) + 1
+    print(f"{len(checked)} jobs in Slurm's records: {states}; jobcomp log: {jobcomp is not None}; "
+          f"slurmctld log: {ctld_log is not None}")
+    assert states.pop("FAILED") == 1 and states.pop("TIMEOUT") == 1 and set(states) == {"COMPLETED"}
+
+
+def test_profile_resources_reach_slurm(runs):
+    """The requests in profiles/slurm, unchanged, are what Slurm allocated: GPUs for the GPU rules, none elsewhere."""
+    by_rule = {}
+    for run in (runs["first"], runs["rerun"]):
+        for jobid in run.submissions():
+            record = scontrol_job(jobid)
+            rule = record["Comment"].removeprefix("rule_").split("_wildcards_")[0]
+            by_rule.setdefault(rule, []).append(record)
+    for rule in ("train", "sanity", "apex", "peak"):
+        for record in by_rule.get(rule, []):
+            assert "gpu:1" in record.get("TresPerJob", ""), f"{rule}: no GPU in {record.get('TresPerJob')}"
+    for rule in ("environment", "summary", "report"):
+        for record in by_rule[rule]:
+            assert "gpu" not in record.get("TresPerJob", "") + record.get("TRES", ""), f"{rule} asked for a GPU"
+    train = by_rule["train"][0]
+    assert train["TimeLimit"] in ("02:00:00", "00:01:00"), train["TimeLimit"]  # 120 min, or cut by the shim
+    assert train["NumCPUs"] == "8" and train["MinMemoryNode"] in ("62.50G", "64000M"), train
