@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# A real single-node Slurm on localhost (Debian slurm-wlm + munge, fake GPU gres) for tests/slurm, which runs the
+# smoke preset through `--workflow-profile profiles/slurm`. Installs the packages if missing, starts the daemons
+# (idempotent), and fails loudly, with the daemons' logs, when the node does not come up or a job does not run.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+SLURM_SMOKE=1 bash tools/slurm/start.sh
+
+# Belt and braces: the test is skipped when Slurm is not usable, so make sure here that it is.
+sinfo -h -o '%T %G' | grep -qE '^(idle|mixed).*gpu' || {
+  echo "ERROR: Slurm started but no idle node with GPU gres:" >&2
+  sinfo -N -l >&2 || true
+  exit 1
+}
+echo "slurm ready: $(sinfo -h -o '%P %T %N %c CPUs %m MB %G' | head -n 1)"
