@@ -45,6 +45,7 @@ def test_flags_reach_setup_py_through_config_settings(built):
 def test_progress_names_each_extension(built):
     for ext in EXTENSIONS:
         assert any(f"compiling {ext} (" in line for line in built.echo.lines)
+        assert any(f"linked {ext} (" in line for line in built.echo.lines)
 
 
 def test_installed_into_a_site_dir_and_verified_in_a_fresh_interpreter(built):

@@ -7,7 +7,7 @@ import shlex
 
 import pytest
 from amprepro.apexbuild import patches
-from amprepro.apexbuild.build import diagnose, pip_wheel_command, plan_build
+from amprepro.apexbuild.build import Progress, diagnose, pip_wheel_command, plan_build
 from amprepro.apexbuild.setup_inspect import inspect_setup
 from amprepro.apexbuild.store import cache_key
 from amprepro.apexbuild.toolchain import Nvcc, Toolchain
@@ -144,3 +144,20 @@ def test_gpu_checks_are_reused_only_for_the_same_wheel_and_gpu(tmp_path):
     assert reusable_gpu_checks(tmp_path, "w2", "H200 | GPU-1 | 580", {}) is None
     assert reusable_gpu_checks(tmp_path, "w1", "H100 | GPU-2 | 580", {}) is None
     assert reusable_gpu_checks(tmp_path, "w1", "H200 | GPU-1 | 580", {"AMPREPRO_APEX_REVERIFY": "1"}) is None
+
+
+def test_progress_reports_starts_links_and_a_heartbeat():
+    """Line shapes from the H200 build log of 25.05."""
+    said = []
+    progress = Progress(["amp_C", "syncbn"], start=0.0, echo=lambda text, **_: said.append(text))
+    temp = "/tmp/x/src/build/temp.linux-x86_64-cpython-312"
+    for line in ["  building 'amp_C' extension", "  building 'syncbn' extension",
+                 f"  [3/15] /usr/local/cuda/bin/nvcc -MD -MF {temp}/amp_C/csrc/multi_tensor_adam.o.d -c x.cu",
+                 f"  [2/2] /usr/local/cuda/bin/nvcc -MD -MF {temp}/syncbn/csrc/welford.o.d -c y.cu",
+                 "  g++ -shared a.o -o build/lib.linux-x86_64-cpython-312/syncbn.cpython-312-x86_64-linux-gnu.so"]:
+        progress.see(line)
+    progress.next_beat = 0.0
+    progress.beat_if_due("last")
+    assert [text.split(" s  ", 1)[1] for text in said] == [
+        "compiling amp_C (1/2 started)", "compiling syncbn (2/2 started)", "linked syncbn (1/2 done)",
+        "still building: 1/2 extensions linked, ninja steps 5/17 of those started; last line: last"]

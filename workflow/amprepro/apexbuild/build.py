@@ -27,6 +27,8 @@ from amprepro.apexbuild.toolchain import Toolchain
 
 HEARTBEAT_SECONDS = 30.0
 EXTENSION_STARTED = re.compile(r"building '([\w.]+)' extension")
+NINJA_STEP = re.compile(r"\[(\d+)/(\d+)\] .*?/temp\.[^/ ]+/([\w.]+)/")  # apex builds each extension in its own dir
+LINKED = re.compile(r"-o \S*?/([\w.]+?)\.(?:cpython|abi3|so)\S*\.so\b")
 KNOWN_FAILURES = [
     (re.compile(r"Unsupported gpu architecture '(compute_\d+)'"),
      "nvcc does not support {0}. Fix: remove it from apex.cuda_arch_list; if setup.py hard-codes it, report it "
@@ -100,6 +102,38 @@ def run_build(plan: BuildPlan, source_dir: Path, wheel_dir: Path, log_path: Path
     return wheels[0]
 
 
+class Progress:
+    """Turns build output into a line per extension started and linked, and a heartbeat every 30 s."""
+
+    def __init__(self, promised: list[str], start: float, echo):
+        self.promised, self.start, self.echo = promised, start, echo
+        self.started: list[str] = []
+        self.linked: list[str] = []
+        self.objects: dict[str, tuple[int, int]] = {}  # extension -> (ninja step, steps)
+        self.next_beat = start + HEARTBEAT_SECONDS
+
+    def see(self, line: str) -> None:
+        if (match := EXTENSION_STARTED.search(line)) and match.group(1) not in self.started:
+            self.started.append(match.group(1))
+            self.say(f"compiling {match.group(1)} ({len(self.started)}/{len(self.promised)} started)")
+        if match := NINJA_STEP.search(line):
+            self.objects[match.group(3)] = (int(match.group(1)), int(match.group(2)))
+        if (match := LINKED.search(line)) and match.group(1) in self.promised and match.group(1) not in self.linked:
+            self.linked.append(match.group(1))
+            self.say(f"linked {match.group(1)} ({len(self.linked)}/{len(self.promised)} done)")
+
+    def beat_if_due(self, last_line: str) -> None:
+        if time.monotonic() < self.next_beat:
+            return
+        self.next_beat += HEARTBEAT_SECONDS
+        done, total = (sum(step[i] for step in self.objects.values()) for i in (0, 1))
+        self.say(f"still building: {len(self.linked)}/{len(self.promised)} extensions linked, ninja steps "
+                 f"{done}/{total} of those started; last line: {last_line.strip()[:100]}")
+
+    def say(self, text: str) -> None:
+        self.echo(f"[apex] {time.monotonic() - self.start:5.0f} s  {text}", flush=True)
+
+
 def _lines_with_heartbeat(process, start, tail, promised, echo):
     lines: queue.Queue = queue.Queue()
 
@@ -109,23 +143,18 @@ def _lines_with_heartbeat(process, start, tail, promised, echo):
         lines.put(None)
 
     threading.Thread(target=pump, daemon=True).start()
-    started: list[str] = []
+    progress = Progress(promised, start, echo)
     while True:
         try:
-            line = lines.get(timeout=HEARTBEAT_SECONDS)
+            line = lines.get(timeout=max(0.0, progress.next_beat - time.monotonic()))
         except queue.Empty:
-            last = tail[-1].strip()[:120] if tail else ""
-            echo(f"[apex] still building: {time.monotonic() - start:.0f} s, extensions started "
-                 f"{len(started)}/{len(promised)}; last log line: {last}", flush=True)
+            progress.beat_if_due(tail[-1] if tail else "")
             continue
         if line is None:
             return
         tail.append(line)
-        match = EXTENSION_STARTED.search(line)
-        if match and match.group(1) not in started:
-            started.append(match.group(1))
-            echo(f"[apex] {time.monotonic() - start:5.0f} s  compiling {match.group(1)} "
-                 f"({len(started)}/{len(promised)})", flush=True)
+        progress.see(line)
+        progress.beat_if_due(line)
         yield line
 
 

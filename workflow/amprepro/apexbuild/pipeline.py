@@ -9,6 +9,8 @@ import platform
 import shlex
 import shutil
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from amprepro.apexbuild import patches
@@ -95,12 +97,24 @@ def key_inputs(source: Source, tools: Toolchain, flags: list[str]) -> dict:
     }
 
 
+@dataclass
 class BuildContext:
-    def __init__(self, store, key, inputs, source, setup, flags, tools, settings, jobs, env, results, echo):
-        self.store, self.key, self.inputs, self.source, self.setup = store, key, inputs, source, setup
-        self.flags, self.tools, self.settings, self.jobs, self.env = flags, tools, settings, jobs, env
-        self.log = results / "logs" / f"build-{key}.log"
-        self.echo = echo
+    store: Store
+    key: str
+    inputs: dict
+    source: Source
+    setup: SetupFacts
+    flags: list[str]
+    tools: Toolchain
+    settings: dict
+    jobs: int
+    env: dict
+    results: Path
+    echo: Callable
+
+    @property
+    def log(self) -> Path:
+        return self.results / "logs" / f"build-{self.key}.log"
 
 
 def build_entry(ctx: BuildContext) -> tuple[Path, str]:
