@@ -183,7 +183,7 @@ def cmd_create(args) -> dict | None:
     if args.dry_run:
         if args.json:
             return {"success": True, "dry_run": True,
-                    "actions": {"LINK": [{"name": r.name.normalized, "version": str(r.version), "build": r.build}
+                    "actions": {"LINK": [{"name": r.name.normalized, "version": str(r.version), "build": str(r.build)}
                                          for r in records]}}
         print("DryRunExit: Dry run. Not exiting.")
         return None
