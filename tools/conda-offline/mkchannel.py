@@ -189,6 +189,9 @@ def closure(roots: list[str], dists: dict[str, importlib.metadata.Distribution])
     return sorted(seen)
 
 
+TARGET = default_environment()  # marker environment of the packaged python; main() sets its version
+
+
 def requirements(dist, dists, extras: frozenset[str] = frozenset()) -> list[str]:
     """Conda names `dist` depends on (with `extras` requested). A requirement with extras, like nbconvert's
     bleach[css], also brings the packages of those extras, since conda packages have no extras."""
@@ -196,7 +199,7 @@ def requirements(dist, dists, extras: frozenset[str] = frozenset()) -> list[str]
     for text in dist.requires or []:
         requirement = Requirement(text)
         marker = requirement.marker
-        if marker is None or any(marker.evaluate({**default_environment(), "extra": e}) for e in {"", *extras}):
+        if marker is None or any(marker.evaluate({**TARGET, "extra": e}) for e in {"", *extras}):
             name = conda_name(requirement.name)
             found.add(name)
             if requirement.extras and name in dists:
@@ -247,6 +250,7 @@ def main(argv: list[str] | None = None) -> None:
     donor_prefix = args.site_packages.resolve().parent.parent.parent
     with tempfile.TemporaryDirectory() as tmp:
         version, short = stage_python(args.python_prefix.resolve(), Path(tmp) / "python", args.probe)
+        TARGET.update(python_version=short, python_full_version=version)
         write_conda(tree(Path(tmp) / "python"), channel,
                     {"name": "python", "version": version, "build": "local_cpython_0"})
         python_dep = f"python >={short},<{short.split('.')[0]}.{int(short.split('.')[1]) + 1}.0a0"
