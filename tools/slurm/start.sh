@@ -18,8 +18,8 @@
 #   SLURM_FAKE_GPUS=4         fake GPUs on the node (0..4)
 #   SLURM_FAKE_GPU_TYPE=fake  gres type name; set it to the gpu_model you put in profiles/slurm (e.g. h100)
 #   SLURM_PARTITION=debug     name of the (default) partition; add SLURM_EXTRA_PARTITIONS="gpu cpu" for more
-#   SLURM_NODE_CPUS=32        CPUs the node advertises (at least the real count)
-#   SLURM_NODE_MEM_MB=131072  memory the node advertises
+#   SLURM_NODE_CPUS=64        CPUs the node advertises (at least the real count)
+#   SLURM_NODE_MEM_MB=524288  memory the node advertises (4 GPU jobs of profiles/slurm need 4 x 64000)
 #   SLURM_MIN_JOB_AGE=600     seconds finished jobs stay visible to squeue/scontrol (status command squeue)
 #   SLURM_WITH_DBD=0          1 = also start MariaDB + slurmdbd, so `sacct` (the plugin's default) works
 #   SLURM_SKIP_APT=0          1 = never call apt-get
@@ -100,9 +100,9 @@ getent passwd slurm >/dev/null || die "no 'slurm' user: the slurm-wlm packages d
 # ------------------------------------------------------------------ 2. the config
 NODE=$(hostname -s)
 REAL_CPUS=$(nproc)
-NODE_CPUS="${SLURM_NODE_CPUS:-32}"
+NODE_CPUS="${SLURM_NODE_CPUS:-64}"
 [ "$NODE_CPUS" -ge "$REAL_CPUS" ] || NODE_CPUS=$REAL_CPUS
-NODE_MEM_MB="${SLURM_NODE_MEM_MB:-131072}"
+NODE_MEM_MB="${SLURM_NODE_MEM_MB:-524288}"
 GRES_NODE=""
 GRES_LINES=""
 if [ "$FAKE_GPUS" -gt 0 ]; then
