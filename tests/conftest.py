@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-WORKFLOW_PARTS = ["Snakefile", "workflow", "config", "envs", "notebooks", "profiles"]
+WORKFLOW_PARTS = ["Snakefile", "workflow", "config", "envs", "notebooks", "profiles", "reference"]
 SNAKEMAKE = [sys.executable, "-m", "snakemake"]
 
 

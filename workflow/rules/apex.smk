@@ -2,14 +2,14 @@ rule apex:
     """Build (or declare absent) NVIDIA Apex from a pinned source; verify every extension it promises."""
     input:
         env="results/environment/environment.json",
-        code=f"{PKG}/apex_stage.py",
+        code=[f"{PKG}/apex_stage.py", *sorted(glob.glob(f"{PKG}/apexbuild/*.py"))],
     output:
         apex="results/apex/apex.json",
     params:
         settings=json.dumps({**config["apex"], "required": APEX_REQUIRED}, sort_keys=True),
     log:
         "results/logs/apex.log",
-    threads: workflow.cores
+    threads: BUILD_THREADS
     resources:
         gpu=1 if GPUS else 0,
     conda:

@@ -1,3 +1,4 @@
+import glob
 import hashlib
 import json
 import sys
@@ -26,6 +27,7 @@ PRESET["config_sha256"] = hashlib.sha256(json.dumps(config, sort_keys=True).enco
 CELLS = cells(RUNS)
 APEX_REQUIRED = apex_required(config["apex"]["required"], GPUS)
 PKG = "workflow/amprepro"
+BUILD_THREADS = max(1, workflow.cores or 1)  # None under `snakemake --report`
 
 
 wildcard_constraints:
