@@ -1,0 +1,41 @@
+#!/bin/bash
+# Run the paper preset through the pipeline on a GPU box that has torch + CUDA but not Snakemake, then pack the
+# results for `python -m amprepro.verify promote`. This is how reference/nvidia-h200 is meant to be produced.
+#
+#   OUT=/path/to/outdir tools/gpu/paper_run.sh [seconds] [extra-config.yaml]
+#
+# Wheels for Snakemake and its dependencies may be given in .whl/ (the box may have no network); they are installed
+# into /tmp/amprepro-site. Apex comes from a local export (docs/apex.md): set APEX_SOURCE (default vendor/apex-25.05).
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+budget=${1:-540}
+extra=${2:-}
+OUT=${OUT:?set OUT to a directory for the results}
+mkdir -p "$OUT" /tmp/amprepro-bin
+if compgen -G ".whl/*.whl" > /dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/amprepro-site \
+    .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/amprepro-site
+fi
+# The rules call `python`. A wrapper, not a symlink: a symlinked venv interpreter loses its venv.
+printf '#!/bin/sh\nexec %s "$@"\n' "$(command -v python3)" > /tmp/amprepro-bin/python
+chmod +x /tmp/amprepro-bin/python
+export PATH=/tmp/amprepro-bin:$PATH
+python -c 'import torch, snakemake; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.is_available())' \
+  || { echo "python lacks torch or snakemake"; exit 1; }
+cat > /tmp/amprepro-gpu.yaml <<EOF
+preset: ${PRESET:-paper}
+apex:
+  source: {path: ${APEX_SOURCE:-vendor/apex-25.05}, ref: "25.05", commit: 379937e1719b8190f38f3e666e2a8d32c97e221f, url: null}
+  cache_dir: /tmp/amprepro-apex-cache
+EOF
+configs=(config/config.yaml /tmp/amprepro-gpu.yaml ${extra:+"$extra"})
+start=$SECONDS
+# One GPU job at a time (--resources gpu=1): cells must not share the GPU while they are timed.
+timeout -s TERM "$budget" python -m snakemake results/summary/summary.json --cores "$(nproc)" --resources gpu=1 \
+  --keep-going --configfile "${configs[@]}" > "$OUT/snakemake.log" 2>&1
+echo "snakemake rc=$? after $((SECONDS - start)) s"
+grep -E "steps \(|Error in rule|Nothing to be done" "$OUT/snakemake.log" | tail -n 5
+tar czf "$OUT/results.tgz" results/summary results/apex/apex.json results/peak results/sanity results/environment \
+  results/runs results/logs 2>/dev/null
+ls -la "$OUT"
