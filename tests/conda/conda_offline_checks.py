@@ -42,19 +42,24 @@ class Standin:
         return env
 
 
+def _run(command: list[str], **kwargs) -> None:
+    done = subprocess.run(command, capture_output=True, text=True, **kwargs)
+    if done.returncode != 0:
+        raise AssertionError(f"{' '.join(command)} failed ({done.returncode}):\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
+
+
 def install_standin(base: Path) -> Standin:
-    subprocess.run(["bash", str(TOOLS / "setup.sh"), "--venv", str(STANDIN_VENV), "--base", str(base)], check=True,
-                   capture_output=True, text=True, env={**os.environ, "PYTHON": sys.executable})
+    _run(["bash", str(TOOLS / "setup.sh"), "--venv", str(STANDIN_VENV), "--base", str(base)],
+         env={**os.environ, "PYTHON": sys.executable})
     return Standin(base, STANDIN_VENV)
 
 
 def build_channel(standin: Standin, names: list[str]) -> None:
     """The local conda-forge: python from this interpreter's base install (with the probe), and the packages named in
     the env files, repackaged from this interpreter's environment (the project's .venv) with their closure."""
-    subprocess.run([str(standin.venv / "bin" / "python"), str(TOOLS / "mkchannel.py"), str(standin.channel),
-                    "--python-prefix", sys.base_prefix, "--site-packages", sysconfig.get_paths()["purelib"],
-                    "--probe", *names], check=True, capture_output=True, text=True,
-                   env={**os.environ, "PATH": f"{standin.venv / 'bin'}{os.pathsep}{os.environ['PATH']}"})
+    _run([str(standin.venv / "bin" / "python"), str(TOOLS / "mkchannel.py"), str(standin.channel),
+          "--python-prefix", sys.base_prefix, "--site-packages", sysconfig.get_paths()["purelib"], "--probe", *names],
+         env={**os.environ, "PATH": f"{standin.venv / 'bin'}{os.pathsep}{os.environ['PATH']}"})
 
 
 # --------------------------------------------------------------------------------------------- workflow + env files

@@ -16,9 +16,11 @@ while [ $# -gt 0 ]; do
     esac
 done
 [ -n "$venv" ] || { echo "usage: $0 --venv VENV [--base BASE]" >&2; exit 2; }
-if ! "$venv/bin/python" -c "import rattler, zstandard, yaml, packaging, snakedeploy" 2>/dev/null; then
-    "${PYTHON:-python3}" -m venv "$venv"
+wanted="$(sha256sum "$here/requirements.txt" | cut -d' ' -f1)"
+if [ "$(cat "$venv/.requirements.sha256" 2>/dev/null)" != "$wanted" ]; then
+    "${PYTHON:-python3}" -m venv --clear "$venv"
     "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r "$here/requirements.txt"
+    echo "$wanted" > "$venv/.requirements.sha256"
 fi
 venv="$(cd "$venv" && pwd)"
 [ -n "$base" ] || exit 0
