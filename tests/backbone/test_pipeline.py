@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import SNAKEMAKE, copy_workflow, job_env, snakemake
+from workflow_testing import SNAKEMAKE, copy_workflow, job_env, snakemake
 
 pytestmark = pytest.mark.e2e
 SECTIONS = ["Results", "Throughput", "Speedup against both baselines", "Peak memory", "Loss curves: FP32 against AMP",
