@@ -323,3 +323,52 @@ def test_profile_resources_reach_slurm(runs):
     train = by_rule["train"][0]
     assert train["TimeLimit"] in ("02:00:00", "00:01:00"), train["TimeLimit"]  # 120 min, or cut by the shim
     assert train["NumCPUs"] == "8" and train["MinMemoryNode"] in ("62.50G", "64000M"), train
+
+
+# ----------------------------------------------------------------------------------------------------- several GPUs
+@pytest.fixture(scope="module")
+def two_gpu_run(runs):
+    """After the runs above, as docs/slurm.md says: give cnn 2 GPUs in the config and the same count in the
+    profile (the per-model expression), then redo one cnn cell. Slurm allocates 2 GPUs, torchrun starts 2 ranks."""
+    slurm_dir = runs["slurm_dir"]
+    (slurm_dir / "two-gpus.yaml").write_text("runs:\n  models:\n    cnn:\n      gpus: 2\n")
+    profile = slurm_dir / "profiles/slurm/config.yaml"
+    text = profile.read_text()
+    per_rule = re.compile(r"^(  train: &gpu_job.*\n(?:    .*\n)*?    gpu: )1( .*)$", re.M)
+    assert per_rule.search(text), "profiles/slurm no longer has `gpu: 1` under set-resources: train"
+    profile.write_text(per_rule.sub(lambda m: m.group(1) + "\"{'cnn': 2}.get(wildcards.model, 1)\"" + m.group(2),
+                                    text, count=1))
+    # a torchrun first on PATH that notes what the job gave it, then runs the real one
+    shim_dir = slurm_dir.parent / "torchrun-shim"
+    shim_dir.mkdir()
+    note = slurm_dir.parent / "torchrun-calls.txt"
+    (shim_dir / "torchrun").write_text(
+        "#!/usr/bin/env bash\n"
+        f"echo \"SLURM_JOB_ID=${{SLURM_JOB_ID:-}} CUDA_VISIBLE_DEVICES=${{CUDA_VISIBLE_DEVICES:-}} ARGS=$*\" >> '{note}'\n"
+        f"exec '{VENV_BIN / 'torchrun'}' \"$@\"\n")
+    (shim_dir / "torchrun").chmod(0o755)
+    target = "results/runs/cnn/fp32/seed0/metrics.json"
+    run = Run(slurm_dir, [*SLURM, "--configfile", "two-gpus.yaml", "--", target], env_with(shim_dir), "slurm-3-two-gpus")
+    run.wait()
+    run.torchrun_calls = note.read_text().splitlines() if note.exists() else []
+    return run
+
+
+def test_two_gpu_cell_runs_torchrun_on_two_slurm_gpus(two_gpu_run, runs):
+    assert two_gpu_run.returncode == 0, two_gpu_run.output[-5000:]
+    submissions = two_gpu_run.submissions()
+    assert len(submissions) == 1, f"expected only the cnn/fp32 cell to run again: {sorted(submissions)}"
+    jobid = next(iter(submissions))
+    record = scontrol_job(jobid)
+    assert record["Comment"] == "rule_train_wildcards_cnn_fp32_0"
+    assert "gpu:2" in record.get("TresPerJob", ""), record.get("TresPerJob")
+    assert record["NumCPUs"] == "16", "cpus_per_gpu: 8 for each of the 2 GPUs"
+    # inside the Slurm job: one torchrun with 2 processes, and the 2 GPUs Slurm bound to the job are visible to it
+    calls = two_gpu_run.torchrun_calls
+    assert len(calls) == 1, f"torchrun calls: {calls}"
+    call = dict(re.findall(r"(\w+)=(\S*)", calls[0].split(" ARGS=")[0]))
+    assert call["SLURM_JOB_ID"] == jobid, calls[0]
+    assert len(call["CUDA_VISIBLE_DEVICES"].split(",")) == 2, calls[0]
+    assert "--nproc_per_node 2" in calls[0], calls[0]
+    metrics = json.loads((runs["slurm_dir"] / "results/runs/cnn/fp32/seed0/metrics.json").read_text())
+    assert metrics["status"] == "ok" and metrics["world_size"] == 2, {k: metrics.get(k) for k in ("status", "world_size")}
