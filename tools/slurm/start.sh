@@ -41,6 +41,7 @@ LOGDIR=/var/log/slurm
 CONF=/etc/slurm/slurm.conf
 GRES_CONF=/etc/slurm/gres.conf
 MARKER="# written by amprepro tools/slurm/start.sh"
+OWN_MARIADB=/run/amprepro-slurm-mariadbd.pid
 T0=$(date +%s)
 
 log() { echo "[slurm-start +$(($(date +%s) - T0))s] $*"; }
@@ -208,6 +209,7 @@ if [ "$WITH_DBD" = 1 ]; then
     [ -d /var/lib/mysql/mysql ] || mariadb-install-db --user=mysql --datadir=/var/lib/mysql >/dev/null
     nohup /usr/sbin/mariadbd --user=mysql --bind-address=127.0.0.1 --pid-file=/run/mysqld/mysqld.pid \
       --innodb-buffer-pool-size=256M --innodb-lock-wait-timeout=900 >"$LOGDIR/mariadbd.log" 2>&1 &
+    echo $! >"$OWN_MARIADB" # stop.sh stops mariadbd only when this script started it
     wait_for 60 mysqladmin ping || die "mariadbd did not come up (see $LOGDIR/mariadbd.log)"
   fi
   mysql -e "CREATE DATABASE IF NOT EXISTS slurm_acct_db;
@@ -236,6 +238,11 @@ EOF
   fi
   wait_for 60 sacctmgr -n show cluster || die "slurmdbd does not answer (sacctmgr show cluster)"
   sacctmgr -n show cluster format=cluster | grep -qw "$CLUSTER" || sacctmgr -i add cluster "$CLUSTER" >/dev/null
+fi
+
+if [ "$WITH_DBD" != 1 ] && alive /run/slurmdbd.pid; then
+  log "stopping slurmdbd (not wanted: SLURM_WITH_DBD=0)"
+  stop_pidfile /run/slurmdbd.pid
 fi
 
 # ------------------------------------------------------------------ 5. slurmctld + slurmd

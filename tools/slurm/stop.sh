@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Stop the single-node Slurm cluster that tools/slurm/start.sh started: cancel the jobs still queued or
-# running, then stop slurmd, slurmctld, slurmdbd, mariadbd and munged, each through the pid in its own pid
-# file (never by process name). Safe to run when nothing is running.
+# running, then stop slurmd, slurmctld, slurmdbd, mariadbd (only if start.sh started it) and munged, each through
+# the pid in its own pid file (never by process name). Safe to run when nothing is running.
 set -uo pipefail
 
 if [ "$(id -u)" != 0 ]; then
@@ -39,6 +39,10 @@ fi
 stop_pidfile /run/slurmd.pid slurmd
 stop_pidfile /run/slurmctld.pid slurmctld
 stop_pidfile /run/slurmdbd.pid slurmdbd
-stop_pidfile /run/mysqld/mysqld.pid mariadbd
+# mariadbd only if start.sh started it (SLURM_WITH_DBD=1); a MariaDB of the system is left alone
+if [ -s /run/amprepro-slurm-mariadbd.pid ] && [ "$(cat /run/amprepro-slurm-mariadbd.pid)" = "$(cat /run/mysqld/mysqld.pid 2>/dev/null)" ]; then
+  stop_pidfile /run/mysqld/mysqld.pid mariadbd
+fi
+rm -f /run/amprepro-slurm-mariadbd.pid
 stop_pidfile /run/munge/munged.pid munged
 echo "[slurm-stop] Slurm stopped"
