@@ -9,17 +9,17 @@
 # Idempotent: when the daemons are already running with the same config, it only checks the node is up
 # (running jobs survive). When the config changed, it restarts the daemons.
 #
-# The node is a *fake GPU node*: it advertises SLURM_FAKE_GPUS gres GPUs (File= points at existing char
-# devices such as /dev/null, so slurmd can count them) and, through SlurmdParameters=config_overrides, more
-# CPUs and memory than the machine has, so the GPU-node requests in profiles/slurm schedule unchanged. Nothing
-# is enforced (no cgroups): jobs share the real cores.
+# The node is a *fake GPU node*: it advertises SLURM_FAKE_GPUS gres GPUs (File= points at character devices
+# with /dev/null's driver, made in /run/amprepro-fakegpu, so slurmd can count them) and, through
+# SlurmdParameters=config_overrides, more CPUs and memory than the machine has, so the GPU-node requests in
+# profiles/slurm schedule unchanged. Nothing is enforced (no cgroups): jobs share the real cores.
 #
 # Knobs (environment):
-#   SLURM_FAKE_GPUS=4         fake GPUs on the node (0..4)
+#   SLURM_FAKE_GPUS=8         fake GPUs on the node (0..16), like one 8-GPU node
 #   SLURM_FAKE_GPU_TYPE=fake  gres type name; set it to the gpu_model you put in profiles/slurm (e.g. h100)
 #   SLURM_PARTITION=debug     name of the (default) partition; add SLURM_EXTRA_PARTITIONS="gpu cpu" for more
-#   SLURM_NODE_CPUS=64        CPUs the node advertises (at least the real count)
-#   SLURM_NODE_MEM_MB=524288  memory the node advertises (4 GPU jobs of profiles/slurm need 4 x 64000)
+#   SLURM_NODE_CPUS=128       CPUs the node advertises (at least the real count)
+#   SLURM_NODE_MEM_MB=1048576 memory the node advertises (8 GPU jobs of profiles/slurm need 8 x 64000 MB)
 #   SLURM_MIN_JOB_AGE=600     seconds finished jobs stay visible to squeue/scontrol (status command squeue)
 #   SLURM_WITH_DBD=0          1 = also start MariaDB + slurmdbd, so `sacct` (the plugin's default) works
 #   SLURM_SKIP_APT=0          1 = never call apt-get
@@ -29,7 +29,7 @@
 # Exit status: 0 when the node is idle (and the smoke job completed); non-zero with the daemons' logs otherwise.
 set -euo pipefail
 
-FAKE_GPUS="${SLURM_FAKE_GPUS:-4}"
+FAKE_GPUS="${SLURM_FAKE_GPUS:-8}"
 GPU_TYPE="${SLURM_FAKE_GPU_TYPE:-fake}"
 PARTITION="${SLURM_PARTITION:-debug}"
 EXTRA_PARTITIONS="${SLURM_EXTRA_PARTITIONS:-}"
@@ -41,6 +41,7 @@ LOGDIR=/var/log/slurm
 CONF=/etc/slurm/slurm.conf
 GRES_CONF=/etc/slurm/gres.conf
 MARKER="# written by amprepro tools/slurm/start.sh"
+FAKE_DEV_DIR=/run/amprepro-fakegpu
 OWN_MARIADB=/run/amprepro-slurm-mariadbd.pid
 T0=$(date +%s)
 
@@ -59,7 +60,7 @@ if [ "$(id -u)" != 0 ]; then
   fi
   die "run as root (or with passwordless sudo): it installs packages and starts system daemons"
 fi
-case "$FAKE_GPUS" in [0-4]) ;; *) die "SLURM_FAKE_GPUS must be 0..4 (got '$FAKE_GPUS')" ;; esac
+case "$FAKE_GPUS" in [0-9] | 1[0-6]) ;; *) die "SLURM_FAKE_GPUS must be 0..16 (got '$FAKE_GPUS')" ;; esac
 
 alive() { [ -s "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
 stop_pidfile() { # stop only the process whose pid is in file $1; wait up to 10 s, then SIGKILL that pid
@@ -101,17 +102,20 @@ getent passwd slurm >/dev/null || die "no 'slurm' user: the slurm-wlm packages d
 # ------------------------------------------------------------------ 2. the config
 NODE=$(hostname -s)
 REAL_CPUS=$(nproc)
-NODE_CPUS="${SLURM_NODE_CPUS:-64}"
+NODE_CPUS="${SLURM_NODE_CPUS:-128}"
 [ "$NODE_CPUS" -ge "$REAL_CPUS" ] || NODE_CPUS=$REAL_CPUS
-NODE_MEM_MB="${SLURM_NODE_MEM_MB:-524288}"
+NODE_MEM_MB="${SLURM_NODE_MEM_MB:-1048576}"
 GRES_NODE=""
 GRES_LINES=""
 if [ "$FAKE_GPUS" -gt 0 ]; then
   # gres/gpu needs File= pointing at existing *character devices*: with no File the node reports 0 GPUs and
-  # goes INVAL; with regular files the jobs schedule but CUDA_VISIBLE_DEVICES comes out empty.
-  devs=(/dev/null /dev/zero /dev/full /dev/urandom)
+  # goes INVAL; with regular files the jobs schedule but CUDA_VISIBLE_DEVICES comes out empty. So: one
+  # character device per fake GPU, with /dev/null's driver (1,3): reads are empty, writes vanish.
+  mkdir -p "$FAKE_DEV_DIR"
   for i in $(seq 0 $((FAKE_GPUS - 1))); do
-    GRES_LINES+="NodeName=$NODE Name=gpu Type=$GPU_TYPE File=${devs[$i]}"$'\n'
+    dev="$FAKE_DEV_DIR/gpu$i"
+    [ -c "$dev" ] || mknod -m 666 "$dev" c 1 3 || die "cannot create the fake GPU device $dev (mknod)"
+    GRES_LINES+="NodeName=$NODE Name=gpu Type=$GPU_TYPE File=$dev"$'\n'
   done
   GRES_NODE="Gres=gpu:$GPU_TYPE:$FAKE_GPUS"
 fi
@@ -267,7 +271,7 @@ log "cluster up: $(sinfo -h -o '%P %a %T %N %c CPUs %m MB %G' | tr '\n' ' ')"
 if [ "${SLURM_SMOKE:-1}" = 1 ]; then
   out=$(mktemp /tmp/amprepro-slurm-smoke.XXXXXX)
   gpu_arg=()
-  [ "$FAKE_GPUS" -gt 0 ] && gpu_arg=(--gpus=1)
+  [ "$FAKE_GPUS" -gt 0 ] && gpu_arg=(--gpus=$((FAKE_GPUS > 1 ? 2 : 1)))
   jid=$(sbatch --parsable -J amprepro-smoke -t 1 --mem 100 "${gpu_arg[@]}" -o "$out" \
     --wrap 'echo "host=$(hostname) CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-}"') || die "sbatch refused the smoke job"
   job_done() { scontrol show job "$jid" | grep -qE 'JobState=(COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL|OUT_OF_MEMORY)'; }

@@ -45,4 +45,5 @@ if [ -s /run/amprepro-slurm-mariadbd.pid ] && [ "$(cat /run/amprepro-slurm-maria
 fi
 rm -f /run/amprepro-slurm-mariadbd.pid
 stop_pidfile /run/munge/munged.pid munged
+rm -rf /run/amprepro-fakegpu # the fake GPU device nodes start.sh made
 echo "[slurm-stop] Slurm stopped"
