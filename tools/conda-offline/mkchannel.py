@@ -268,3 +268,5 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+    sys.stdout.flush()
+    os._exit(0)  # skip finalization: py-rattler's native runtime can segfault at interpreter teardown
