@@ -13,7 +13,7 @@ rule apex:
     resources:
         gpu=1 if GPUS else 0,
     conda:
-        "../../envs/train.yaml"
+        TRAIN_ENV
     shell:
         "PYTHONPATH=workflow python -m amprepro.apex_stage"
         " --settings {params.settings:q} --out {output.apex} --jobs {threads} > {log} 2>&1"

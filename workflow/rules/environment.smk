@@ -7,6 +7,6 @@ rule environment:
     log:
         "results/logs/environment.log",
     conda:
-        "../../envs/train.yaml"
+        TRAIN_ENV
     shell:
         "PYTHONPATH=workflow python -m amprepro.environment --out {output.env} > {log} 2>&1"

@@ -27,7 +27,7 @@ rule report:
     log:
         "results/logs/report.log",
     conda:
-        "../../envs/report.yaml"
+        REPORT_ENV
     shell:
         "PYTHONPATH=workflow python -m amprepro.render"
         " --notebook {input.notebook} --executed {output.notebook} --html {output.html}"

@@ -16,7 +16,7 @@ rule train:
     resources:
         gpu=gpus_for_cell,
     conda:
-        "../../envs/train.yaml"
+        TRAIN_ENV
     shell:
         "PYTHONPATH=workflow {params.launcher} -m amprepro.train"
         " --spec {params.spec:q} --apex {input.apex} --threads {threads}"
@@ -35,7 +35,7 @@ rule peak:
     resources:
         gpu=1 if GPUS else 0,
     conda:
-        "../../envs/train.yaml"
+        TRAIN_ENV
     shell:
         "PYTHONPATH=workflow python -m amprepro.peak --out {output.peak} > {log} 2>&1"
 
@@ -56,7 +56,7 @@ rule summary:
     log:
         "results/logs/summary.log",
     conda:
-        "../../envs/train.yaml"
+        TRAIN_ENV
     shell:
         "PYTHONPATH=workflow python -m amprepro.summary"
         " --metrics {input.metrics} --env {input.env} --apex {input.apex} --peak {input.peak}"

@@ -13,7 +13,7 @@ rule sanity:
     resources:
         gpu=1 if GPUS else 0,
     conda:
-        "../../envs/train.yaml"
+        TRAIN_ENV
     shell:
         "PYTHONPATH=workflow python -m amprepro.sanity"
         " --apex {input.apex} --expect-gpu {params.expect_gpu} --out {output.sanity} > {log} 2>&1"

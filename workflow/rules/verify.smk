@@ -29,7 +29,7 @@ rule verify_compare:
     log:
         "results/logs/verify_compare.log",
     conda:
-        "../../envs/report.yaml"
+        REPORT_ENV
     shell:
         "PYTHONPATH=workflow python -m amprepro.verify compare"
         " --summary {input.summary} --sanity {input.sanity} --runs-dir results/runs"
@@ -44,6 +44,6 @@ rule verify:
     log:
         "results/logs/verify.log",
     conda:
-        "../../envs/report.yaml"
+        REPORT_ENV
     shell:
         "PYTHONPATH=workflow python -m amprepro.verify gate --verify {input.verify} 2>&1 | tee {log}"
