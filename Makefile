@@ -9,7 +9,7 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 
 .PHONY: run test lint clean-venv verify
 
-$(BIN)/activate: requirements.txt requirements-dev.txt
+$(BIN)/activate: requirements.txt requirements-dev.txt profiles/slurm/requirements.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -r requirements-dev.txt

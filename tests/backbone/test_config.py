@@ -98,3 +98,12 @@ def test_paper_preset_is_valid_and_has_every_precision_for_the_three_models():
     cells = cfg.cells(runs)
     for model in ("resnet50", "vit_b_16", "gpt124m"):
         assert {c["precision"] for c in cells if c["model"] == model} == set(cfg.load_schema()["$defs"]["precision"]["enum"])
+
+
+def test_gpu_setting_overrides_the_local_probe():
+    def no_probe():
+        raise AssertionError("nvidia-smi must not be asked when the config decides")
+
+    assert cfg.gpus_for_jobs(True, no_probe)[0] == ["configured GPU"]
+    assert cfg.gpus_for_jobs(False, no_probe)[0] == []
+    assert cfg.gpus_for_jobs("auto", lambda: (["NVIDIA H200"], "probe"))[0] == ["NVIDIA H200"]

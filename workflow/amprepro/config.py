@@ -33,6 +33,16 @@ def visible_gpus() -> tuple[list[str], str]:
     return names, f"nvidia-smi lists {len(names)} GPU(s): {', '.join(sorted(set(names)))}"
 
 
+def gpus_for_jobs(setting, probe=visible_gpus) -> tuple[list[str], str]:
+    """The GPUs the jobs will see: nvidia-smi here (auto), or what the config says (a login node submitting to GPUs)."""
+    setting = {"true": True, "false": False}.get(setting, setting)  # `--config gpu=true` arrives as a string
+    if setting is True:
+        return ["configured GPU"], "the config says the jobs run on GPU nodes (gpu: true)"
+    if setting is False:
+        return [], "the config says the jobs run without a GPU (gpu: false)"
+    return probe()
+
+
 def choose_preset(requested: str, gpus: list[str], probe: str) -> dict:
     if requested != "auto":
         return {"preset": requested, "reason": f"preset: {requested} set in the config"}

@@ -14,14 +14,14 @@ from amprepro.config import (  # noqa: E402
     cells,
     resolve_runs,
     validate_config,
-    visible_gpus,
+    gpus_for_jobs,
 )
 
 
 validate_config(config)  # first: one line naming the bad field and the fix
 validate(config, "../schemas/config.schema.yaml")  # fills in the schema's defaults
 
-GPUS, GPU_PROBE = visible_gpus()
+GPUS, GPU_PROBE = gpus_for_jobs(config.get("gpu", "auto"))
 RUNS, PRESET = resolve_runs(config, Path(workflow.basedir) / "config" / "presets", GPUS, GPU_PROBE)
 PRESET["config_sha256"] = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()
 CELLS = cells(RUNS)
