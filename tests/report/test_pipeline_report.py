@@ -4,22 +4,20 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import zipfile
 
 import pytest
 import yaml
 
 from report_helpers import CLAIMS, copy_workflow
+from workflow_testing import snakemake as run_snakemake
 
 pytestmark = pytest.mark.e2e
-SNAKEMAKE = [sys.executable, "-m", "snakemake"]
 SHORT = "preset: smoke\nruns:\n  train:\n    steps: 30\n    warmup_steps: 5\n"
 
 
 def snakemake(workdir, *args, timeout=900):
-    return subprocess.run([*SNAKEMAKE, *args], cwd=workdir, capture_output=True, text=True, timeout=timeout)
+    return run_snakemake(workdir, *args, check=False, timeout=timeout)
 
 
 @pytest.fixture(scope="module")
