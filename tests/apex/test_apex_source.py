@@ -75,7 +75,7 @@ def test_an_edited_export_is_refused(repo, tmp_path):
     path, commit = repo
     dest = tmp_path / "apex-export"
     export(str(path / ".git"), "HEAD", dest)
-    (dest / "csrc" / "version.cpp").write_text("// changed\n")
+    (dest / "ext_src" / "version.cpp").write_text("// changed\n")
     with pytest.raises(ApexError, match="does not hold the files of commit"):
         resolve({"path": str(dest), "commit": commit}, tmp_path / "git")
 
@@ -177,7 +177,7 @@ def test_url_and_ref_are_fetched_once_and_checked(repo, tmp_path):
     (path / ".git").rename(path / "gone")  # the remote disappears: the kept clone must suffice
     assert resolve(spec, tmp_path / "git").commit == commit
     source.extract(tmp_path / "out")
-    assert (tmp_path / "out" / "csrc" / "flatten_unflatten.cpp").is_file()
+    assert (tmp_path / "out" / "ext_src" / "flatten_unflatten.cpp").is_file()
 
 
 def test_url_ref_at_another_commit_is_refused(repo, tmp_path):
