@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-WORKFLOW_PARTS = ["Snakefile", "workflow", "config", "envs", "notebooks", "profiles", "reference"]
+WORKFLOW_PARTS = ["Snakefile", "Makefile", "workflow", "config", "envs", "notebooks", "profiles", "reference",
+                  "requirements.txt", "requirements-dev.txt"]
 SNAKEMAKE = [sys.executable, "-m", "snakemake"]
 
 

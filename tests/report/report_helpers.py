@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+from workflow_testing import copy_workflow  # noqa: F401  (re-exported for the report tests)
+
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 SMOKE = FIXTURES / "smoke"
@@ -19,8 +21,6 @@ GPU = FIXTURES / "gpu"
 REFERENCE_PASS = FIXTURES / "reference_pass"
 REFERENCE_FAIL = FIXTURES / "reference_fail"
 CLAIMS = REPO / "config" / "claims.yaml"
-PARTS = ["Snakefile", "Makefile", "workflow", "config", "envs", "notebooks", "profiles", "reference",
-         "requirements.txt", "requirements-dev.txt"]
 
 
 def render_fixture(results: Path, out: Path, reference_dir: Path | None = None, title: str = "fixture report") -> Path:
@@ -38,19 +38,6 @@ def render_fixture(results: Path, out: Path, reference_dir: Path | None = None, 
     result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return out / "report.html"
-
-
-def copy_workflow(dest: Path) -> Path:
-    """What a clone holds (no results, no .snakemake), with the file times kept."""
-    dest.mkdir(parents=True, exist_ok=True)
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    for part in PARTS:
-        source = REPO / part
-        if source.is_dir():
-            shutil.copytree(source, dest / part, ignore=ignore)
-        elif source.exists():
-            shutil.copy2(source, dest / part)
-    return dest
 
 
 def set_tree_time(root: Path, when: float) -> None:

@@ -21,9 +21,9 @@ import time
 from pathlib import Path
 
 import pytest
+from workflow_testing import copy_workflow
 
 REPO = Path(__file__).resolve().parents[2]
-PARTS = ["Snakefile", "workflow", "config", "envs", "notebooks", "profiles"]  # what a fresh checkout runs from
 VENV_BIN = Path(sys.executable).parent
 SNAKEMAKE = [sys.executable, "-m", "snakemake"]
 CONFIG = ["--config", "preset=smoke"]
@@ -82,18 +82,6 @@ pytestmark = [pytest.mark.slurm, pytest.mark.e2e, pytest.mark.skipif(REASON is n
 
 
 # ----------------------------------------------------------------------------------------------------- helpers
-def copy_checkout(dest: Path) -> Path:
-    dest.mkdir(parents=True)
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    for part in PARTS:
-        source = REPO / part
-        if source.is_dir():
-            shutil.copytree(source, dest / part, ignore=ignore)
-        elif source.exists():
-            shutil.copy2(source, dest / part)
-    return dest
-
-
 def env_with(*first_on_path: Path) -> dict:
     """The jobs inherit this environment (the plugin submits with --export=ALL): `python` must be the venv's."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_", "SRUN_"))}
@@ -199,8 +187,8 @@ def runs(tmp_path_factory):
         pytest.fail("Slurm is running but snakemake-executor-plugin-slurm is not installed in this env: "
                     "pip install -r profiles/slurm/requirements.txt")
     base = tmp_path_factory.mktemp("slurm")
-    local_dir = copy_checkout(base / "local")
-    slurm_dir = copy_checkout(base / "slurm")
+    local_dir = copy_workflow(base / "local")
+    slurm_dir = copy_workflow(base / "slurm")
     shim_dir = base / "shim"
     shim_dir.mkdir()
     shim = shim_dir / "python"
