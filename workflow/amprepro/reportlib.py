@@ -402,15 +402,23 @@ def results_table(summary: dict) -> pd.DataFrame:
         "final loss": frame["final_loss"].map(lambda v: _fmt_num(v, ".4f")),
         "eval acc": frame["eval_accuracy"].map(lambda v: _fmt_num(v, ".3f")),
         "skipped steps": frame["skipped_steps"].map(lambda v: "" if pd.isna(v) else str(int(v))),
+        "TFLOP/s": _column(frame, "achieved_tflops").map(lambda v: _fmt_num(v, ".1f")),
+        "MFU measured peak": _column(frame, "mfu_vs_measured_peak").map(lambda v: _fmt_num(v, ".1%")),
+        "MFU datasheet": _column(frame, "mfu_vs_datasheet").map(lambda v: _fmt_num(v, ".1%")),
         "reason": frame["reason"].fillna(""),
     })
+
+
+def _column(frame: pd.DataFrame, name: str) -> pd.Series:
+    """A summary column, or an empty one for summaries written before it existed (older fixtures, references)."""
+    return frame[name] if name in frame else pd.Series([None] * len(frame), index=frame.index, dtype=float)
 
 
 def results_html(summary: dict) -> str:
     """The results table; a skipped cell's reason spans the measurement columns instead of squeezing into one."""
     frame = results_table(summary)
     numeric = {"seed", "throughput", "median step ms", "p90 step ms", "× fp32", "× tf32", "final loss", "eval acc",
-               "skipped steps"}
+               "skipped steps", "TFLOP/s", "MFU measured peak", "MFU datasheet"}
     columns = [c for c in frame.columns if c != "reason"]
     measured = columns[4:]
     head = "".join(f'<th{_cls("num" if c in numeric else "")}>{esc(c)}</th>' for c in columns + ["reason"])

@@ -1,0 +1,20 @@
+from amprepro import reportlib
+
+
+def cell(precision, **extra):
+    return {"model": "vit", "precision": precision, "seed": 0, "status": "ok", "reason": "",
+            "throughput_per_s": 2500.0, "throughput_unit": "samples/s", "step_time_median_s": 0.05,
+            "step_time_p90_s": 0.051, "peak_allocated_bytes": 2**33, "speedup_vs_fp32": 6.0, "speedup_vs_tf32": 2.0,
+            "final_loss": 6.9, "eval_accuracy": None, "skipped_steps": 0, **extra}
+
+
+def test_results_table_states_mfu_against_both_peaks():
+    table = reportlib.results_table({"cells": [cell("amp_bf16", achieved_tflops=400.0, mfu_vs_measured_peak=0.5,
+                                                    mfu_vs_datasheet=0.404)]})
+    row = table.iloc[0]
+    assert (row["TFLOP/s"], row["MFU measured peak"], row["MFU datasheet"]) == ("400.0", "50.0%", "40.4%")
+
+
+def test_results_table_reads_summaries_without_mfu_columns():
+    table = reportlib.results_table({"cells": [cell("fp32")]})
+    assert table.iloc[0]["MFU datasheet"] == ""
