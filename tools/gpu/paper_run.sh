@@ -21,8 +21,11 @@ fi
 printf '#!/bin/sh\nexec %s "$@"\n' "$(command -v python3)" > /tmp/amprepro-bin/python
 chmod +x /tmp/amprepro-bin/python
 export PATH=/tmp/amprepro-bin:$PATH
-python -c 'import torch, snakemake; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.is_available())' \
-  || { echo "python lacks torch or snakemake"; exit 1; }
+# Fail fast and loudly: a device call once spent its whole budget in a Snakemake that printed nothing.
+timeout 60 python -c 'import torch, snakemake; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.is_available())' \
+  || { echo "python lacks torch or snakemake (or hangs importing them)"; exit 1; }
+timeout 120 python -m snakemake results/summary/summary.json -n --quiet rules --configfile config/config.yaml \
+  > "$OUT/dry-run.log" 2>&1 || { echo "dry run failed:"; tail -n 20 "$OUT/dry-run.log"; exit 1; }
 cat > /tmp/amprepro-gpu.yaml <<EOF
 preset: ${PRESET:-paper}
 apex:
