@@ -12,6 +12,7 @@ rule apex:
     threads: BUILD_THREADS
     resources:
         gpu=1 if GPUS else 0,
+        mem_mb=32000 if GPUS else 2000,  # parallel nvcc jobs take several GB each
     conda:
         TRAIN_ENV
     shell:

@@ -6,6 +6,8 @@ rule environment:
         env="results/environment/environment.json",
     log:
         "results/logs/environment.log",
+    resources:
+        mem_mb=2000,
     conda:
         TRAIN_ENV
     shell:

@@ -26,6 +26,8 @@ rule report:
         title=config["report"]["title"],
     log:
         "results/logs/report.log",
+    resources:
+        mem_mb=4000,
     conda:
         REPORT_ENV
     shell:

@@ -15,6 +15,7 @@ rule train:
     threads: 1 if not GPUS else 8
     resources:
         gpu=gpus_for_cell,
+        mem_mb=32000 if GPUS else 4000,
     conda:
         TRAIN_ENV
     shell:
@@ -34,6 +35,7 @@ rule peak:
         "results/logs/peak.log",
     resources:
         gpu=1 if GPUS else 0,
+        mem_mb=8000,
     conda:
         TRAIN_ENV
     shell:
@@ -55,6 +57,8 @@ rule summary:
         preset=json.dumps(PRESET, sort_keys=True),
     log:
         "results/logs/summary.log",
+    resources:
+        mem_mb=2000,
     conda:
         TRAIN_ENV
     shell:

@@ -12,6 +12,7 @@ rule sanity:
         "results/logs/sanity.log",
     resources:
         gpu=1 if GPUS else 0,
+        mem_mb=4000,
     conda:
         TRAIN_ENV
     shell:
