@@ -33,12 +33,14 @@ apex:
   cache_dir: /tmp/amprepro-apex-cache
 EOF
 configs=(config/config.yaml /tmp/amprepro-gpu.yaml ${extra:+"$extra"})
+# The acceptance's host has 16 cores: build apex with 16 threads on bigger boxes, leaving the rest to the cells.
+threads=(); [ "$(nproc)" -gt 16 ] && threads=(--set-threads apex=16)
 start=$SECONDS
-# One GPU job at a time (--resources gpu=1): cells must not share the GPU while they are timed.
-timeout -s TERM "$budget" python -m snakemake results/summary/summary.json --cores "$(nproc)" --resources gpu=1 \
-  --keep-going --configfile "${configs[@]}" > "$OUT/snakemake.log" 2>&1
+# One GPU job per GPU (--resources gpu=<GPUs>, amprepro.gpuslots gives each its own): timed cells never share one.
+timeout -s TERM "$budget" python -m snakemake results/summary/summary.json --cores "$(nproc)" --resources gpu="$(nvidia-smi -L | grep -c ^GPU)" --rerun-incomplete \
+  "${threads[@]}" --keep-going --configfile "${configs[@]}" > "$OUT/snakemake.log" 2>&1
 echo "snakemake rc=$? after $((SECONDS - start)) s"
 grep -E "steps \(|Error in rule|Nothing to be done" "$OUT/snakemake.log" | tail -n 5
-tar czf "$OUT/results.tgz" results/summary results/apex/apex.json results/peak results/sanity results/environment \
+tar czf "$OUT/results.tgz" results/summary results/apex/*.json results/apex/logs results/peak results/sanity results/environment \
   results/runs results/logs 2>/dev/null
 ls -la "$OUT"

@@ -16,5 +16,5 @@ rule apex:
     conda:
         TRAIN_ENV
     shell:
-        "PYTHONPATH=workflow python -m amprepro.apex_stage"
+        "PYTHONPATH=workflow python -m amprepro.gpuslots --gpus {resources.gpu} -- python -m amprepro.apex_stage"
         " --settings {params.settings:q} --out {output.apex} --jobs {threads} > {log} 2>&1"

@@ -42,11 +42,17 @@ def run_outputs(name):
 
 
 def gpus_for_cell(wildcards):
-    return RUNS["models"][wildcards.model].get("gpus", 1) if GPUS else 0
+    """GPUs the cell's job takes. On this machine (gpu: auto) never more than it has: the cell then runs on the
+    GPUs there are and writes itself as skipped with the reason, instead of Snakemake refusing the whole run."""
+    if not GPUS:
+        return 0
+    wanted = RUNS["models"][wildcards.model].get("gpus", 1)
+    return min(wanted, len(GPUS)) if config.get("gpu", "auto") == "auto" else wanted
 
 
 def launcher_for_cell(wildcards):
-    return launcher(RUNS["models"][wildcards.model].get("gpus", 1))
+    """torchrun with one process per GPU the job gets (per requested process on a CPU-only machine: gloo)."""
+    return launcher(gpus_for_cell(wildcards) if GPUS else RUNS["models"][wildcards.model].get("gpus", 1))
 
 
 def spec_for_cell(wildcards):

@@ -19,7 +19,7 @@ rule train:
     conda:
         TRAIN_ENV
     shell:
-        "PYTHONPATH=workflow {params.launcher} -m amprepro.train"
+        "PYTHONPATH=workflow python -m amprepro.gpuslots --gpus {resources.gpu} -- {params.launcher} -m amprepro.train"
         " --spec {params.spec:q} --apex {input.apex} --threads {threads}"
         " --metrics {output.metrics} --steps {output.steps} > {log} 2>&1"
 
@@ -39,7 +39,8 @@ rule peak:
     conda:
         TRAIN_ENV
     shell:
-        "PYTHONPATH=workflow python -m amprepro.peak --out {output.peak} > {log} 2>&1"
+        "PYTHONPATH=workflow python -m amprepro.gpuslots --gpus {resources.gpu} --"
+        " python -m amprepro.peak --out {output.peak} > {log} 2>&1"
 
 
 rule summary:

@@ -16,5 +16,5 @@ rule sanity:
     conda:
         TRAIN_ENV
     shell:
-        "PYTHONPATH=workflow python -m amprepro.sanity"
+        "PYTHONPATH=workflow python -m amprepro.gpuslots --gpus {resources.gpu} -- python -m amprepro.sanity"
         " --apex {input.apex} --expect-gpu {params.expect_gpu} --out {output.sanity} > {log} 2>&1"

@@ -1,0 +1,83 @@
+"""GPU jobs of one machine get distinct GPUs, wait when all are taken, and free them when they end or are killed."""
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from amprepro import gpuslots
+
+REPO = Path(__file__).resolve().parents[2]
+SHOW = [sys.executable, "-c", "import os; print(os.environ.get('CUDA_VISIBLE_DEVICES'))"]
+
+
+def env_for(tmp_path, count):
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+    return {**env, "PYTHONPATH": str(REPO / "workflow"), "AMPREPRO_GPU_LOCKS": str(tmp_path / "locks"),
+            "AMPREPRO_GPU_COUNT": str(count)}
+
+
+def slots(gpus, command, env, **kwargs):
+    return subprocess.Popen([sys.executable, "-m", "amprepro.gpuslots", "--gpus", str(gpus), "--", *command],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
+
+
+def hold(env, gpus=1, seconds=30):
+    """A job that prints its GPUs, then keeps them for a while."""
+    script = "import os, time; print(os.environ['CUDA_VISIBLE_DEVICES'], flush=True); time.sleep(%d)" % seconds
+    job = slots(gpus, [sys.executable, "-c", script], env)
+    return job, job.stdout.readline().strip()
+
+
+def test_concurrent_jobs_get_distinct_gpus_and_a_third_waits(tmp_path):
+    env = env_for(tmp_path, 2)
+    first, first_gpu = hold(env)
+    second, second_gpu = hold(env)
+    assert {first_gpu, second_gpu} == {"0", "1"}
+    third = slots(1, SHOW, env)
+    time.sleep(1.5)
+    assert third.poll() is None, "a third job must wait while both GPUs are in use"
+    first.kill()  # a killed job frees its GPU: the lock dies with the process
+    out, err = third.communicate(timeout=20)
+    assert out.strip() == first_gpu and "waiting for 1 of 2 GPUs" in err
+    second.kill()
+
+
+def test_a_two_gpu_job_gets_both(tmp_path):
+    job, gpus = hold(env_for(tmp_path, 2), gpus=2, seconds=0)
+    job.wait(timeout=20)
+    assert gpus == "0,1"
+
+
+def test_asking_for_more_gpus_than_exist_gives_all_there_are(tmp_path):
+    job, gpus = hold(env_for(tmp_path, 1), gpus=2, seconds=0)
+    job.wait(timeout=20)
+    assert gpus == "0"
+
+
+def test_gpus_chosen_by_a_scheduler_are_kept(tmp_path):
+    env = {**env_for(tmp_path, 4), "CUDA_VISIBLE_DEVICES": "3"}
+    out, _ = slots(1, SHOW, env).communicate(timeout=20)
+    assert out.strip() == "3"
+
+
+@pytest.mark.parametrize("gpus, count", [(0, 2), (1, 0)])
+def test_no_gpu_wanted_or_none_there_runs_the_command_unchanged(tmp_path, gpus, count):
+    out, _ = slots(gpus, SHOW, env_for(tmp_path, count)).communicate(timeout=20)
+    assert out.strip() == "None"
+
+
+def test_the_command_exit_status_is_the_jobs(tmp_path):
+    job = slots(1, [sys.executable, "-c", "raise SystemExit(3)"], env_for(tmp_path, 1))
+    job.communicate(timeout=20)
+    assert job.returncode == 3
+
+
+def test_try_claim_holds_nothing_when_too_few_are_free(tmp_path):
+    held = gpuslots.try_claim(1, 2, tmp_path)
+    assert gpuslots.try_claim(2, 2, tmp_path) is None
+    again = gpuslots.try_claim(1, 2, tmp_path)  # the other GPU is still free: the failed claim released it
+    assert again is not None and again[0][0] != held[0][0]

@@ -1,0 +1,72 @@
+"""Our ViT cell against timm's benchmark.py in train mode: same model, batch and precision, same GPU, same call.
+
+    python tools/gpu/timm_compare.py --benchmark vendor/timm/benchmark.py --cell results/runs/vit_timm/amp_bf16/seed0
+        --apex results/apex/apex.json --out compare/
+
+The cell is re-run from the spec in its metrics.json (so its settings are exactly the pipeline's), right after timm's
+run, and both throughputs are written with the ratio. benchmark.py comes from a timm snapshot: never commit it.
+timm times fwd + bwd + optimizer step with no loss scaler and reports the mean; we report samples over the median
+step (GradScaler included for fp16): the ratio says how far apart the two harnesses are, not which is right.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+AMP_DTYPE = {"amp_bf16": "bfloat16", "amp_fp16": "float16"}
+
+
+def timm_throughput(benchmark: Path, spec: dict, iters: int, warmup: int) -> tuple[float, dict]:
+    config = spec["model_config"]
+    command = [sys.executable, str(benchmark), "--bench", "train", "--model", config["arch"],
+               "-b", str(config["batch_size"]), "--amp", "--amp-dtype", AMP_DTYPE[spec["precision"]],
+               "--opt", spec["train"]["optimizer"].replace("_fused", ""), "--lr", str(spec["train"]["lr"]),
+               "--num-warm-iter", str(warmup), "--num-bench-iter", str(iters)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    if done.returncode != 0 or "--result" not in done.stdout:
+        raise SystemExit(f"timm benchmark failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    result = json.loads(done.stdout.split("--result", 1)[1])
+    return result["train_samples_per_sec"], {"command": command[1:], "result": result}
+
+
+def our_throughput(cell: Path, apex: Path, out: Path) -> tuple[float, dict]:
+    spec = json.loads((cell / "metrics.json").read_text())["spec"]
+    env = {**os.environ, "PYTHONPATH": "workflow"}
+    command = [sys.executable, "-m", "amprepro.train", "--spec", json.dumps(spec), "--apex", str(apex),
+               "--threads", "8", "--metrics", str(out / "metrics.json"), "--steps", str(out / "steps.csv")]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
+    if done.returncode != 0:
+        raise SystemExit(f"amprepro cell failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    metrics = json.loads((out / "metrics.json").read_text())
+    return metrics["throughput_per_s"], {"spec": spec, "step_time_median_s": metrics["step_time_median_s"],
+                                         "hardware": metrics["hardware"], "software": metrics["software"]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--benchmark", type=Path, required=True)
+    parser.add_argument("--cell", type=Path, action="append", required=True, help="a cell folder under results/runs")
+    parser.add_argument("--apex", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--bench-iters", type=int, default=50)
+    parser.add_argument("--warm-iters", type=int, default=10)
+    args = parser.parse_args()
+    rows = []
+    for cell in args.cell:
+        spec = json.loads((cell / "metrics.json").read_text())["spec"]
+        timm, timm_detail = timm_throughput(args.benchmark, spec, args.bench_iters, args.warm_iters)
+        ours, our_detail = our_throughput(cell, args.apex, args.out / spec["model"] / spec["precision"])
+        row = {"model": spec["model"], "precision": spec["precision"], "timm_samples_per_s": timm,
+               "amprepro_samples_per_s": ours, "ratio": ours / timm, "timm": timm_detail, "amprepro": our_detail}
+        rows.append(row)
+        print(f"{spec['model']}/{spec['precision']}: timm {timm:.1f}/s, amprepro {ours:.1f}/s, "
+              f"ratio {ours / timm:.3f} ({(ours / timm - 1) * 100:+.1f} %)", flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "timm_compare.json").write_text(json.dumps(rows, indent=2))
+
+
+if __name__ == "__main__":
+    main()
