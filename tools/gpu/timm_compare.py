@@ -23,7 +23,7 @@ def timm_throughput(benchmark: Path, spec: dict, iters: int, warmup: int) -> tup
     config = spec["model_config"]
     command = [sys.executable, str(benchmark), "--bench", "train", "--model", config["arch"],
                "-b", str(config["batch_size"]), "--amp", "--amp-dtype", AMP_DTYPE[spec["precision"]],
-               "--opt", spec["train"]["optimizer"].replace("_fused", ""), "--lr", str(spec["train"]["lr"]),
+               "--opt", spec["train"]["optimizer"].replace("_fused", ""),
                "--num-warm-iter", str(warmup), "--num-bench-iter", str(iters)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=600)
     if done.returncode != 0 or "--result" not in done.stdout:

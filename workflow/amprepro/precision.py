@@ -81,8 +81,19 @@ class Trainer:
             loss.backward()
             self.optimizer.step()
             result = StepResult(loss.detach(), None, False)
-        self.optimizer.zero_grad(set_to_none=True)
+        self.zero_grad()
         return result
+
+    def zero_grad(self) -> None:
+        if self.amp is None:
+            self.optimizer.zero_grad(set_to_none=True)
+            return
+        # apex replaces zero_grad by one without set_to_none (O2's master grads are zeroed in place), and O1's cast
+        # cache is only emptied by scale_loss: a backward outside it (FLOP counting) leaves casts that break eval.
+        self.optimizer.zero_grad()
+        handle = getattr(self.amp._amp_state, "handle", None)
+        if handle is not None and hasattr(handle, "_clear_cache"):
+            handle._clear_cache()
 
     def _scaled_step(self, loss) -> StepResult:
         scale = self.scaler.get_scale()

@@ -152,7 +152,7 @@ def step_flops(trainer, x, y, world: int) -> int | None:
     except Exception as exc:  # counting is best effort: some custom kernels have no FLOP formula
         print(f"FLOP counting failed: {exc}", flush=True)
         total = None
-    trainer.optimizer.zero_grad(set_to_none=True)
+    trainer.zero_grad()
     return total * world if total else None
 
 
