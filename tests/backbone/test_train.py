@@ -75,3 +75,33 @@ def test_main_writes_steps_then_metrics(tmp_path):
     assert json.loads((tmp_path / "m.json").read_text())["status"] == "ok"
     assert (tmp_path / "s.csv").read_text().splitlines()[0] == ",".join(train.STEP_FIELDS)
     assert not list(tmp_path.glob(".*"))  # no temp files left behind
+
+
+class ZeroGradWithoutSetToNone(torch.optim.SGD):
+    """Like apex's FusedAdam and O2's patched optimizer: zero_grad() takes no set_to_none (it broke H200 runs)."""
+
+    def zero_grad(self):
+        super().zero_grad(set_to_none=False)
+
+
+def test_optimizers_whose_zero_grad_takes_no_set_to_none_still_train():
+    model = torch.nn.Linear(4, 2)
+    optimizer = ZeroGradWithoutSetToNone(model.parameters(), lr=0.1)
+    trainer = precision.Trainer("fp32", model, optimizer, torch.nn.functional.cross_entropy, torch.device("cpu"))
+    result = trainer.step(torch.randn(8, 4), torch.randint(0, 2, (8,)))
+    assert torch.isfinite(result.loss)
+    assert all(float(p.grad.abs().sum()) == 0.0 for p in model.parameters())
+
+
+def test_apex_cast_cache_is_emptied_with_the_gradients():
+    """A backward outside apex's scale_loss (FLOP counting) must not leave O1's cast cache behind for eval."""
+    from types import SimpleNamespace
+
+    cleared = []
+    model = torch.nn.Linear(4, 2)
+    trainer = precision.Trainer("fp32", model, ZeroGradWithoutSetToNone(model.parameters(), lr=0.1),
+                                torch.nn.functional.cross_entropy, torch.device("cpu"))
+    handle = SimpleNamespace(_clear_cache=lambda: cleared.append(True))  # stands in for apex's AmpHandle
+    trainer.amp = SimpleNamespace(_amp_state=SimpleNamespace(handle=handle))
+    trainer.zero_grad()
+    assert cleared == [True]

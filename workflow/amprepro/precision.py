@@ -85,12 +85,14 @@ class Trainer:
         return result
 
     def zero_grad(self) -> None:
-        if self.amp is None:
+        try:
             self.optimizer.zero_grad(set_to_none=True)
+        except TypeError:  # apex's FusedAdam and O2's patched zero_grad take no set_to_none
+            self.optimizer.zero_grad()
+        if self.amp is None:
             return
-        # apex replaces zero_grad by one without set_to_none (O2's master grads are zeroed in place), and O1's cast
-        # cache is only emptied by scale_loss: a backward outside it (FLOP counting) leaves casts that break eval.
-        self.optimizer.zero_grad()
+        # O1's cast cache is only emptied by scale_loss: a backward outside it (FLOP counting) leaves casts behind
+        # that break the next forward (IndexError in apex.amp.utils.cached_cast).
         handle = getattr(self.amp._amp_state, "handle", None)
         if handle is not None and hasattr(handle, "_clear_cache"):
             handle._clear_cache()
