@@ -166,7 +166,8 @@ def test_generic_fp16_claim_on_cpu_needs_a_tensor_core_gpu():
     smoke = json.loads((SMOKE / "summary/summary.json").read_text())
     sanity = json.loads((SMOKE / "sanity/sanity.json").read_text())
     by_id = {c["id"]: c for c in claims.load_claims(CLAIMS)}
-    result = claims.evaluate_claim(by_id["fp16-tensor-core-throughput"], smoke, sanity)
+    data = {"cnn": "digits", "transformer": "digits"}  # what the smoke run's cells train on
+    result = claims.evaluate_claim(by_id["fp16-tensor-core-throughput"], smoke, sanity, data=data)
     assert result["verdict"] == "not_measurable"
     assert result["reason"].startswith("needs a Tensor Core GPU")
     assert "smoke preset on CPU" in result["reason"]
@@ -232,3 +233,28 @@ def test_gpu_fixture_verdicts_match_hand_computed_values():
     assert results["vit-apex-o1-accuracy"]["verdict"] == "not_measurable"
     assert "synthetic" in results["vit-apex-o1-accuracy"]["reason"]
     assert all(r["verdict_text"] for r in results.values())
+
+
+def test_benchmark_claims_leave_out_the_models_trained_on_real_data():
+    cells = [cell("resnet", "fp32", throughput=100), cell("resnet", "amp_fp16", throughput=250),
+             cell("cnn", "fp32", throughput=100), cell("cnn", "amp_fp16", throughput=70)]
+    data = {"resnet": "synthetic_images", "cnn": "digits"}
+    result = claims.evaluate_claim(claim(models=["benchmark"], baseline=["fp32"], claimed={"between": [2.0, 3.0]},
+                                         tolerance=0), summary(cells), TENSOR_CORES, data=data)
+    assert result["matched_models"] == ["resnet"] and result["verdict"] == "holds"
+    anything = claims.evaluate_claim(claim(models=["any"], baseline=["fp32"], claimed={"between": [2.0, 3.0]},
+                                           tolerance=0), summary(cells), TENSOR_CORES, data=data)
+    assert anything["matched_models"] == ["resnet", "cnn"] and anything["verdict"] == "does_not_hold"
+
+
+def test_variants_of_an_arch_count_only_where_they_ran_the_claims_precision():
+    cells = [cell("vit", "fp32", throughput=100), cell("vit", "apex_o1", throughput=175),
+             cell("vit_compile", "amp_bf16", throughput=300), cell("vit_fused", "fp32", throughput=100),
+             cell("vit_fused", "apex_o1", throughput=180)]
+    archs = {"vit": "vit_b_16", "vit_compile": "vit_b_16", "vit_fused": "vit_b_16"}
+    result = claims.evaluate_claim(claim(models=["vit_b_16"], variant="apex_o1", baseline=["fp32"],
+                                         claimed={"about": 1.75}, tolerance=0.1), summary(cells), archs=archs)
+    assert result["matched_models"] == ["vit", "vit_fused"]
+    named = claims.evaluate_claim(claim(models=["vit_compile"], variant="apex_o1", baseline=["fp32"],
+                                        claimed={"about": 1.75}, tolerance=0.1), summary(cells), archs=archs)
+    assert named["verdict"] == "not_measurable" and "no vit_compile/apex_o1 cell" in named["reason"]

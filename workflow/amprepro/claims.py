@@ -64,7 +64,8 @@ SCHEMA = {
                 "models": {
                     "type": "array", "minItems": 1, "uniqueItems": True,
                     "items": {"type": "string", "pattern": "^[A-Za-z0-9_]+$"},
-                    "description": "cell models (config names or archs) that stand for it; [any] = every model",
+                    "description": ("cell models (config names or archs) that stand for it; [any] = every model; "
+                                    "[benchmark] = every model on synthetic data"),
                 },
                 "metric": {"enum": ["speedup", "memory_reduction", "accuracy_delta"]},
                 "baseline": {
@@ -268,25 +269,39 @@ def tensor_cores(sanity: dict | None, summary: dict) -> tuple[bool, str]:
     return (False, "no CUDA GPU") if not gpu else (True, f"{gpu} (not checked)")
 
 
-def model_archs(runs_dir: str | Path | None) -> dict:
-    """Cell model name -> architecture, read from the cells' metrics.json (so claims can match an arch too)."""
-    archs = {}
+def _model_config_field(runs_dir: str | Path | None, field: str) -> dict:
+    """Cell model name -> one field of its model_config, read from the cells' metrics.json."""
+    values = {}
     if runs_dir and Path(runs_dir).is_dir():
         for path in sorted(Path(runs_dir).glob("*/*/seed*/metrics.json")):
             try:
                 spec = json.loads(path.read_text()).get("spec", {})
             except (OSError, ValueError):
                 continue
-            arch = spec.get("model_config", {}).get("arch")
-            if arch:
-                archs.setdefault(path.parts[-4], arch)
-    return archs
+            value = spec.get("model_config", {}).get(field)
+            if value:
+                values.setdefault(path.parts[-4], value)
+    return values
 
 
-def matching_models(claim_models: list[str], present: list[str], archs: dict) -> list[str]:
+def model_archs(runs_dir: str | Path | None) -> dict:
+    """Cell model name -> architecture (so claims can match an arch too)."""
+    return _model_config_field(runs_dir, "arch")
+
+
+def model_data(runs_dir: str | Path | None) -> dict:
+    """Cell model name -> its data ("digits", "synthetic_images", ...)."""
+    return _model_config_field(runs_dir, "data")
+
+
+def matching_models(claim_models: list[str], present: list[str], archs: dict, data: dict | None = None) -> list[str]:
+    """[any]: every model; [benchmark]: models sized for throughput (synthetic data; the models trained on real data
+    are small, for accuracy parity, and launch-bound); else models named so or of that architecture."""
     wanted = {m.lower() for m in claim_models}
     if "any" in wanted:
         return list(present)
+    if "benchmark" in wanted:
+        return [m for m in present if not (data or {}).get(m) or str(data[m]).startswith("synthetic")]
     return [m for m in present if m.lower() in wanted or str(archs.get(m, "")).lower() in wanted]
 
 
@@ -386,7 +401,7 @@ def _aggregate(per_model: list[dict]) -> dict:
 
 
 def evaluate_claim(claim: dict, summary: dict, sanity: dict | None = None, archs: dict | None = None,
-                   use_override: bool = True) -> dict:
+                   use_override: bool = True, data: dict | None = None) -> dict:
     """The verdict of one claim on this run, with every number behind it."""
     archs = archs or {}
     cells = _index(summary)
@@ -407,25 +422,32 @@ def evaluate_claim(claim: dict, summary: dict, sanity: dict | None = None, archs
         not_measurable(claim["not_measurable"])
         if claim.get("proxy"):
             proxy_claim = {**claim, "models": claim["proxy"]["models"], "model": "/".join(claim["proxy"]["models"])}
-            proxy = evaluate_claim(proxy_claim, summary, sanity, archs, use_override=False)
+            proxy = evaluate_claim(proxy_claim, summary, sanity, archs, use_override=False, data=data)
             result["proxy"] = {"note": claim["proxy"]["note"], "models": claim["proxy"]["models"],
                                "verdict": proxy["verdict"], "verdict_text": proxy["verdict_text"],
                                "reason": proxy["reason"], "measured_text": proxy["measured_text"],
                                "by_baseline": proxy["by_baseline"]}
         return result
-    models = matching_models(claim["models"], present, archs)
+    models = matching_models(claim["models"], present, archs, data)
+    named = {m.lower() for m in claim["models"]}
+    # A variant of the architecture (e.g. vit_b_16_compile) counts only where it ran the claim's variant precision.
+    models = [m for m in models if m.lower() in named or any(k[:2] == (m, claim["variant"]) for k in cells)]
     result["matched_models"] = models
+    generic = bool(named & {"any", "benchmark"})
+    if models or generic:  # a missing named model is the first thing to say; a generic claim needs the hardware
+        if "tensor_cores" in claim.get("requires", []):
+            ok, detail = tensor_cores(sanity, summary)
+            if not ok:
+                return not_measurable(f"needs a Tensor Core GPU (compute capability ≥ 7.0); {detail}: "
+                                      f"{run_context(summary)}")
     if not models:
         here = ", ".join(present) or "none"
         return not_measurable(f"no {claim['model']} cell ran ({'/'.join(claim['models'])}): "
                               f"{run_context(summary)} (models here: {here})")
-    if "tensor_cores" in claim.get("requires", []):
-        ok, detail = tensor_cores(sanity, summary)
-        if not ok:
-            return not_measurable(f"needs a Tensor Core GPU (compute capability ≥ 7.0); {detail}: "
-                                  f"{run_context(summary)}")
     for baseline in claim["baseline"]:
-        per_model = [evaluate_model(claim, cells, model, baseline) for model in models]
+        # Only models whose preset has this baseline (a cell that failed or was skipped still has a row).
+        scoped = [m for m in models if m.lower() in named or any(k[:2] == (m, baseline) for k in cells)]
+        per_model = [evaluate_model(claim, cells, model, baseline) for model in scoped]
         agg = _aggregate(per_model)
         result["by_baseline"][baseline] = {**agg, "models": {r["model"]: r for r in per_model}}
     measured = {b: r for b, r in result["by_baseline"].items() if r["verdict"] != "not_measurable"}
@@ -455,8 +477,9 @@ def evaluate_claim(claim: dict, summary: dict, sanity: dict | None = None, archs
     return result
 
 
-def evaluate(claims: list[dict], summary: dict, sanity: dict | None = None, archs: dict | None = None) -> list[dict]:
-    return [evaluate_claim(claim, summary, sanity, archs) for claim in claims]
+def evaluate(claims: list[dict], summary: dict, sanity: dict | None = None, archs: dict | None = None,
+             data: dict | None = None) -> list[dict]:
+    return [evaluate_claim(claim, summary, sanity, archs, data=data) for claim in claims]
 
 
 def counts(results: list[dict]) -> dict:

@@ -349,7 +349,7 @@ def run_verify(summary_path: str, reference_dir: str, runs_dir: str | None, clai
 
         sanity = read_json(sanity_path) if sanity_path and Path(sanity_path).exists() else None
         evaluated = claims_mod.evaluate(claims_mod.load_claims(claims_path), summary, sanity,
-                                        claims_mod.model_archs(runs_dir))
+                                        claims_mod.model_archs(runs_dir), claims_mod.model_data(runs_dir))
         result["claims"] = evaluated
         result["claims_counts"] = claims_mod.counts(evaluated)
     return result
