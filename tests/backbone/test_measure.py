@@ -29,3 +29,28 @@ def test_memory_on_cpu_has_rss_but_no_allocator_peak():
     stats = measure.memory_stats(torch.device("cpu"))
     assert stats["peak_rss_bytes"] > 10 * 2**20
     assert stats["peak_allocated_bytes"] is None
+
+
+class RecordingNvml:
+    """Records which NVML lookup was asked for (NVML itself needs a GPU)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def nvmlDeviceGetHandleByUUID(self, uuid):  # noqa: N802 (NVML's names)
+        self.calls.append(("uuid", uuid))
+        return "by-uuid"
+
+    def nvmlDeviceGetHandleByIndex(self, index):  # noqa: N802
+        self.calls.append(("index", index))
+        return "by-index"
+
+
+def test_energy_is_read_from_the_gpu_this_process_runs_on():
+    """NVML ignores CUDA_VISIBLE_DEVICES: on the H200 pair, a cell on GPU 1 read GPU 0's energy by index."""
+    from amprepro.flops import nvml_handle
+
+    nvml = RecordingNvml()
+    assert nvml_handle(nvml, "GPU-e05d", 0, "1") == "by-uuid" and nvml.calls == [("uuid", "GPU-e05d")]
+    assert nvml_handle(RecordingNvml(), None, 0, None) == "by-index"
+    assert nvml_handle(RecordingNvml(), None, 0, "1") is None  # cannot tell which GPU: no energy, not a wrong one

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 # Dense (no sparsity) Tensor Core peaks from NVIDIA datasheets, TFLOP/s. SXM parts. fp32 is the CUDA-core figure.
@@ -54,6 +56,21 @@ def measure_matmul_peak(device: torch.device, size: int = 8192, repeats: int = 1
     return results
 
 
+def gpu_uuid(device: torch.device) -> str | None:
+    uuid = getattr(torch.cuda.get_device_properties(device), "uuid", None)
+    return f"GPU-{uuid}" if uuid is not None else None
+
+
+def nvml_handle(nvml, uuid: str | None, index: int, visible: str | None):
+    """NVML's handle for this process's GPU. NVML numbers GPUs as the machine does and ignores CUDA_VISIBLE_DEVICES,
+    so torch's cuda:0 may be NVML's GPU 1: match by UUID; by index only when nothing is hidden; else None."""
+    if uuid:
+        return nvml.nvmlDeviceGetHandleByUUID(uuid)
+    if visible is None:
+        return nvml.nvmlDeviceGetHandleByIndex(index)
+    return None
+
+
 class EnergyMeter:
     """GPU energy over a window from NVML's total-energy counter (millijoules); None where NVML is unavailable."""
 
@@ -66,8 +83,10 @@ class EnergyMeter:
 
             pynvml.nvmlInit()
             self.nvml = pynvml
-            self.handle = pynvml.nvmlDeviceGetHandleByIndex(device.index or 0)
-            pynvml.nvmlDeviceGetTotalEnergyConsumption(self.handle)
+            self.handle = nvml_handle(pynvml, gpu_uuid(device), device.index or 0,
+                                      os.environ.get("CUDA_VISIBLE_DEVICES"))
+            if self.handle is not None:
+                pynvml.nvmlDeviceGetTotalEnergyConsumption(self.handle)
         except Exception:  # no pynvml, no driver support: energy is simply not reported
             self.handle = None
 

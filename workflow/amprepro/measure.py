@@ -89,6 +89,8 @@ def hardware(device: torch.device) -> dict:
         info["gpu_count"] = torch.cuda.device_count()
         info["driver"] = nvidia_smi_query("driver_version")
         info["cuda_visible_devices"] = os.environ.get("CUDA_VISIBLE_DEVICES")  # which GPU(s) of the machine
+        uuid = getattr(torch.cuda.get_device_properties(device), "uuid", None)
+        info["gpu_uuid"] = f"GPU-{uuid}" if uuid is not None else None
     return info
 
 
