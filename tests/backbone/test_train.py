@@ -105,3 +105,26 @@ def test_apex_cast_cache_is_emptied_with_the_gradients():
     trainer.amp = SimpleNamespace(_amp_state=SimpleNamespace(handle=handle))
     trainer.zero_grad()
     assert cleared == [True]
+
+
+def test_fp16_scaler_steps_report_scale_and_skips_without_reading_back_inside_the_step():
+    """The loss scale stays a device tensor inside the step (no host sync there) and is read back after it."""
+    model = torch.nn.Linear(4, 2)
+    blow_up = {"now": False}
+
+    def loss_fn(logits, target):
+        loss = torch.nn.functional.cross_entropy(logits.float(), target)
+        return loss * float("inf") if blow_up["now"] else loss
+
+    trainer = precision.Trainer("amp_fp16", model, torch.optim.SGD(model.parameters(), lr=0.1), loss_fn,
+                                torch.device("cpu"))
+    x, y = torch.randn(8, 4), torch.randint(0, 2, (8,))
+    result = trainer.step(x, y)
+    assert isinstance(result.scale, torch.Tensor)
+    assert result.read_back() == (65536.0, False)
+    blow_up["now"] = True
+    before = [p.detach().clone() for p in model.parameters()]
+    assert trainer.step(x, y).read_back() == (65536.0, True)  # the scale this step used; the step was skipped
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    blow_up["now"] = False
+    assert trainer.step(x, y).read_back() == (32768.0, False)

@@ -11,8 +11,11 @@ OUT=${OUT:?set OUT to a directory for the results}
 export PATH=/tmp/amprepro-bin:$PATH PYTHONPATH=${PYTHONPATH:-/tmp/amprepro-site}
 mkdir -p "$OUT"
 cells=()
-for precision in amp_bf16 amp_fp16; do
-  [ -f "results/runs/vit_timm/$precision/seed0/metrics.json" ] && cells+=(--cell "results/runs/vit_timm/$precision/seed0")
+for model in vit_timm vit_timm_fused_adamw; do
+  for precision in amp_bf16 amp_fp16; do
+    cell=results/runs/$model/$precision/seed0
+    [ -f "$cell/metrics.json" ] && cells+=(--cell "$cell")
+  done
 done
 if [ -f "${TIMM_BENCHMARK:-vendor/timm/benchmark.py}" ] && [ ${#cells[@]} -gt 0 ]; then
   CUDA_VISIBLE_DEVICES=0 python tools/gpu/timm_compare.py --benchmark "${TIMM_BENCHMARK:-vendor/timm/benchmark.py}" \

@@ -7,6 +7,7 @@ The cell is re-run from the spec in its metrics.json (so its settings are exactl
 run, and both throughputs are written with the ratio. benchmark.py comes from a timm snapshot: never commit it.
 timm times fwd + bwd + optimizer step with no loss scaler and reports the mean; we report samples over the median
 step (GradScaler included for fp16): the ratio says how far apart the two harnesses are, not which is right.
+timm's benchmark has no fused-AdamW switch: against our adamw_fused cells it still runs its own AdamW.
 """
 
 import argparse

