@@ -81,3 +81,17 @@ def test_try_claim_holds_nothing_when_too_few_are_free(tmp_path):
     assert gpuslots.try_claim(2, 2, tmp_path) is None
     again = gpuslots.try_claim(1, 2, tmp_path)  # the other GPU is still free: the failed claim released it
     assert again is not None and again[0][0] != held[0][0]
+
+
+@pytest.mark.parametrize("gpu, expected", [
+    ("true", ["--gpus 2 -- torchrun --standalone --nproc_per_node 2 -m amprepro.train",
+              "--gpus 1 -- python -m amprepro.train", "--gpus 1 -- python -m amprepro.apex_stage"]),
+    ("false", ["--gpus 0 -- python -m amprepro.train", "--gpus 0 -- python -m amprepro.apex_stage"]),
+])
+def test_rules_run_gpu_jobs_through_gpuslots(tmp_path, gpu, expected):
+    from workflow_testing import copy_workflow, snakemake
+
+    workdir = copy_workflow(tmp_path / "wf")
+    result = snakemake(workdir, "-n", "-p", "--cores", "4", "--config", f"gpu={gpu}", "preset=paper")
+    for command in expected:
+        assert command in result.stdout, command
