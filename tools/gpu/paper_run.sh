@@ -8,7 +8,8 @@
 # into /tmp/amprepro-site. Apex comes from a local export (docs/apex.md): set APEX_SOURCE (default vendor/apex-25.05).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
-budget=${1:-540}
+budget=${1:-540}  # seconds for the whole script, packing included
+deadline=$((SECONDS + budget))
 extra=${2:-}
 OUT=${OUT:?set OUT to a directory for the results}
 mkdir -p "$OUT" /tmp/amprepro-bin
@@ -36,9 +37,12 @@ EOF
 configs=(config/config.yaml /tmp/amprepro-gpu.yaml ${extra:+"$extra"})
 # The acceptance's host has 16 cores: build apex with 16 threads on bigger boxes, leaving the rest to the cells.
 threads=(); [ "$(nproc)" -gt 16 ] && threads=(--set-threads apex=16)
+# A Snakemake killed by an earlier call's time limit leaves its lock behind; none is running now.
+pgrep -f "snakemake results/summary" > /dev/null || python -m snakemake --unlock --configfile "${configs[@]}" \
+  > /dev/null 2>&1
 start=$SECONDS
 # One GPU job per GPU (--resources gpu=<GPUs>, amprepro.gpuslots gives each its own): timed cells never share one.
-timeout -s TERM "$budget" python -m snakemake results/summary/summary.json --cores "$(nproc)" --resources gpu="$(nvidia-smi -L | grep -c ^GPU)" --rerun-incomplete \
+timeout -s TERM $((deadline - SECONDS - 20)) python -m snakemake results/summary/summary.json --cores "$(nproc)" --resources gpu="$(nvidia-smi -L | grep -c ^GPU)" --rerun-incomplete \
   "${threads[@]}" --keep-going --configfile "${configs[@]}" > "$OUT/snakemake.log" 2>&1
 echo "snakemake rc=$? after $((SECONDS - start)) s"
 grep -E "steps \(|Error in rule|Nothing to be done" "$OUT/snakemake.log" | tail -n 5
