@@ -128,3 +128,25 @@ def test_fp16_scaler_steps_report_scale_and_skips_without_reading_back_inside_th
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
     blow_up["now"] = False
     assert trainer.step(x, y).read_back() == (32768.0, False)
+
+
+def test_a_cell_that_breaks_is_recorded_as_failed_with_the_reason(monkeypatch, capsys):
+    def broken(model_config, device):
+        raise TypeError("zero_grad() got an unexpected keyword argument 'set_to_none'")
+
+    monkeypatch.setattr(train, "prepare_model", broken)
+    metrics, rows = train.run(spec(), NO_APEX, 1)
+    assert metrics["status"] == "failed" and rows == []
+    assert metrics["reason"].startswith("TypeError: zero_grad() got an unexpected keyword argument")
+    assert "--forcerun" in metrics["reason"]
+    assert "Traceback" in capsys.readouterr().err  # the whole traceback is in the cell's log
+
+
+def test_out_of_memory_is_a_skip_that_names_the_batch_size(monkeypatch):
+    def too_big(model_config, device):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+
+    monkeypatch.setattr(train, "prepare_model", too_big)
+    metrics, _ = train.run(spec(), NO_APEX, 1)
+    assert metrics["status"] == "skipped"
+    assert metrics["reason"].startswith("out of GPU memory at batch size 32: lower batch_size")

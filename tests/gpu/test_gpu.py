@@ -1,7 +1,5 @@
 """GPU-only checks (skipped, with the reason, where there is no CUDA GPU). Run on the H200 through the device tool."""
 
-import json
-
 import pytest
 import torch
 

@@ -150,7 +150,8 @@ def glance_html(data: dict, title: str = "") -> str:
          + (f" ({esc(str(versions.get('apex_commit'))[:12])})" if versions.get("apex_commit") else "") + "</span>", ""),
         ("Run", f"{esc(preset.get('preset', '?'))} preset<br><span class='small'>{esc(preset.get('reason', ''))}</span>"
          f"<br>{counts.get('ok', 0)} cells ran, {counts.get('skipped', 0)} skipped, {counts.get('collapsed', 0)} "
-         f"collapsed of {len(summary['cells'])}; sanity {sanity.get('passed', 0)} passed, "
+         f"collapsed" + (f", <b>{counts['failed']} failed</b> (reasons in the results table)" if counts.get("failed")
+                         else "") + f" of {len(summary['cells'])}; sanity {sanity.get('passed', 0)} passed, "
          f"{sanity.get('failed', 0)} failed, {sanity.get('skipped', 0)} skipped", ""),
     ]
     if verify is not None:
@@ -461,7 +462,7 @@ def _skipped_note(summary: dict, model: str) -> str:
     frame = cells_frame(summary)
     gone = frame[(frame["model"] == model) & (frame["status"] != "ok")]
     parts = []
-    for status in ("skipped", "collapsed"):
+    for status in ("skipped", "collapsed", "failed"):
         names = list(dict.fromkeys(gone[gone["status"] == status]["precision"].astype(str)))
         if names:
             parts.append(f"{status}: {', '.join(names)}")

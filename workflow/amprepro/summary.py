@@ -78,7 +78,7 @@ def summarize(metric_files: list[str], environment: dict, apex: dict, preset: di
                                                                      "seed": m["seed"], "status": m["status"]}
                          for m in metrics])
     rows = add_mfu(rows, metrics, peak or {})
-    counts = {status: sum(r["status"] == status for r in rows) for status in ("ok", "skipped", "collapsed")}
+    counts = {status: sum(r["status"] == status for r in rows) for status in ("ok", "skipped", "collapsed", "failed")}
     return {"preset": preset, "cells": rows, "counts": counts, "versions": versions(environment, apex, metrics),
             "peak": peak or {}}
 

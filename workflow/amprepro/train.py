@@ -159,7 +159,7 @@ def step_flops(trainer, x, y, world: int) -> int | None:
 def run(spec: dict, apex: dict, threads: int, dist=None) -> tuple[dict, list[dict]]:
     import torch
 
-    from amprepro import distributed, flops, measure, models, precision
+    from amprepro import distributed, measure, models, precision
 
     dist = dist or distributed.Dist()
     torch.set_num_threads(threads)
@@ -173,7 +173,37 @@ def run(spec: dict, apex: dict, threads: int, dist=None) -> tuple[dict, list[dic
               or variant_unsupported(model_config, spec["precision"], device, apex))
     if reason:
         return {**base, "status": "skipped", "reason": reason}, []
+    try:
+        return train_cell(spec, apex, dist, device, base)
+    except Exception as exc:
+        if dist.active:  # torchrun stops the other ranks; a half-written DDP record would be worse than none
+            raise
+        return failure_record(base, exc), []
 
+
+def failure_record(base: dict, exc: Exception) -> dict:
+    """A cell that broke is a result the report shows (with the reason), not a hole that stops the summary."""
+    import traceback
+
+    import torch
+
+    traceback.print_exc()  # the whole traceback goes to the cell's log
+    message = (str(exc).strip().splitlines() or [""])[0][:300]
+    if isinstance(exc, torch.cuda.OutOfMemoryError):
+        return {**base, "status": "skipped",
+                "reason": f"out of GPU memory at batch size {base['spec']['model_config']['batch_size']}: "
+                          f"lower batch_size for this model. {message}"}
+    return {**base, "status": "failed",
+            "reason": f"{type(exc).__name__}: {message} (traceback in the cell's log; after fixing, rerun with "
+                      "snakemake --forcerun <this cell's metrics.json>)"}
+
+
+def train_cell(spec: dict, apex: dict, dist, device, base: dict) -> tuple[dict, list[dict]]:
+    import torch
+
+    from amprepro import flops, measure, models, precision
+
+    model_config, train = spec["model_config"], spec["train"]
     if train.get("deterministic"):
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     seed_everything(spec["seed"], train.get("deterministic", False))
