@@ -47,14 +47,21 @@ def try_claim(wanted: int, count: int, locks: Path) -> list[tuple[int, int]] | N
     """Lock `wanted` free GPUs among `count`; (index, fd) pairs, or None (nothing held) when too few are free."""
     held = []
     for index in range(count):
-        fd = os.open(locks / f"gpu{index}.lock", os.O_RDWR | os.O_CREAT, 0o666)
+        path = locks / f"gpu{index}.lock"
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        except PermissionError:  # another user's lock file (umask): a read-only fd locks just as well
+            fd = os.open(path, os.O_RDONLY)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
             continue
-        os.ftruncate(fd, 0)
-        os.write(fd, f"pid {os.getpid()}\n".encode())
+        try:
+            os.ftruncate(fd, 0)
+            os.write(fd, f"pid {os.getpid()}\n".encode())  # who holds it, for whoever looks
+        except OSError:
+            pass
         held.append((index, fd))
         if len(held) == wanted:
             return held
