@@ -28,6 +28,8 @@
 #   SLURM_FORCE=0             1 = overwrite an /etc/slurm/slurm.conf this script did not write
 # Exit status: 0 when the node is idle (and the smoke job completed); non-zero with the daemons' logs otherwise.
 set -euo pipefail
+# The daemons and runuser live in sbin, which a minimal PATH (env -i, some CI runners) leaves out.
+export PATH="$PATH:/usr/local/sbin:/usr/sbin:/sbin"
 
 FAKE_GPUS="${SLURM_FAKE_GPUS:-8}"
 GPU_TYPE="${SLURM_FAKE_GPU_TYPE:-fake}"

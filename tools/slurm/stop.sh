@@ -3,6 +3,8 @@
 # running, then stop slurmd, slurmctld, slurmdbd, mariadbd (only if start.sh started it) and munged, each through
 # the pid in its own pid file (never by process name). Safe to run when nothing is running.
 set -uo pipefail
+# The daemons and runuser live in sbin, which a minimal PATH (env -i, some CI runners) leaves out.
+export PATH="$PATH:/usr/local/sbin:/usr/sbin:/sbin"
 
 if [ "$(id -u)" != 0 ]; then
   if command -v sudo >/dev/null && sudo -n true 2>/dev/null; then exec sudo -n "$0" "$@"; fi
