@@ -1,0 +1,29 @@
+"""The scripts a GPU session runs (tools/gpu) work end to end here, on the smoke preset: device time is scarce."""
+
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from workflow_testing import REPO, copy_workflow
+
+
+@pytest.mark.e2e
+def test_paper_run_script_runs_the_pipeline_and_packs_the_results(tmp_path):
+    workdir = copy_workflow(tmp_path / "wf")
+    shutil.copytree(REPO / "tools", workdir / "tools")
+    out = tmp_path / "out"
+    env = {**os.environ, "OUT": str(out), "PRESET": "smoke",
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    result = subprocess.run(["bash", "tools/gpu/paper_run.sh", "300"], cwd=workdir, env=env, capture_output=True,
+                            text=True, timeout=400)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "snakemake rc=0" in result.stdout, (out / "snakemake.log").read_text()[-3000:]
+    with tarfile.open(out / "results.tgz") as packed:
+        names = packed.getnames()
+    assert "results/summary/summary.json" in names and "results/peak/peak.json" in names
+    assert any(name.endswith("cnn/fp32/seed0/metrics.json") for name in names)
