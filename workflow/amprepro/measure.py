@@ -12,6 +12,8 @@ import time
 
 import torch
 
+from amprepro.flops import gpu_uuid
+
 
 class StepTimer:
     """Times one step. On CUDA with events; on CPU with perf_counter (CPU ops are synchronous)."""
@@ -89,8 +91,7 @@ def hardware(device: torch.device) -> dict:
         info["gpu_count"] = torch.cuda.device_count()
         info["driver"] = nvidia_smi_query("driver_version")
         info["cuda_visible_devices"] = os.environ.get("CUDA_VISIBLE_DEVICES")  # which GPU(s) of the machine
-        uuid = getattr(torch.cuda.get_device_properties(device), "uuid", None)
-        info["gpu_uuid"] = f"GPU-{uuid}" if uuid is not None else None
+        info["gpu_uuid"] = gpu_uuid(device)
     return info
 
 
