@@ -1,0 +1,24 @@
+#!/bin/bash
+# One device call of a GPU evidence session: the paper preset through the pipeline for as long as it needs (results
+# stay on the machine while it is warm, so the next call continues), then, once it is complete and enough of this
+# call is left, the same-call checks (tools/gpu/checks.sh).
+#
+#   OUT=/path/to/outdir tools/gpu/session.sh [seconds]      # call it again until it prints "checks done"
+set -uo pipefail
+OUT=${OUT:?set OUT to a directory for the results}
+budget=${1:-580}
+deadline=$((SECONDS + budget))
+CHECKS_SECONDS=${CHECKS_SECONDS:-380}  # pytest tests/gpu ~130 s, four timm comparisons ~200 s, apex rerun ~25 s
+OUT=$OUT bash tools/gpu/paper_run.sh "$budget" | tee "$OUT/paper_run.out"
+if ! grep -q "snakemake rc=0" "$OUT/paper_run.out"; then
+  echo "paper preset not complete yet: call again"
+  exit 0
+fi
+left=$((deadline - SECONDS))
+if [ "$left" -lt "$CHECKS_SECONDS" ]; then
+  echo "paper preset complete; ${left}s left in this call, checks need ${CHECKS_SECONDS}s: call again"
+  exit 0
+fi
+mkdir -p "$OUT/checks"
+OUT=$OUT/checks bash tools/gpu/checks.sh
+echo "checks done"
