@@ -19,9 +19,23 @@ def test_paper_run_script_runs_the_pipeline_and_packs_the_results(tmp_path):
     out = tmp_path / "out"
     env = {**os.environ, "OUT": str(out), "PRESET": "smoke",
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-    result = subprocess.run(["bash", "tools/gpu/paper_run.sh", "300"], cwd=workdir, env=env, capture_output=True,
-                            text=True, timeout=400)
+    # What a device call killed at its time limit leaves: its Snakemake still running here, and its lock.
+    leftover = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", "-m", "snakemake",
+                                 "results/summary/summary.json"], cwd=workdir)
+    elsewhere = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", "-m", "snakemake",
+                                  "results/summary/summary.json"], cwd=tmp_path)
+    (workdir / ".snakemake" / "locks").mkdir(parents=True)
+    (workdir / ".snakemake" / "locks" / "0.output.lock").write_text(str(workdir / "results/summary/summary.json"))
+    try:
+        result = subprocess.run(["bash", "tools/gpu/paper_run.sh", "300"], cwd=workdir, env=env,
+                                capture_output=True, text=True, timeout=400)
+        assert leftover.wait(timeout=5) is not None
+        assert elsewhere.poll() is None, "a Snakemake in another directory must be left alone"
+    finally:
+        for process in (leftover, elsewhere):
+            process.kill()
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert f"left running here: {leftover.pid}" in result.stdout
     assert "snakemake rc=0" in result.stdout, (out / "snakemake.log").read_text()[-3000:]
     with tarfile.open(out / "results.tgz") as packed:
         names = packed.getnames()

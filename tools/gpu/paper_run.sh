@@ -37,12 +37,28 @@ EOF
 configs=(config/config.yaml /tmp/amprepro-gpu.yaml ${extra:+"$extra"})
 # The acceptance's host has 16 cores: build apex with 16 threads on bigger boxes, leaving the rest to the cells.
 threads=(); [ "$(nproc)" -gt 16 ] && threads=(--set-threads apex=16)
-# A Snakemake killed by an earlier call's time limit leaves its lock behind; none is running now.
-pgrep -f "snakemake results/summary" > /dev/null || python -m snakemake --unlock --configfile "${configs[@]}" \
-  > /dev/null 2>&1
+# A device call killed at its time limit does not kill this script's Snakemake (`timeout` gives it a process group
+# of its own): it goes on running in this directory, holding the lock, and the next call's Snakemake cannot start.
+# Stop what an earlier call left here (only processes whose working directory is this one), then unlock;
+# --rerun-incomplete redoes the jobs it was running.
+leftovers() {
+  local pid
+  for pid in $(pgrep -f "snakemake results/summary|amprepro\.(gpuslots|train)"); do
+    [ "$pid" != "$$" ] && [ "$(readlink "/proc/$pid/cwd" 2>/dev/null)" = "$PWD" ] && echo "$pid"
+  done
+}
+if [ -n "$(leftovers)" ]; then
+  echo "stopping what an earlier call left running here: $(leftovers | tr '\n' ' ')"
+  kill -TERM $(leftovers) 2>/dev/null
+  for _ in $(seq 30); do [ -z "$(leftovers)" ] && break; sleep 1; done
+  [ -n "$(leftovers)" ] && kill -KILL $(leftovers) 2>/dev/null
+  sleep 1
+fi
+python -m snakemake --unlock --configfile "${configs[@]}" > /dev/null 2>&1
 start=$SECONDS
 # One GPU job per GPU (--resources gpu=<GPUs>, amprepro.gpuslots gives each its own): timed cells never share one.
-timeout -s TERM $((deadline - SECONDS - 20)) python -m snakemake results/summary/summary.json --cores "$(nproc)" --resources gpu="$(nvidia-smi -L | grep -c ^GPU)" --rerun-incomplete \
+# Snakemake has once outlived its TERM by 40 s (the call was killed first): KILL it 30 s after.
+timeout -k 30 -s TERM $((deadline - SECONDS - 50)) python -m snakemake results/summary/summary.json --cores "$(nproc)" --resources gpu="$(nvidia-smi -L | grep -c ^GPU)" --rerun-incomplete \
   "${threads[@]}" --keep-going --configfile "${configs[@]}" > "$OUT/snakemake.log" 2>&1
 echo "snakemake rc=$? after $((SECONDS - start)) s"
 grep -E "steps \(|Error in rule|Nothing to be done" "$OUT/snakemake.log" | tail -n 5
