@@ -107,9 +107,30 @@ def test_tolerance_overrides_and_bad_tolerance_file(tmp_path):
         "ratio": [0.85, 1.15]}
     assert verify.band_for(tolerances, {"model": "m", "precision": "fp32", "seed": 0})["throughput_per_s"] == {
         "ratio": [0.90, 1.10]}
+    digits = verify.band_for(tolerances, {"model": "transformer", "precision": "fp32", "seed": 0})
+    assert "throughput_per_s" not in digits and digits["eval_accuracy"] == {"abs": 0.02}
     (tmp_path / "tolerances.yaml").write_text("metrics:\n  throughput_per_s: {ratio: [0.9]}\n")
     with pytest.raises(verify.VerifyError, match="field metrics.throughput_per_s"):
         verify.load_tolerances(tmp_path, None)
+
+
+def test_the_committed_h200_reference_under_the_committed_bands(tmp_path):
+    """A digits model moving by launch-bound noise passes; a benchmark model slowing down, or lost accuracy, fails."""
+    rows = verify.read_reference_rows(REPO / "reference/nvidia-h200/summary.csv")
+    tolerances = verify.load_tolerances(REPO / "reference", "nvidia-h200")
+    summary = {"versions": {"gpu": "NVIDIA H200"}, "cells": json.loads(json.dumps(rows))}
+    for cell in summary["cells"]:
+        for key in ("seed",) + tuple(verify.NUMERIC):
+            if cell.get(key) not in (None, ""):
+                cell[key] = float(cell[key]) if key != "seed" else int(cell[key])
+    assert verify.compare(summary, rows, tolerances)["failures"] == []
+    by_name = {(c["model"], c["precision"]): c for c in summary["cells"]}
+    by_name["transformer", "fp32"]["throughput_per_s"] *= 1.27  # measured between two sessions
+    assert verify.compare(summary, rows, tolerances)["failures"] == []
+    by_name["transformer", "fp32"]["eval_accuracy"] -= 0.03
+    by_name["resnet50", "amp_fp16"]["throughput_per_s"] *= 0.85
+    failures = "\n".join(verify.compare(summary, rows, tolerances)["failures"])
+    assert "transformer/fp32/seed0: eval accuracy" in failures and "resnet50/amp_fp16/seed0: throughput" in failures
 
 
 def test_promote_refuses_cpu_and_round_trips_a_gpu_run(tmp_path):
