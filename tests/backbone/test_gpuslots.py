@@ -43,6 +43,9 @@ def test_concurrent_jobs_get_distinct_gpus_and_a_third_waits(tmp_path):
     first.kill()  # a killed job frees its GPU: the lock dies with the process
     out, err = third.communicate(timeout=20)
     assert out.strip() == first_gpu and "waiting for 1 of 2 GPUs" in err
+    # the waiting job names who holds each GPU, so that a job left over from a killed run can be found
+    assert f"GPU {first_gpu} held by pid {first.pid} (" in err and f"GPU {second_gpu} held by pid {second.pid}" in err
+    assert "time.sleep(30)" in err
     second.kill()
 
 

@@ -70,12 +70,29 @@ def try_claim(wanted: int, count: int, locks: Path) -> list[tuple[int, int]] | N
     return None
 
 
+def holders(count: int, locks: Path) -> list[str]:
+    """'GPU i held by pid P (command)' for each GPU whose lock names a live process."""
+    found = []
+    for index in range(count):
+        try:
+            pid = int((locks / f"gpu{index}.lock").read_text().split()[1])
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except (OSError, IndexError, ValueError):
+            continue
+        command = command.strip()
+        found.append(f"GPU {index} held by pid {pid} ({command[:150]}{'…' if len(command) > 150 else ''})")
+    return found
+
+
 def claim(wanted: int, count: int, locks: Path) -> list[tuple[int, int]]:
     waited = False
     while (held := try_claim(wanted, count, locks)) is None:
         if not waited:
-            print(f"gpuslots: waiting for {wanted} of {count} GPUs to be free (locks in {locks})", file=sys.stderr,
-                  flush=True)
+            # A job whose Snakemake was killed can outlive it and keep its GPU: name the holders so it can be found.
+            who = "; ".join(holders(count, locks))
+            print(f"gpuslots: waiting for {wanted} of {count} GPUs to be free (locks in {locks})"
+                  + (f": {who}. A job left running by a killed run keeps its GPU until it ends (kill PID)"
+                     if who else ""), file=sys.stderr, flush=True)
             waited = True
         time.sleep(POLL_SECONDS)
     return held
