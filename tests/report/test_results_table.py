@@ -18,3 +18,15 @@ def test_results_table_states_mfu_against_both_peaks():
 def test_results_table_reads_summaries_without_mfu_columns():
     table = reportlib.results_table({"cells": [cell("fp32")]})
     assert table.iloc[0]["MFU datasheet"] == ""
+
+
+def test_uneven_step_times_are_noted_on_ok_cells_only():
+    table = reportlib.results_table({"cells": [
+        cell("fp32", step_time_p90_s=0.0545),  # 9 % above the median: as steady as the H200's big-model cells
+        cell("amp_fp16", step_time_p90_s=0.06),  # 20 %
+        cell("amp_bf16", status="skipped", reason="needs a GPU", step_time_median_s=None, step_time_p90_s=None),
+        cell("apex_o1", reason=None)]})
+    notes = dict(zip(table["precision"], table["reason"]))
+    assert notes["fp32"] == ""
+    assert notes["amp_fp16"] == "uneven step times: p90 is 20% above the median, so this throughput is less certain"
+    assert notes["amp_bf16"] == "needs a GPU" and notes["apex_o1"] == ""

@@ -389,8 +389,25 @@ def memory_label(row) -> str:
     return ""
 
 
+# p90 this far above the median: the steps did not all run at one speed (other work on the host or the GPU, clocks,
+# a launch-bound model), so the throughput of that cell is less certain than the others'.
+SPREAD_NOTE_ABOVE = 0.10
+
+
+def timing_note(row) -> str:
+    median, p90 = row.get("step_time_median_s"), row.get("step_time_p90_s")
+    if row.get("status") != "ok" or not (pd.notna(median) and pd.notna(p90)) or median <= 0:
+        return ""
+    spread = p90 / median - 1
+    if spread <= SPREAD_NOTE_ABOVE:
+        return ""
+    return f"uneven step times: p90 is {spread:.0%} above the median, so this throughput is less certain"
+
+
 def results_table(summary: dict) -> pd.DataFrame:
     frame = cells_frame(summary)
+    reasons = ["; ".join(part for part in (row["reason"] if isinstance(row["reason"], str) else "", timing_note(row))
+                         if part) for _, row in frame.iterrows()]
     return pd.DataFrame({
         "model": frame["model"], "precision": frame["precision"].astype(str), "seed": frame["seed"],
         "status": frame["status"],
@@ -407,7 +424,7 @@ def results_table(summary: dict) -> pd.DataFrame:
         "TFLOP/s": _column(frame, "achieved_tflops").map(lambda v: _fmt_num(v, ".1f")),
         "MFU measured peak": _column(frame, "mfu_vs_measured_peak").map(lambda v: _fmt_num(v, ".1%")),
         "MFU datasheet": _column(frame, "mfu_vs_datasheet").map(lambda v: _fmt_num(v, ".1%")),
-        "reason": frame["reason"].fillna(""),
+        "reason": reasons,
     })
 
 
