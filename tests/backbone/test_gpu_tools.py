@@ -41,3 +41,12 @@ def test_paper_run_script_runs_the_pipeline_and_packs_the_results(tmp_path):
         names = packed.getnames()
     assert "results/summary/summary.json" in names and "results/peak/peak.json" in names
     assert any(name.endswith("cnn/fp32/seed0/metrics.json") for name in names)
+
+    # The next device call: the preset is complete, so session.sh runs the same-call checks and packs them in one file.
+    session = subprocess.run(["bash", "tools/gpu/session.sh", "300"], cwd=workdir, env={**env, "CHECKS_SECONDS": "0"},
+                             capture_output=True, text=True, timeout=400)
+    assert "checks done" in session.stdout, session.stdout[-3000:] + session.stderr[-3000:]
+    assert not (out / "checks").exists()
+    with tarfile.open(out / "checks.tgz") as packed:
+        names = packed.getnames()
+    assert {"checks/pytest-gpu.log", "checks/apex-noop.log", "checks/apex-rerun.log"} <= set(names)
