@@ -114,15 +114,11 @@ def test_tolerance_overrides_and_bad_tolerance_file(tmp_path):
         verify.load_tolerances(tmp_path, None)
 
 
-def test_the_committed_h200_reference_under_the_committed_bands(tmp_path):
+def test_the_committed_h200_reference_under_the_committed_bands():
     """A digits model moving by launch-bound noise passes; a benchmark model slowing down, or lost accuracy, fails."""
     rows = verify.read_reference_rows(REPO / "reference/nvidia-h200/summary.csv")
     tolerances = verify.load_tolerances(REPO / "reference", "nvidia-h200")
-    summary = {"versions": {"gpu": "NVIDIA H200"}, "cells": json.loads(json.dumps(rows))}
-    for cell in summary["cells"]:
-        for key in ("seed",) + tuple(verify.NUMERIC):
-            if cell.get(key) not in (None, ""):
-                cell[key] = float(cell[key]) if key != "seed" else int(cell[key])
+    summary = {"cells": json.loads(json.dumps(rows))}
     assert verify.compare(summary, rows, tolerances)["failures"] == []
     by_name = {(c["model"], c["precision"]): c for c in summary["cells"]}
     by_name["transformer", "fp32"]["throughput_per_s"] *= 1.27  # measured between two sessions

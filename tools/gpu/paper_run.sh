@@ -44,7 +44,7 @@ threads=(); [ "$(nproc)" -gt 16 ] && threads=(--set-threads apex=16)
 leftovers() {
   local pid
   for pid in $(pgrep -f "snakemake results/summary|amprepro\.(gpuslots|train)"); do
-    [ "$pid" != "$$" ] && [ "$(readlink "/proc/$pid/cwd" 2>/dev/null)" = "$PWD" ] && echo "$pid"
+    [ "$(readlink "/proc/$pid/cwd" 2>/dev/null)" = "$PWD" ] && echo "$pid"
   done
 }
 if [ -n "$(leftovers)" ]; then
