@@ -234,7 +234,8 @@ def test_gpu_fixture_verdicts_match_hand_computed_values():
     # ResNet-50 apex O1: 2740/908 = 3.02 >= 1.28; 2740/2198 = 1.25 < 1.28
     assert results["resnet50-apex-speed"]["verdict_text"] == "holds vs strict FP32; falls short vs TF32"
     # fp16 2-3x: vs fp32 3.27, 6.29, 4.21 (all above 1.9-3.1); vs tf32 1.35, 2.03, 1.68 (ViT only in the band)
-    assert results["fp16-tensor-core-throughput"]["verdict_text"] == "exceeds the claim vs strict FP32; falls short vs TF32"
+    assert (results["fp16-tensor-core-throughput"]["verdict_text"]
+            == "exceeds the claim vs strict FP32; falls short vs TF32")
     # ResNet-50 apex O1 memory: 1 - 12.60/21.38 = 0.41, 1 - 12.60/20.94 = 0.40 (in 0.35-0.45)
     assert results["resnet50-apex-memory"]["verdict_text"] == "holds vs strict FP32 and TF32"
     # no eval accuracy on synthetic data
@@ -322,7 +323,8 @@ def test_a_bigger_saving_than_claimed_exceeds_the_claim_and_is_counted_so():
 
 
 def test_depends_on_the_baseline_names_both_verdicts():
-    cells = [cell("m", "fp32", throughput=100), cell("m", "tf32", throughput=250), cell("m", "amp_fp16", throughput=400)]
+    cells = [cell("m", "fp32", throughput=100), cell("m", "tf32", throughput=250),
+             cell("m", "amp_fp16", throughput=400)]
     result = claims.evaluate_claim(claim(claimed={"about": 1.75}, tolerance=0.175), summary(cells), TENSOR_CORES)
     # 400/100 = 4.0 above 1.575-1.925; 400/250 = 1.6 in it
     assert result["verdict"] == "depends_on_baseline"

@@ -169,8 +169,8 @@ def glance_html(data: dict, title: str = "") -> str:
     if data.get("claims") is not None:
         c = claims_mod.counts(data["claims"])
         parts.append(f"<b>Claims:</b> {len(data['claims'])} evaluated: {c['holds']} hold, {c['exceeds']} exceed the "
-                     f"claim (better than claimed), {c['falls_short']} fall short, {c['depends_on_baseline']} depend on "
-                     f"the baseline, {c['not_measurable']} not measurable here.")
+                     f"claim (better than claimed), {c['falls_short']} fall short, {c['depends_on_baseline']} depend "
+                     f"on the baseline, {c['not_measurable']} not measurable here.")
         parts.append(claims_glance_table(data["claims"]))
     return '<section class="glance">' + "".join(parts) + "</section>"
 
