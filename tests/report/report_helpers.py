@@ -18,6 +18,7 @@ REPO = Path(__file__).resolve().parents[2]
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 SMOKE = FIXTURES / "smoke"
 GPU = FIXTURES / "gpu"
+LLM7B = FIXTURES / "llm7b"
 REFERENCE_PASS = FIXTURES / "reference_pass"
 REFERENCE_FAIL = FIXTURES / "reference_fail"
 CLAIMS = REPO / "config" / "claims.yaml"

@@ -12,8 +12,8 @@ from amprepro import render
 from report_helpers import CLAIMS
 
 SECTIONS = ["Claims", "Reference check", "Results", "Throughput", "Speedup against both baselines", "Peak memory",
-            "Loss curves: FP32 against AMP", "Loss scale", "Sanity checks", "Environment", "Provenance"]
-VERDICTS = ("holds", "does not hold", "not measurable here", "depends on the baseline")
+            "Where the peak memory goes (7B)", "Loss curves: FP32 against AMP", "Loss scale", "Sanity checks", "Environment", "Provenance"]
+VERDICTS = ("holds", "exceeds the claim", "falls short", "not measurable here", "depends on the baseline")
 IMG = re.compile(r"<img\b[^>]*>")
 ATTR = re.compile(r'(\w+)="([^"]*)"')
 
@@ -87,7 +87,9 @@ def test_gpu_summary_shows_verdicts_verify_failure_and_hardware(gpu_html):
     top = glance(html)
     assert "NVIDIA H200" in top
     assert "FAIL" in top and "4 of 36 cells out of tolerance" in top and "resnet50/amp_fp16/seed0" in top
-    assert "does not hold vs strict FP32; holds vs TF32" in top  # vit-apex-o1-speed
+    assert "exceeds the claim vs strict FP32; holds vs TF32" in top  # vit-apex-o1-speed: 5.80x / 1.87x for 1.75x
+    assert "falls short vs strict FP32 and TF32" in top  # amp-memory-40-60: gpt124m −36.7 %, vit_b_16 −39.4 %
+    assert "does not hold" not in top
     for claim_id in claim_ids():
         assert f"<b>{claim_id}</b>" in top
     assert sum(top.count(v) for v in VERDICTS) >= len(claim_ids())

@@ -4,9 +4,14 @@ A claim names a metric (speedup, memory_reduction, accuracy_delta), a variant pr
 (strict FP32 and TF32 are evaluated separately), the models that stand for the article's model, the claimed value
 (about / at_least / at_most / between) and a tolerance in the metric's own units. Each claim gets one verdict:
 
-- ``holds`` / ``does_not_hold``: the median over seeds is inside / outside the claimed band (spread: min-max);
-- ``depends_on_baseline``: it holds against one baseline and not against the other (e.g. TF32 vs strict FP32);
+- ``holds``: the median over seeds is inside the claimed band (claimed ± tolerance; spread: min-max);
+- ``exceeds``: outside the band on the better side (HIGHER_IS_BETTER says which side that is, per metric);
+- ``falls_short``: outside the band on the worse side, or the variant collapsed;
+- ``depends_on_baseline``: the verdicts against strict FP32 and against TF32 differ (both are named);
 - ``not_measurable``: this run cannot say, with the reason (no such model ran, cell skipped, no Tensor Cores, ...).
+
+A one-sided claim misses on one side only: ``at_least`` can hold or fall short, ``at_most`` can hold or (for a metric
+where higher is better) exceed the claim. docs/report.md has the table.
 
 Run as a module it prints the verdicts: ``python -m amprepro.claims --claims config/claims.yaml --summary ...``.
 """
@@ -24,8 +29,13 @@ import yaml
 PRECISIONS = ["fp32", "tf32", "amp_fp16", "amp_bf16", "apex_o1", "apex_o2"]
 PRECISION_LABEL = {"fp32": "strict FP32", "tf32": "TF32", "amp_fp16": "fp16 AMP", "amp_bf16": "bf16 AMP",
                    "apex_o1": "apex O1", "apex_o2": "apex O2"}
-VERDICT_TEXT = {"holds": "holds", "does_not_hold": "does not hold", "not_measurable": "not measurable here",
-                "depends_on_baseline": "depends on the baseline"}
+VERDICT_TEXT = {"holds": "holds", "exceeds": "exceeds the claim", "falls_short": "falls short",
+                "depends_on_baseline": "depends on the baseline", "not_measurable": "not measurable here"}
+# Which side of the claimed band is better for the variant, per metric: more speed, a bigger memory saving and a
+# higher accuracy are all better, so a value above the band exceeds the claim and one below it falls short.
+HIGHER_IS_BETTER = {"speedup": True, "memory_reduction": True, "accuracy_delta": True}
+# A generic claim's verdict over several models is the worst of theirs, in this order (first = worst).
+WORST_FIRST = ["falls_short", "exceeds", "holds"]
 EPS = 1e-9
 
 _NUMBER = {"type": "number"}
@@ -67,7 +77,7 @@ SCHEMA = {
                     "description": ("cell models (config names or archs) that stand for it; [any] = every model; "
                                     "[benchmark] = every model on synthetic data"),
                 },
-                "metric": {"enum": ["speedup", "memory_reduction", "accuracy_delta"]},
+                "metric": {"enum": list(HIGHER_IS_BETTER)},
                 "baseline": {
                     "oneOf": [{"$ref": "#/$defs/precision"},
                               {"type": "array", "minItems": 1, "uniqueItems": True,
@@ -99,6 +109,8 @@ SCHEMA = {
                     },
                 },
                 "note": {"type": "string"},
+                "caveats": {"type": "array", "items": {"type": "string", "minLength": 1},
+                            "description": "what a reader must know to read the verdict; the report lists them"},
             },
         },
     },
@@ -242,6 +254,14 @@ def in_band(claim: dict, value: float) -> bool:
     return low - EPS <= value <= high + EPS
 
 
+def verdict_for(claim: dict, value: float) -> str:
+    """holds (in the band), exceeds (outside it on the better side) or falls_short (outside it on the worse side)."""
+    if in_band(claim, value):
+        return "holds"
+    above = value > claimed_band(claim)[1]
+    return "exceeds" if above == HIGHER_IS_BETTER[claim["metric"]] else "falls_short"
+
+
 def _direction(claim: dict, value: float) -> str:
     low, high = claimed_band(claim)
     return "above the claimed band" if value > high else "below the claimed band" if value < low else "in the band"
@@ -329,7 +349,7 @@ def evaluate_model(claim: dict, cells: dict, model: str, baseline: str) -> dict:
     collapsed = [r for r in var_rows if r["status"] == "collapsed"]
     if collapsed:
         step = collapsed[0].get("first_nonfinite_step")
-        out.update(verdict="does_not_hold", reason=f"{model}/{variant} collapsed (non-finite loss"
+        out.update(verdict="falls_short", reason=f"{model}/{variant} collapsed (non-finite loss"
                    + (f" at step {step}" if step is not None else "") + f", seed {collapsed[0]['seed']})")
         return out
     if not base_rows:
@@ -354,12 +374,11 @@ def evaluate_model(claim: dict, cells: dict, model: str, baseline: str) -> dict:
         return out
     stats = _stats(list(out["values"].values()))
     out.update(stats)
-    holds = in_band(claim, stats["median"])
-    out["verdict"] = "holds" if holds else "does_not_hold"
-    out["borderline"] = len({in_band(claim, stats[k]) for k in ("min", "median", "max")}) > 1
+    out["verdict"] = verdict_for(claim, stats["median"])
+    out["borderline"] = len({verdict_for(claim, stats[k]) for k in ("min", "median", "max")}) > 1
     out["measured_text"] = measured_text(metric, stats)
     out["reason"] = (f"{model}: {out['measured_text']}"
-                     + ("" if holds else f", {_direction(claim, stats['median'])}")
+                     + ("" if out["verdict"] == "holds" else f", {_direction(claim, stats['median'])}")
                      + (" (the spread straddles the band edge)" if out["borderline"] else ""))
     return out
 
@@ -389,11 +408,12 @@ def _aggregate(per_model: list[dict]) -> dict:
     if not measurable:
         return {"verdict": "not_measurable", "reason": _grouped_reasons(per_model)}
     verdicts = {r["verdict"] for r in measurable}
-    verdict = verdicts.pop() if len(verdicts) == 1 else "does_not_hold"
+    verdict = next(v for v in WORST_FIRST if v in verdicts)
     reason = "; ".join(r["reason"] for r in measurable)
-    if len({r["verdict"] for r in measurable}) > 1:
-        good = [r["model"] for r in measurable if r["verdict"] == "holds"]
-        reason = f"holds only for {', '.join(good)} of {len(measurable)} models: " + reason
+    if len(verdicts) > 1:
+        split = "; ".join(f"{VERDICT_TEXT[v]} for {', '.join(r['model'] for r in measurable if r['verdict'] == v)}"
+                          for v in reversed(WORST_FIRST) if v in verdicts)
+        reason = f"{split} (of {len(measurable)} models): " + reason
     missing = [r for r in per_model if r["verdict"] == "not_measurable"]
     if missing:
         reason += "; not measured: " + _grouped_reasons(missing)
@@ -402,15 +422,30 @@ def _aggregate(per_model: list[dict]) -> dict:
 
 def evaluate_claim(claim: dict, summary: dict, sanity: dict | None = None, archs: dict | None = None,
                    use_override: bool = True, data: dict | None = None) -> dict:
-    """The verdict of one claim on this run, with every number behind it."""
-    archs = archs or {}
+    """The verdict of one claim on this run, with every number behind it; where this run cannot judge it, the proxy
+    models (if the claim names some) are judged as context."""
+    result = _judge(claim, summary, sanity, archs or {}, use_override, data)
+    if result["verdict"] == "not_measurable" and claim.get("proxy"):
+        proxy_claim = {key: value for key, value in claim.items() if key not in ("proxy", "not_measurable")}
+        proxy_claim.update(models=claim["proxy"]["models"], model="/".join(claim["proxy"]["models"]))
+        proxy = _judge(proxy_claim, summary, sanity, archs or {}, False, data)
+        result["proxy"] = {"note": claim["proxy"]["note"], "models": claim["proxy"]["models"],
+                           "verdict": proxy["verdict"], "verdict_text": proxy["verdict_text"],
+                           "reason": proxy["reason"], "measured_text": proxy["measured_text"],
+                           "by_baseline": proxy["by_baseline"]}
+    return result
+
+
+def _judge(claim: dict, summary: dict, sanity: dict | None, archs: dict, use_override: bool,
+           data: dict | None) -> dict:
     cells = _index(summary)
     present = list(dict.fromkeys(c["model"] for c in summary.get("cells", [])))
     result = {
         "id": claim["id"], "statement": claim["statement"], "model": claim["model"], "models": claim["models"],
         "metric": claim["metric"], "variant": claim["variant"], "baselines": claim["baseline"],
         "claimed": claim["claimed"], "tolerance": claim["tolerance"], "claimed_text": claimed_text(claim),
-        "source": claim["source"], "note": claim.get("note", ""), "by_baseline": {}, "matched_models": [],
+        "source": claim["source"], "note": claim.get("note", ""), "caveats": claim.get("caveats", []),
+        "by_baseline": {}, "matched_models": [],
     }
 
     def not_measurable(reason: str) -> dict:
@@ -419,15 +454,7 @@ def evaluate_claim(claim: dict, summary: dict, sanity: dict | None = None, archs
         return result
 
     if use_override and claim.get("not_measurable"):
-        not_measurable(claim["not_measurable"])
-        if claim.get("proxy"):
-            proxy_claim = {**claim, "models": claim["proxy"]["models"], "model": "/".join(claim["proxy"]["models"])}
-            proxy = evaluate_claim(proxy_claim, summary, sanity, archs, use_override=False, data=data)
-            result["proxy"] = {"note": claim["proxy"]["note"], "models": claim["proxy"]["models"],
-                               "verdict": proxy["verdict"], "verdict_text": proxy["verdict_text"],
-                               "reason": proxy["reason"], "measured_text": proxy["measured_text"],
-                               "by_baseline": proxy["by_baseline"]}
-        return result
+        return not_measurable(claim["not_measurable"])
     models = matching_models(claim["models"], present, archs, data)
     named = {m.lower() for m in claim["models"]}
     # A variant of the architecture (e.g. vit_b_16_compile) counts only where it ran the claim's variant precision.

@@ -28,6 +28,7 @@ PRECISION_ORDER = ["fp32", "tf32", "amp_fp16", "amp_bf16", "apex_o1", "apex_o2"]
 PRECISION_COLOR = {"fp32": "#4c566a", "tf32": "#8f9bb3", "amp_fp16": "#d1495b", "amp_bf16": "#edae49",
                    "apex_o1": "#00798c", "apex_o2": "#30638e"}
 BASELINE_LABEL = {"fp32": "strict FP32", "tf32": "TF32"}
+VERDICT_COLOR = {"holds": "#1a7f37", "exceeds": "#175cd3", "falls_short": "#b42318"}  # as the badges in report.css
 GIB = 2**30
 esc = html.escape
 
@@ -167,9 +168,9 @@ def glance_html(data: dict, title: str = "") -> str:
         + "</div>")
     if data.get("claims") is not None:
         c = claims_mod.counts(data["claims"])
-        parts.append(f"<b>Claims:</b> {len(data['claims'])} evaluated: {c['holds']} hold, {c['does_not_hold']} do not "
-                     f"hold, {c['depends_on_baseline']} depend on the baseline, {c['not_measurable']} not measurable "
-                     "here.")
+        parts.append(f"<b>Claims:</b> {len(data['claims'])} evaluated: {c['holds']} hold, {c['exceeds']} exceed the "
+                     f"claim (better than claimed), {c['falls_short']} fall short, {c['depends_on_baseline']} depend "
+                     f"on the baseline, {c['not_measurable']} not measurable here.")
         parts.append(claims_glance_table(data["claims"]))
     return '<section class="glance">' + "".join(parts) + "</section>"
 
@@ -185,6 +186,8 @@ def claims_glance_table(results: list[dict]) -> str:
     rows = []
     for r in results:
         detail = shorten(r["measured_text"] if r["verdict"] != "not_measurable" else r["reason"])
+        if r.get("caveats"):
+            detail += f" ({len(r['caveats'])} caveats: see Claims)"
         rows.append({"claim": f"<b>{esc(r['id'])}</b><br>{esc(r['statement'])}", "verdict": verdict_badge(r),
                      "claimed": esc(r["claimed_text"]), "detail": esc(detail)})
     return html_table(rows, [("claim", "claim"), ("verdict", "verdict on this run"), ("claimed", "claimed"),
@@ -229,6 +232,9 @@ def claims_detail_html(results: list[dict]) -> str:
                        f"</b> {esc(outcome)}. {esc(p['note'])}</span>")
         if r.get("note"):
             per.append(f"<span class='small'>Note: {esc(r['note'])}</span>")
+        if r.get("caveats"):
+            per.append("<span class='small'><b>Caveats:</b></span><ul class='caveats small'>"
+                       + "".join(f"<li>{esc(c)}</li>" for c in r["caveats"]) + "</ul>")
         rows.append({"claim": f"<b>{esc(r['id'])}</b><br>{esc(r['statement'])}", "source": source, "tested": tested,
                      "claimed": esc(r["claimed_text"]) + f"<br><span class='small'>tolerance {r['tolerance']:g}</span>",
                      "verdict": verdict_badge(r), "measured": "<br>".join(per)})
@@ -268,7 +274,7 @@ def claims_chart(results: list[dict], summary: dict):
             finite_high = high if high != float("inf") else max(m["max"], low) + abs(low) * 0.25 + 0.05
             ax.barh(y, (finite_high - finite_low) * scale, left=finite_low * scale, height=0.6, color="#b7dfc2",
                     alpha=0.7, label="claimed (with tolerance)" if y == 0 else None)
-            color = {"holds": "#1a7f37", "does_not_hold": "#b42318"}.get(m["verdict"], "#475467")
+            color = VERDICT_COLOR.get(m["verdict"], "#475467")
             ax.errorbar(m["median"] * scale, y, xerr=[[(m["median"] - m["min"]) * scale], [(m["max"] - m["median"]) * scale]],
                         fmt="o", color=color, capsize=4, label="measured: median, min–max over seeds" if y == 0 else None)
             ax.annotate(claims_mod.fmt_value(metric, m["median"]), (m["median"] * scale, y), textcoords="offset points",
@@ -276,7 +282,8 @@ def claims_chart(results: list[dict], summary: dict):
         ax.set_yticks(range(len(rows)), [f"{r['id']}\n{model} vs {BASELINE_LABEL.get(b, b)}" for r, b, model, _ in rows],
                       fontsize=7.5)
         ax.invert_yaxis()
-        ax.set_xlabel(label)
+        better = "right" if claims_mod.HIGHER_IS_BETTER[metric] else "left"
+        ax.set_xlabel(f"{label}; {better} of the band = better than claimed (blue: exceeds, red: falls short)")
         ax.set_title(f"Claims ({metric.replace('_', ' ')}): measured against the claimed band")
         ax.legend(fontsize=7.5, loc="lower right")
     fig.tight_layout()
@@ -534,6 +541,177 @@ def memory_chart(summary: dict):
     fig.suptitle(f"Peak memory: {what}; lower is better; error bars span min–max over seeds", fontsize=10)
     fig.tight_layout()
     return fig
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Where the allocator peak goes (the 7B cells), and their derived epoch time
+
+# summary.csv columns of a cell that records how its allocator peak splits (the 7B cells do), in stacking order.
+MEMORY_PARTS = {"mem_weights_bytes": "weights", "mem_gradients_bytes": "gradients",
+                "mem_optimizer_state_bytes": "optimizer state", "mem_master_weights_bytes": "FP32 master weights",
+                "mem_activations_bytes": "activations and workspace"}
+PART_COLOR = {"mem_weights_bytes": "#30638e", "mem_gradients_bytes": "#00798c",
+              "mem_optimizer_state_bytes": "#8f9bb3", "mem_master_weights_bytes": "#5b3fa6",
+              "mem_activations_bytes": "#edae49"}
+ESTIMATE_COLUMN = "mem_estimate_total_bytes"
+EPOCH_COLUMN = "epoch_hours_derived"
+BREAKDOWN_WHY = (
+    "With FP32 master weights, the weights (4 bytes per parameter), gradients (4) and AdamW's two moments (8) stay "
+    "FP32 in every precision, 16 bytes per parameter, while AMP changes only the activations and workspace "
+    "(lower-precision activations, and the low-precision copies of the weights it casts), which activation "
+    "checkpointing has already made a small part of the peak: so at this size AMP saves little memory, and apex O2, "
+    "which keeps FP16 model weights next to its FP32 master weights, can need more.")
+
+
+def _epoch_tokens(row, runs_dir: str | None):
+    """The token count a cell's derived epoch time is for: summary.csv's epoch_tokens, else the cell's metrics.json."""
+    if pd.notna(row.get("epoch_tokens")):
+        return int(row["epoch_tokens"])
+    path = Path(runs_dir or "") / str(row["model"]) / str(row["precision"]) / f"seed{int(row['seed'])}" / "metrics.json"
+    if runs_dir and path.exists():
+        value = read_json(str(path)).get("epoch_tokens")
+        return int(value) if value else None
+    return None
+
+
+def breakdown_frame(table: str, runs_dir: str | None = None) -> pd.DataFrame:
+    """The cells of summary.csv that record a memory breakdown or a pre-run estimate (the 7B cells), one row each,
+    with the token count of their derived epoch time."""
+    frame = pd.read_csv(table)
+    columns = [c for c in (*MEMORY_PARTS, ESTIMATE_COLUMN) if c in frame]
+    if not columns:
+        return pd.DataFrame()
+    frame = frame[frame[columns].notna().any(axis=1)].copy()
+    if frame.empty:
+        return frame
+    frame["epoch_tokens"] = [_epoch_tokens(row, runs_dir) for _, row in frame.iterrows()]
+    frame["precision"] = pd.Categorical(frame["precision"], PRECISION_ORDER, ordered=True)
+    return frame.sort_values(["model", "precision", "seed"]).reset_index(drop=True)
+
+
+def _gib(value) -> str:
+    return f"{value / GIB:,.1f}" if pd.notna(value) else ""
+
+
+def _parts_here(frame: pd.DataFrame) -> list[str]:
+    return [c for c in MEMORY_PARTS if c in frame and frame[c].notna().any()]
+
+
+def _epoch_header(frame: pd.DataFrame) -> tuple[str, bool]:
+    """The epoch column's title, and whether it states the one token count every row shares."""
+    counts = set(frame.loc[frame[EPOCH_COLUMN].notna(), "epoch_tokens"].dropna()) if EPOCH_COLUMN in frame else set()
+    if len(counts) == 1:
+        return f"epoch time (h), derived from tokens/s for {int(next(iter(counts))):,} tokens", True
+    return "epoch time (h), derived from tokens/s", False
+
+
+def _epoch_cell(row, shared: bool) -> str:
+    hours = row.get(EPOCH_COLUMN)
+    if pd.isna(hours):
+        return ""
+    if pd.isna(row.get("epoch_tokens")):
+        return ""  # an epoch time whose token count is not recorded cannot be labelled: left out (the reason says so)
+    return f"{hours:,.2f}" if shared else f"{hours:,.2f} for {int(row['epoch_tokens']):,} tokens"
+
+
+def _breakdown_reason(row) -> str:
+    reason = row["reason"] if isinstance(row.get("reason"), str) else ""
+    if pd.notna(row.get(EPOCH_COLUMN)) and pd.isna(row.get("epoch_tokens")):
+        reason = "; ".join(p for p in (reason, "epoch time left out: its token count is not recorded") if p)
+    return reason
+
+
+def fixed_share_text(sub: pd.DataFrame) -> str:
+    """How much of the strict-FP32 peak is weights, gradients and optimizer state, from the cell's own numbers."""
+    fp32 = sub[(sub["precision"].astype(str) == "fp32") & (sub["status"] == "ok")]
+    if fp32.empty or pd.isna(fp32.iloc[0].get("peak_allocated_bytes")):
+        return ""
+    row = fp32.iloc[0]
+    parts = [c for c in MEMORY_PARTS if c != "mem_activations_bytes" and pd.notna(row.get(c))]
+    if not parts:
+        return ""
+    fixed = sum(row[c] for c in parts)
+    names = [MEMORY_PARTS[c] for c in parts]
+    named = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+    text = (f"In strict FP32 here, {named} take {_gib(fixed)} GiB of the "
+            f"{_gib(row['peak_allocated_bytes'])} GiB allocator peak ({fixed / row['peak_allocated_bytes']:.0%})")
+    if pd.notna(row.get("mem_activations_bytes")):
+        text += f"; activations and workspace {_gib(row['mem_activations_bytes'])} GiB"
+    return text + "."
+
+
+def breakdown_table_html(sub: pd.DataFrame) -> str:
+    parts = _parts_here(sub)
+    epoch_title, shared = _epoch_header(sub)
+    columns = [("precision", "precision"), ("seed", "seed"), ("status", "status"),
+               ("peak", "allocator peak (GiB)")] + [(c, f"{MEMORY_PARTS[c]} (GiB)") for c in parts]
+    if ESTIMATE_COLUMN in sub:
+        columns.append(("estimate", "estimate before the run (GiB)"))
+    columns += [("throughput", "throughput"), ("epoch", epoch_title), ("reason", "reason")]
+    rows = []
+    for _, row in sub.iterrows():
+        unit = row["throughput_unit"] if isinstance(row.get("throughput_unit"), str) else ""
+        rows.append({"precision": str(row["precision"]), "seed": int(row["seed"]), "status": row["status"],
+                     "peak": _gib(row.get("peak_allocated_bytes")), **{c: _gib(row[c]) for c in parts},
+                     "estimate": _gib(row.get(ESTIMATE_COLUMN)),
+                     "throughput": (f"{row['throughput_per_s']:,.0f} {unit}".strip()
+                                    if pd.notna(row.get("throughput_per_s")) else ""),
+                     "epoch": _epoch_cell(row, shared), "reason": _breakdown_reason(row)})
+    numeric = {"seed", "peak", "estimate", "throughput", "epoch", *parts}
+    return html_table(rows, columns, classes="breakdown", numeric=numeric,
+                      row_class=lambda r: f"status-{r['status']}")
+
+
+def breakdown_chart(frame: pd.DataFrame):
+    """Per model, one stacked bar per cell: the parts of its allocator peak (GiB), with the peak and the estimate."""
+    models = list(dict.fromkeys(frame["model"]))
+    fig, axes = _per_model_axes(models, height=3.8)
+    for ax, model in zip(axes, models):
+        sub = frame[(frame["model"] == model) & (frame["status"] == "ok")]
+        parts = _parts_here(sub)
+        sub = sub[sub[parts].notna().any(axis=1)] if parts else sub.iloc[0:0]
+        if sub.empty:
+            _no_data(ax, "no cell ran")
+            ax.set_title(f"{model}: allocator peak by part")
+            continue
+        several_seeds = sub["seed"].nunique() > 1
+        labels = [f"{p}/s{s}" if several_seeds else str(p) for p, s in zip(sub["precision"], sub["seed"])]
+        xs = list(range(len(sub)))
+        bottom = [0.0] * len(sub)
+        for column in parts:
+            heights = (sub[column].fillna(0) / GIB).tolist()
+            ax.bar(xs, heights, bottom=bottom, color=PART_COLOR[column], label=MEMORY_PARTS[column])
+            bottom = [b + h for b, h in zip(bottom, heights)]
+        ax.scatter(xs, sub["peak_allocated_bytes"] / GIB, marker="_", s=900, color="black", zorder=3,
+                   label="allocator peak (measured)")
+        if ESTIMATE_COLUMN in sub and sub[ESTIMATE_COLUMN].notna().any():
+            ax.scatter(xs, sub[ESTIMATE_COLUMN] / GIB, marker="x", color="#b42318", zorder=3,
+                       label="estimate before the run")
+        ax.set_xticks(xs, labels, rotation=20)
+        ax.set_ylabel("GiB")
+        ax.set_title(f"{model}: allocator peak by part")
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.suptitle("Where the peak memory goes: weights, gradients and optimizer state against activations", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def breakdown_html(table: str, runs_dir: str | None = None) -> str:
+    """The section for the cells that record a memory breakdown: why, a table per model, and the stacked bars."""
+    frame = breakdown_frame(table, runs_dir)
+    if frame.empty:
+        return ("<p>No cell of this run records how its peak memory splits into weights, gradients, optimizer state "
+                "and activations (the paper preset's 7B cells do).</p>")
+    parts = [f"<p>{esc(BREAKDOWN_WHY)}</p>"]
+    for model in dict.fromkeys(frame["model"]):
+        sub = frame[frame["model"] == model]
+        parts.append(f"<h3>{esc(model)}</h3>")
+        share = fixed_share_text(sub)
+        if share:
+            parts.append(f"<p>{esc(share)}</p>")
+        parts.append(breakdown_table_html(sub))
+    parts.append(figure_html(breakdown_chart(frame), "memory breakdown chart"))
+    return "".join(parts)
 
 
 def speedup_chart(summary: dict):
