@@ -84,6 +84,13 @@ def estimate_for_cell(model_config: dict, precision: str, device) -> dict | None
                     free_bytes(device))
 
 
+def allocated_reader(device):
+    """torch.cuda.memory_allocated for a GPU; None on the CPU, which has no allocator statistics."""
+    import torch
+
+    return (lambda: torch.cuda.memory_allocated(device)) if device.type == "cuda" else None
+
+
 def does_not_fit(estimate: dict | None) -> bool:
     return bool(estimate and estimate["free_bytes_at_start"] is not None
                 and estimate["total_bytes"] > estimate["free_bytes_at_start"])
@@ -111,16 +118,13 @@ class Breakdown:
     (weights + gradients, + FP32 masters and their gradients under apex O2) and just after it (+ optimizer state).
     What the peak holds beyond those is activations and workspace."""
 
-    def __init__(self, device, optimizer):
-        import torch
-
-        self.cuda = device.type == "cuda"
-        self.optimizer = optimizer
+    def __init__(self, optimizer, allocated=None):
+        """allocated() gives the bytes allocated now; None (the CPU) reads nothing and reports None."""
+        self.optimizer, self.allocated = optimizer, allocated
         self.readings: dict[str, int] = {}
-        if not self.cuda:
+        if allocated is None:
             return
-        self.allocated = lambda: torch.cuda.memory_allocated(device)
-        self.readings["weights"] = self.allocated()
+        self.readings["weights"] = allocated()
         self.hooks = [optimizer.register_step_pre_hook(self._before), optimizer.register_step_post_hook(self._after)]
 
     def _before(self, *_):
@@ -139,7 +143,7 @@ class Breakdown:
 
     def result(self, peak_allocated: int | None) -> dict:
         keys = ("weights", "gradients", "optimizer_state", "master_weights", "activations_and_workspace")
-        if not self.cuda or "after_step" not in self.readings:
+        if "after_step" not in self.readings:
             return dict.fromkeys(keys)
         weights, before, after = (self.readings[k] for k in ("weights", "before_step", "after_step"))
         master = self.master_weights()

@@ -248,7 +248,7 @@ def train_cell(spec: dict, apex: dict, dist, device, base: dict) -> tuple[dict, 
     optimizer = make_optimizer(optimizer_name, model.parameters(), train["lr"], train.get("weight_decay", 0.0), device)
     wrap = lambda m: dist.wrap(m, device, model_config.get("sync_batchnorm", False))  # noqa: E731
     trainer = precision.Trainer(spec["precision"], model, optimizer, cross_entropy, device, wrap=wrap)
-    breakdown = memory.Breakdown(device, trainer.optimizer)
+    breakdown = memory.Breakdown(trainer.optimizer, memory.allocated_reader(device))
     return train_loop(spec, dist, device, base, model, batches, trainer, breakdown,
                       {"tf32": tf32, "optimizer": optimizer_name})
 
