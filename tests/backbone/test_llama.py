@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from amprepro import flops, memory, models, summary, train
+from amprepro import config, flops, memory, models, summary, train
 
 NO_APEX = {"status": "skipped", "reason": "no apex source configured"}
 VOCAB, DIM, LAYERS, FFN = 32000, 4096, 32, 11008
@@ -23,6 +23,10 @@ def tiny_spec(precision="fp32", steps=6, **model):
             "model_config": {"arch": "llama_tiny", "data": "synthetic_tokens", "batch_size": 2, "seq_len": 32,
                              "epoch_tokens": 1_000_000_000, **model},
             "train": {"steps": steps, "warmup_steps": 2, "lr": 0.003, "optimizer": "adamw"}}
+
+
+def test_config_knows_the_llama_archs():
+    assert set(config.LLAMA_ARCHS) == set(models.LLAMA_SIZES)
 
 
 def test_7b_is_built_on_the_meta_device_with_the_llama_parameter_count():
