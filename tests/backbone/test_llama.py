@@ -13,7 +13,7 @@ NO_APEX = {"status": "skipped", "reason": "no apex source configured"}
 VOCAB, DIM, LAYERS, FFN = 32000, 4096, 32, 11008
 PARAMETERS_7B = VOCAB * DIM + LAYERS * (4 * DIM**2 + 3 * DIM * FFN + 2 * DIM) + DIM + DIM * VOCAB
 MATMUL_7B = LAYERS * (4 * DIM**2 + 3 * DIM * FFN) + DIM * VOCAB  # every Linear; not the embedding, not the norms
-# Bytes per parameter of weights + gradients + optimizer state + master weights, and of the cast cache per matmul weight.
+# Bytes per parameter of weights + gradients + optimizer state + master weights; of the cast cache per matmul weight.
 BYTES_7B = {"fp32": (16, 0), "tf32": (16, 0), "amp_bf16": (16, 2), "amp_fp16": (16, 2), "apex_o1": (16, 2),
             "apex_o2": (2 + 2 + 4 + 4 + 8, 0)}
 
