@@ -243,12 +243,12 @@ def train_cell(spec: dict, apex: dict, dist, device, base: dict) -> tuple[dict, 
     if memory.does_not_fit(estimate):
         return memory.skip_record(base, estimate), []
     model = prepare_model(model_config, device)
-    batches = make_data(model_config, spec["seed"], device, model)
     optimizer_name = cell_optimizer(train, spec["precision"])
     optimizer = make_optimizer(optimizer_name, model.parameters(), train["lr"], train.get("weight_decay", 0.0), device)
     wrap = lambda m: dist.wrap(m, device, model_config.get("sync_batchnorm", False))  # noqa: E731
     trainer = precision.Trainer(spec["precision"], model, optimizer, cross_entropy, device, wrap=wrap)
-    breakdown = memory.Breakdown(trainer.optimizer, memory.allocated_reader(device))
+    breakdown = memory.Breakdown(trainer.optimizer, memory.allocated_reader(device))  # reads the weights: before data
+    batches = make_data(model_config, spec["seed"], device, model)
     return train_loop(spec, dist, device, base, model, batches, trainer, breakdown,
                       {"tf32": tf32, "optimizer": optimizer_name})
 
