@@ -57,6 +57,10 @@ def test_cell_spec_holds_only_its_own_model():
         ({"apex": {"cuda_arch_list": "sm_90"}}, "config.apex.cuda_arch_list"),
         ({"apex": {"colour": "red"}}, "config.apex"),
         ({"runs": {"train": {"warmup_steps": 500}}}, "runs.train.warmup_steps (model cnn)"),
+        ({"runs": {"models": {"cnn": {"activation_checkpointing": True}}}},
+         "runs.models.cnn.activation_checkpointing"),
+        ({"runs": {"models": {"cnn": {"epoch_tokens": 1000}}}}, "runs.models.cnn.epoch_tokens"),
+        ({"runs": {"train": {"apex_optimizer": "lamb"}}}, "config.runs.train.apex_optimizer"),
     ],
 )
 def test_bad_config_names_the_field(overrides, field):

@@ -42,3 +42,18 @@ def test_allocator_peak_memory_and_flops_are_reported():
                            NO_APEX, 4)
     assert metrics["peak_allocated_bytes"] > 0 and metrics["peak_reserved_bytes"] >= metrics["peak_allocated_bytes"]
     assert metrics["flops_per_step"] > 0 and metrics["achieved_tflops"] > 0
+
+
+@pytest.mark.parametrize("precision", ["fp32", "amp_bf16"])
+def test_llama_memory_breakdown_splits_the_allocator_peak(precision):
+    """Weights, gradients and fused-AdamW state are read from the real allocator around the first step."""
+    cell = spec("llama_tiny", "synthetic_tokens", precision, deterministic=False, steps=4, seq_len=64)
+    cell["train"]["optimizer"] = "adamw_fused"
+    metrics, _ = train.run(cell, NO_APEX, 4)
+    weights = metrics["parameters"] * 4
+    split = metrics["memory_breakdown_bytes"]
+    assert split["weights"] == pytest.approx(weights, rel=0.05)
+    assert split["gradients"] == pytest.approx(weights, rel=0.05)
+    assert split["optimizer_state"] == pytest.approx(2 * weights, rel=0.05)
+    assert split["master_weights"] is None and split["activations_and_workspace"] >= 0
+    assert metrics["memory_estimate"]["free_bytes_at_start"] > metrics["memory_estimate"]["total_bytes"]

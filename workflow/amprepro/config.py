@@ -12,6 +12,7 @@ import jsonschema
 import yaml
 
 SCHEMA_PATH = Path(__file__).resolve().parent.parent / "schemas" / "config.schema.yaml"
+LLAMA_ARCHS = ("llama", "llama_tiny")  # models.LLAMA_SIZES (not imported: no torch at DAG build time)
 
 
 class ConfigError(ValueError):
@@ -105,6 +106,7 @@ def resolve_runs(config: dict, presets_dir: Path, gpus: list[str], probe: str) -
     runs = deep_merge(preset, config.get("runs") or {})
     validate(runs, "runs_resolved", "runs")
     for model, settings in runs["models"].items():
+        check_model_settings(model, settings)
         train = deep_merge(runs["train"], settings.get("train", {}))
         if train["warmup_steps"] >= train["steps"]:
             raise ConfigError(
@@ -112,6 +114,20 @@ def resolve_runs(config: dict, presets_dir: Path, gpus: list[str], probe: str) -
                 f"leave no timed step out of {train['steps']}. Fix: make warmup_steps smaller than steps."
             )
     return runs, choice
+
+
+def check_model_settings(model: str, settings: dict) -> None:
+    """Settings that only mean something for some models: refuse them elsewhere rather than ignore them."""
+    if "activation_checkpointing" in settings and settings["arch"] not in LLAMA_ARCHS:
+        raise ConfigError(
+            f"Config error at runs.models.{model}.activation_checkpointing: arch {settings['arch']} has no "
+            f"checkpointed blocks (only {', '.join(LLAMA_ARCHS)}). Fix: remove the key or use a llama arch."
+        )
+    if "epoch_tokens" in settings and settings["data"] != "synthetic_tokens":
+        raise ConfigError(
+            f"Config error at runs.models.{model}.epoch_tokens: data {settings['data']} is not counted in tokens. "
+            "Fix: remove the key, or use it on a synthetic_tokens model."
+        )
 
 
 def cells(runs: dict) -> list[dict]:

@@ -1,10 +1,12 @@
-"""Models: a small CNN and a small transformer for smoke; ResNet-50, ViT-B/16 (torchvision) and a GPT for paper."""
+"""Models: a small CNN and a small transformer for smoke; ResNet-50, ViT-B/16 (torchvision), a GPT and a
+LLaMA-7B-shaped decoder for paper."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 from torch.nn import functional as F
+from torch.utils.checkpoint import checkpoint
 
 
 class SmallCNN(nn.Module):
@@ -105,6 +107,127 @@ class GPT(nn.Module):
 GPT_SIZES = {"gpt": {}, "gpt_tiny": {"vocab_size": 512, "layers": 2, "heads": 4, "dim": 128}}
 
 
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        normed = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + self.eps)
+        return normed.type_as(x) * self.weight
+
+
+def rotary_tables(seq_len: int, head_dim: int, device=None, base: float = 10000.0):
+    """cos and sin of rotary positions (LLaMA/GPT-NeoX half-split layout), (seq_len, head_dim), float32."""
+    inv_freq = 1.0 / base ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim)
+    angles = torch.outer(torch.arange(seq_len, device=device, dtype=torch.float32), inv_freq)
+    angles = torch.cat((angles, angles), dim=-1)
+    return angles.cos(), angles.sin()
+
+
+def rotate(x, cos, sin):
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos.to(x.dtype) + rotated * sin.to(x.dtype)
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, dim: int, heads: int):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(dim, 3 * dim, bias=False)  # q, k and v projections as one matmul
+        self.out = nn.Linear(dim, dim, bias=False)
+
+    def forward(self, x, cos, sin):
+        batch, seq, dim = x.shape
+        q, k, v = self.qkv(x).view(batch, seq, 3, self.heads, dim // self.heads).permute(2, 0, 3, 1, 4)
+        q, k = rotate(q, cos[:seq], sin[:seq]), rotate(k, cos[:seq], sin[:seq])
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.out(y.transpose(1, 2).reshape(batch, seq, dim))
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, dim: int, ffn_dim: int):
+        super().__init__()
+        self.gate_up = nn.Linear(dim, 2 * ffn_dim, bias=False)  # gate and up projections as one matmul
+        self.down = nn.Linear(ffn_dim, dim, bias=False)
+
+    def forward(self, x):
+        gate, up = self.gate_up(x).chunk(2, dim=-1)
+        return self.down(F.silu(gate) * up)
+
+
+class LlamaBlock(nn.Module):
+    def __init__(self, dim: int, heads: int, ffn_dim: int):
+        super().__init__()
+        self.attn_norm, self.attn = RMSNorm(dim), LlamaAttention(dim, heads)
+        self.ffn_norm, self.ffn = RMSNorm(dim), SwiGLU(dim, ffn_dim)
+
+    def forward(self, x, cos, sin):
+        x = x + self.attn(self.attn_norm(x), cos, sin)
+        return x + self.ffn(self.ffn_norm(x))
+
+
+class Llama(nn.Module):
+    """LLaMA-shaped decoder (RMSNorm, rotary positions, SwiGLU, untied embeddings); the default size is LLaMA-7B.
+
+    Build it on the meta device and call materialize(device): the weights are then allocated and initialised where
+    they will train, with no CPU copy (a 7B model is 27 GB in FP32). Each block is recomputed in the backward
+    (activation checkpointing) unless checkpointing is False.
+    """
+
+    def __init__(self, vocab_size: int = 32000, seq_len: int = 2048, layers: int = 32, heads: int = 32,
+                 dim: int = 4096, ffn_dim: int = 11008, checkpointing: bool = True):
+        super().__init__()
+        self.vocab_size, self.seq_len, self.layers, self.dim = vocab_size, seq_len, layers, dim
+        self.heads, self.ffn_dim, self.checkpointing = heads, ffn_dim, checkpointing
+        self.tok = nn.Embedding(vocab_size, dim)
+        self.blocks = nn.ModuleList(LlamaBlock(dim, heads, ffn_dim) for _ in range(layers))
+        self.norm = RMSNorm(dim)
+        self.lm_head = nn.Linear(dim, vocab_size, bias=False)
+        cos, sin = rotary_tables(seq_len, dim // heads)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+
+    def materialize(self, device) -> "Llama":
+        """Allocate the (meta) parameters on `device` and initialise them there; rotary tables are recomputed."""
+        self.to_empty(device=device)
+        with torch.no_grad():
+            for module in self.modules():
+                if isinstance(module, (nn.Linear, nn.Embedding)):
+                    nn.init.normal_(module.weight, std=0.02)
+                elif isinstance(module, RMSNorm):
+                    nn.init.ones_(module.weight)
+            cos, sin = rotary_tables(self.seq_len, self.dim // self.heads, device=device)
+            self.rope_cos.copy_(cos)
+            self.rope_sin.copy_(sin)
+        return self
+
+    def forward(self, idx):
+        x = self.tok(idx)
+        recompute = self.checkpointing and self.training and torch.is_grad_enabled()
+        for block in self.blocks:
+            if recompute:
+                x = checkpoint(block, x, self.rope_cos, self.rope_sin, use_reentrant=False)
+            else:
+                x = block(x, self.rope_cos, self.rope_sin)
+        return self.lm_head(self.norm(x))
+
+    def matmul_parameters(self) -> int:
+        """Parameters that are matmul weights (every Linear, the LM head included; not the embedding lookup)."""
+        return sum(m.weight.numel() for m in self.modules() if isinstance(m, nn.Linear))
+
+    def model_flops_per_token(self, seq_len: int) -> int:
+        """Training FLOPs per token of useful work, nanoGPT/PaLM style: 6 x matmul parameters (forward 2, backward 4)
+        + 12 x layers x width x seq_len (attention scores and weighted values, full square as the kernels count it).
+        The forward that activation checkpointing recomputes in the backward is not useful work and is not counted."""
+        return 6 * self.matmul_parameters() + 12 * self.layers * self.dim * seq_len
+
+
+LLAMA_SIZES = {"llama": {}, "llama_tiny": {"vocab_size": 256, "layers": 2, "heads": 4, "dim": 64, "ffn_dim": 172}}
+
+
 def unavailable_reason(arch: str) -> str | None:
     if arch == "vit_base_patch16_224":
         try:
@@ -126,6 +249,10 @@ def build(arch: str, model_config: dict) -> nn.Module:
         return TinyTransformer()
     if arch in GPT_SIZES:
         return GPT(seq_len=model_config.get("seq_len", 1024), **GPT_SIZES[arch])
+    if arch in LLAMA_SIZES:  # on the meta device: place() materialises it where it trains
+        with torch.device("meta"):
+            return Llama(seq_len=model_config.get("seq_len", 2048),
+                         checkpointing=model_config.get("activation_checkpointing", True), **LLAMA_SIZES[arch])
     if arch == "vit_base_patch16_224":
         import timm
 
@@ -141,3 +268,10 @@ def build(arch: str, model_config: dict) -> nn.Module:
 def parameter_count(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
+
+
+def place(model: nn.Module, device) -> nn.Module:
+    """Move a built model to its device; a model built on the meta device is materialised there instead."""
+    if isinstance(model, Llama):
+        return model.materialize(device)
+    return model.to(device)

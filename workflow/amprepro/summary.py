@@ -12,7 +12,17 @@ COLUMNS = [
     "step_time_p90_s", "peak_allocated_bytes", "peak_reserved_bytes", "peak_rss_bytes", "final_loss",
     "eval_accuracy", "skipped_steps", "first_nonfinite_step", "loss_scale_final", "speedup_vs_fp32",
     "speedup_vs_tf32", "memory_ratio_vs_fp32", "achieved_tflops", "mfu_vs_measured_peak", "mfu_vs_datasheet",
-    "energy_j_per_item",
+    "energy_j_per_item", "epoch_hours_derived", "mem_weights_bytes", "mem_gradients_bytes", "mem_optimizer_state_bytes",
+    "mem_master_weights_bytes", "mem_activations_bytes", "mem_estimate_total_bytes",
+]
+# Flat columns from metrics.json's nested memory records: (column, record, key).
+MEMORY_COLUMNS = [
+    ("mem_weights_bytes", "memory_breakdown_bytes", "weights"),
+    ("mem_gradients_bytes", "memory_breakdown_bytes", "gradients"),
+    ("mem_optimizer_state_bytes", "memory_breakdown_bytes", "optimizer_state"),
+    ("mem_master_weights_bytes", "memory_breakdown_bytes", "master_weights"),
+    ("mem_activations_bytes", "memory_breakdown_bytes", "activations_and_workspace"),
+    ("mem_estimate_total_bytes", "memory_estimate", "total_bytes"),
 ]
 KEY_PACKAGES = ["torch", "torchvision", "numpy", "scikit-learn", "snakemake", "papermill", "nbconvert", "apex"]
 
@@ -35,6 +45,14 @@ def add_relative(rows: list[dict]) -> list[dict]:
         row["speedup_vs_fp32"] = ratio(row.get("throughput_per_s"), fp32 and fp32["throughput_per_s"]) if ok else None
         row["speedup_vs_tf32"] = ratio(row.get("throughput_per_s"), tf32 and tf32["throughput_per_s"]) if ok else None
         row["memory_ratio_vs_fp32"] = ratio(peak_memory(row), fp32 and peak_memory(fp32)) if ok else None
+    return rows
+
+
+def add_memory(rows: list[dict], metrics: list[dict]) -> list[dict]:
+    """The measured split of the allocator peak (first training step) and the pre-allocation estimate, flattened."""
+    for row, m in zip(rows, metrics):
+        for column, record, key in MEMORY_COLUMNS:
+            row[column] = (m.get(record) or {}).get(key)
     return rows
 
 
@@ -77,7 +95,7 @@ def summarize(metric_files: list[str], environment: dict, apex: dict, preset: di
     rows = add_relative([{c: m.get(c) for c in COLUMNS if c in m} | {"model": m["model"], "precision": m["precision"],
                                                                      "seed": m["seed"], "status": m["status"]}
                          for m in metrics])
-    rows = add_mfu(rows, metrics, peak or {})
+    rows = add_memory(add_mfu(rows, metrics, peak or {}), metrics)
     counts = {status: sum(r["status"] == status for r in rows) for status in ("ok", "skipped", "collapsed", "failed")}
     return {"preset": preset, "cells": rows, "counts": counts, "versions": versions(environment, apex, metrics),
             "peak": peak or {}}

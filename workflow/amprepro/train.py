@@ -58,6 +58,13 @@ def make_optimizer(name: str, params, lr: float, weight_decay: float, device):
     return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=(name == "adamw_fused") or None)
 
 
+def cell_optimizer(train: dict, precision_name: str) -> str:
+    """The optimizer this cell uses: train.apex_optimizer for the apex cells where it is set, else train.optimizer."""
+    if precision_name.startswith("apex") and train.get("apex_optimizer"):
+        return train["apex_optimizer"]
+    return train["optimizer"]
+
+
 def optimizer_unsupported(name: str, device, apex: dict) -> str | None:
     if name == "apex_fused_adam" and (device.type != "cuda" or apex.get("status") != "built"):
         return "apex FusedAdam needs a CUDA GPU and a built apex"
@@ -137,23 +144,25 @@ def prepare_model(model_config: dict, device):
     model = models.build(model_config["arch"], model_config)
     if model_config.get("fused_layer_norm"):
         model = swap_layer_norms(model)
-    model = model.to(device)
+    model = models.place(model, device)
     if model_config.get("channels_last"):
         model = model.to(memory_format=torch.channels_last)
     return model
 
 
-def step_flops(trainer, x, y, world: int) -> int | None:
-    """FLOPs of one global training step (forward + backward; the counted step is not applied)."""
-    from amprepro import flops
+def step_flops(trainer, model, x, y, world: int) -> tuple[int | None, str]:
+    """FLOPs of one global training step (forward + backward; the counted step is not applied), and how counted."""
+    from amprepro import flops, models
 
+    if isinstance(model, models.Llama):  # counting would cost another (7B) step and would count the recompute
+        return model.model_flops_per_token(x.shape[1]) * x.numel() * world, "analytic"
     try:
         total = flops.count_training_flops(lambda: trainer.forward_loss(x, y).backward())
     except Exception as exc:  # counting is best effort: some custom kernels have no FLOP formula
         print(f"FLOP counting failed: {exc}", flush=True)
         total = None
     trainer.zero_grad()
-    return total * world if total else None
+    return (total * world if total else None), "FlopCounterMode"
 
 
 def run(spec: dict, apex: dict, threads: int, dist=None) -> tuple[dict, list[dict]]:
@@ -190,30 +199,66 @@ def failure_record(base: dict, exc: Exception) -> dict:
     traceback.print_exc()  # the whole traceback goes to the cell's log
     message = (str(exc).strip().splitlines() or [""])[0][:300]
     if isinstance(exc, torch.cuda.OutOfMemoryError):
-        return {**base, "status": "skipped",
+        return {**base, "status": "skipped", "skip_cause": "machine",
                 "reason": f"out of GPU memory at batch size {base['spec']['model_config']['batch_size']}: "
-                          f"lower batch_size for this model. {message}"}
+                          f"lower batch_size for this model. {message}{measured_need(base)}"}
     return {**base, "status": "failed",
             "reason": f"{type(exc).__name__}: {message} (traceback in the cell's log; after fixing, rerun with "
                       "snakemake --forcerun <this cell's metrics.json>)"}
 
 
-def train_cell(spec: dict, apex: dict, dist, device, base: dict) -> tuple[dict, list[dict]]:
+def measured_need(base: dict) -> str:
+    """What an out-of-memory cell had allocated at its peak, next to what it was estimated to need."""
     import torch
 
-    from amprepro import flops, measure, models, precision
+    from amprepro import memory
+
+    parts = []
+    if torch.cuda.is_available():
+        parts.append(f"allocator peak before the failure {memory.gib(torch.cuda.max_memory_allocated())}")
+    if base.get("memory_estimate"):
+        estimate = base["memory_estimate"]
+        parts.append(f"{memory.describe(estimate)}; free at start {memory.gib(estimate['free_bytes_at_start'])}")
+    return f" ({'; '.join(parts)})" if parts else ""
+
+
+def epoch_fields(model_config: dict, tokens_per_s: float) -> dict:
+    """The derived epoch time for the preset's stated token count (token models only): tokens / (tokens/s)."""
+    tokens = model_config.get("epoch_tokens")
+    if not tokens or model_config["data"] != "synthetic_tokens":
+        return {"epoch_tokens": tokens, "epoch_hours_derived": None}
+    return {"epoch_tokens": tokens, "epoch_hours_derived": tokens / tokens_per_s / 3600}
+
+
+def train_cell(spec: dict, apex: dict, dist, device, base: dict) -> tuple[dict, list[dict]]:
+    from amprepro import memory, precision
 
     model_config, train = spec["model_config"], spec["train"]
     if train.get("deterministic"):
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     seed_everything(spec["seed"], train.get("deterministic", False))
     tf32 = precision.configure_tf32(spec["precision"])
+    estimate = memory.estimate_for_cell(model_config, spec["precision"], device)
+    base["memory_estimate"] = estimate  # in place: failure_record names it when the cell runs out of memory anyway
+    if memory.does_not_fit(estimate):
+        return memory.skip_record(base, estimate), []
     model = prepare_model(model_config, device)
-    batches = make_data(model_config, spec["seed"], device, model)
-    optimizer = make_optimizer(train["optimizer"], model.parameters(), train["lr"], train.get("weight_decay", 0.0),
-                               device)
+    optimizer_name = cell_optimizer(train, spec["precision"])
+    optimizer = make_optimizer(optimizer_name, model.parameters(), train["lr"], train.get("weight_decay", 0.0), device)
     wrap = lambda m: dist.wrap(m, device, model_config.get("sync_batchnorm", False))  # noqa: E731
     trainer = precision.Trainer(spec["precision"], model, optimizer, cross_entropy, device, wrap=wrap)
+    breakdown = memory.Breakdown(trainer.optimizer, memory.allocated_reader(device))  # reads the weights: before data
+    batches = make_data(model_config, spec["seed"], device, model)
+    return train_loop(spec, dist, device, base, model, batches, trainer, breakdown,
+                      {"tf32": tf32, "optimizer": optimizer_name})
+
+
+def train_loop(spec, dist, device, base, model, batches, trainer, breakdown, settings) -> tuple[dict, list[dict]]:
+    import torch
+
+    from amprepro import flops, measure, models
+
+    model_config, train = spec["model_config"], spec["train"]
     if model_config.get("compile"):
         trainer.model = torch.compile(trainer.model)
 
@@ -242,7 +287,7 @@ def train_cell(spec: dict, apex: dict, dist, device, base: dict) -> tuple[dict, 
             print(f"step {step:5d} loss {loss:.4f} scale {scale} {timer.seconds * 1000:.1f} ms", flush=True)
     energy_end = energy.read_joules()
     # Counted after training, on the last batch, so counting changes neither the data order nor the timings.
-    flops_per_step = None if dist.active else step_flops(trainer, x, y, world=dist.world)
+    flops_per_step, flops_method = (None, None) if dist.active else step_flops(trainer, model, x, y, dist.world)
 
     items, unit = items_per_step(model_config)
     stats = measure.step_stats([r["step_time_s"] for r in rows], train["warmup_steps"], items)
@@ -251,6 +296,7 @@ def train_cell(spec: dict, apex: dict, dist, device, base: dict) -> tuple[dict, 
                                                        and checks["loss_scale_min"] < 1.0)
     achieved = flops_per_step / stats["step_time_median_s"] / 1e12 if flops_per_step else None
     timed_items = items * stats["timed_steps"]
+    memory_stats = measure.memory_stats(device)
     metrics = {
         **base,
         "status": "collapsed" if collapsed else "ok",
@@ -258,18 +304,21 @@ def train_cell(spec: dict, apex: dict, dist, device, base: dict) -> tuple[dict, 
                    f"{checks['loss_scale_min']}" if collapsed else ""),
         "throughput_unit": f"{unit}/s",
         **stats,
-        **measure.memory_stats(device),
+        **memory_stats,
+        "memory_breakdown_bytes": breakdown.result(memory_stats["peak_allocated_bytes"]),
         **checks,
         "final_loss": rows[-1]["loss"],
         "final_loss_mean10": sum(r["loss"] for r in rows[-10:]) / len(rows[-10:]),
         "eval_accuracy": evaluate(trainer, batches) if not dist.active else None,
         "parameters": models.parameter_count(model),
         "flops_per_step": flops_per_step,
+        "flops_method": flops_method,
         "achieved_tflops": achieved,
         "datasheet_peak_tflops": flops.datasheet_peak(base["hardware"]["gpu_name"], spec["precision"]),
         "energy_j_per_item": ((energy_end - energy_start) / timed_items
                               if energy_start is not None and energy_end is not None else None),
-        "tf32": tf32,
+        **epoch_fields(model_config, stats["throughput_per_s"]),
+        **settings,
         "wall_seconds": time.time() - started,
     }
     return metrics, rows

@@ -3,7 +3,7 @@ rule train:
     input:
         sanity="results/sanity/sanity.json",
         apex="results/apex/apex.json",
-        code=[f"{PKG}/{n}.py" for n in ("train", "models", "data", "precision", "measure", "flops", "distributed")],
+        code=[f"{PKG}/{n}.py" for n in ("train", "models", "memory", "data", "precision", "measure", "flops", "distributed")],
     output:
         metrics="results/runs/{model}/{precision}/seed{seed}/metrics.json",
         steps="results/runs/{model}/{precision}/seed{seed}/steps.csv",
