@@ -223,9 +223,10 @@ def check_metric(metric: str, rule: dict, here, stats: dict | None) -> dict:
 def describe_failure(key: str, check: dict) -> str:
     metric = check["metric"]
     label = METRIC_LABEL.get(metric, metric)
-    text = (f"{key}: {label} {_fmt(metric, check['here'])} vs reference median {_fmt(metric, check['reference'])}"
-            f" (runs {_fmt(metric, check.get('reference_min'))}–{_fmt(metric, check.get('reference_max'))}, "
-            f"n={check['reference_runs']})")
+    text = f"{key}: {label} {_fmt(metric, check['here'])} vs reference median {_fmt(metric, check['reference'])}"
+    if check["reference_runs"] > 1:
+        text += (f" (runs {_fmt(metric, check.get('reference_min'))}–{_fmt(metric, check.get('reference_max'))}, "
+                 f"n={check['reference_runs']})")
     if check.get("ratio") is not None:
         text += f" = {check['ratio']:.3f}× ({check['deviation_pct']:+.1f} %"
         if check.get("outside_pct") is not None:
@@ -328,8 +329,8 @@ def machine_here(summary: dict, runs_dir: str | Path | None, probe=None) -> dict
     if names:
         return {"gpu_count": len(names), "source": how, "gpus_seen_by_cells": seen}
     if seen:
-        return {"gpu_count": seen, "source": f"GPUs the cells saw ({how} where verify ran)", "gpus_seen_by_cells": seen}
-    return {"gpu_count": summary.get("versions", {}).get("gpu_count") or 0, "source": f"the summary ({how})",
+        return {"gpu_count": seen, "source": f"GPUs the cells saw; {how} where verify ran", "gpus_seen_by_cells": seen}
+    return {"gpu_count": summary.get("versions", {}).get("gpu_count") or 0, "source": f"the summary's GPU count; {how}",
             "gpus_seen_by_cells": None}
 
 
