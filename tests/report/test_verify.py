@@ -105,7 +105,7 @@ def test_changed_settings_make_a_cell_not_comparable():
     here = {k: json.loads(json.dumps(v)) for k, v in verify.cell_specs(GPU / "runs").items()}
     here["resnet50/fp32/0"]["model_config"]["batch_size"] = 128
     aggregate = reference.load_aggregate(REFERENCE_PASS / "nvidia-h200")
-    result = verify.compare(load(GPU_SUMMARY), aggregate, verify.load_tolerances(REFERENCE_PASS, "nvidia-h200"), here)
+    result = verify.compare(load(GPU_SUMMARY), aggregate, reference.load_tolerances(REFERENCE_PASS, "nvidia-h200"), here)
     (cell,) = [c for c in result["cells"] if c["cell"] == "resnet50/fp32/seed0"]
     assert cell["verdict"] == "not_comparable"
     assert "model_config.batch_size 256 in the reference, 128 here" in cell["note"]
@@ -113,29 +113,29 @@ def test_changed_settings_make_a_cell_not_comparable():
 
 
 def test_tolerance_overrides_and_bad_tolerance_file(tmp_path):
-    tolerances = verify.load_tolerances(REPO / "reference", None)
-    rule = verify.band_for(tolerances, {"model": "m", "precision": "apex_o1", "seed": 0})["throughput_per_s"]
+    tolerances = reference.load_tolerances(REPO / "reference", None)
+    rule = reference.band_for(tolerances, {"model": "m", "precision": "apex_o1", "seed": 0})["throughput_per_s"]
     assert rule == {"rel_floor": 0.10, "k": 2}
-    assert verify.band_for(tolerances, {"model": "m", "precision": "fp32", "seed": 0})["throughput_per_s"] == {
+    assert reference.band_for(tolerances, {"model": "m", "precision": "fp32", "seed": 0})["throughput_per_s"] == {
         "rel_floor": 0.08, "k": 2}
-    digits = verify.band_for(tolerances, {"model": "transformer", "precision": "fp32", "seed": 0})
+    digits = reference.band_for(tolerances, {"model": "transformer", "precision": "fp32", "seed": 0})
     assert "throughput_per_s" not in digits and digits["eval_accuracy"] == {"abs_floor": 0.02, "k": 2}
     for bad, field in [("{ratio: [0.9, 1.1]}", "metrics.throughput_per_s"), ("{rel_floor: 0.1}", "metrics.throughput_per_s"),
                        ("{rel_floor: 0.1, abs_floor: 1, k: 2}", "metrics.throughput_per_s")]:
         (tmp_path / "tolerances.yaml").write_text(f"metrics:\n  throughput_per_s: {bad}\n")
         with pytest.raises(verify.VerifyError, match=f"field {field}.*rel_floor: F, k: K"):
-            verify.load_tolerances(tmp_path, None)
+            reference.load_tolerances(tmp_path, None)
 
 
 def test_band_is_the_floor_for_one_run_and_k_times_the_spread_beyond_it():
     rule = {"rel_floor": 0.08, "k": 2}
-    one = verify.band(rule, {"median": 100.0, "min": 100.0, "max": 100.0, "n": 1})
+    one = reference.band(rule, {"median": 100.0, "min": 100.0, "max": 100.0, "n": 1})
     assert one["half_width"] == 0.08 and one["from"] == "floor" and "one run" in one["why"]
-    steady = verify.band(rule, {"median": 100.0, "min": 99.0, "max": 101.0, "n": 3})
+    steady = reference.band(rule, {"median": 100.0, "min": 99.0, "max": 101.0, "n": 3})
     assert steady["half_width"] == 0.08 and steady["from"] == "floor"
-    noisy = verify.band(rule, {"median": 100.0, "min": 95.0, "max": 105.0, "n": 3})
+    noisy = reference.band(rule, {"median": 100.0, "min": 95.0, "max": 105.0, "n": 3})
     assert noisy["half_width"] == pytest.approx(0.20) and noisy["from"] == "spread" and "3 runs" in noisy["why"]
-    accuracy = verify.band({"abs_floor": 0.02, "k": 2}, {"median": 0.9, "min": 0.88, "max": 0.9, "n": 2})
+    accuracy = reference.band({"abs_floor": 0.02, "k": 2}, {"median": 0.9, "min": 0.88, "max": 0.9, "n": 2})
     assert accuracy["half_width"] == pytest.approx(0.04) and accuracy["kind"] == "absolute"
     assert verify.check_metric("throughput_per_s", rule, 85.0, {"median": 100.0, "min": 95.0, "max": 105.0,
                                                                  "n": 3})["ok"] is True
@@ -147,7 +147,7 @@ def test_the_committed_h200_reference_under_its_own_bands():
     """Every committed run lies in the aggregate's bands; a benchmark model slowing down, or lost accuracy, fails."""
     folder = REPO / "reference/nvidia-h200"
     aggregate = reference.load_aggregate(folder)  # refuses an aggregate that does not match runs/
-    tolerances = verify.load_tolerances(REPO / "reference", "nvidia-h200")
+    tolerances = reference.load_tolerances(REPO / "reference", "nvidia-h200")
     runs = reference.read_runs(folder)
     assert aggregate["n_runs"] == len(runs) >= 1
     for run in runs:

@@ -26,6 +26,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import jsonschema
+import yaml
+
 from amprepro.files import read_json, write_json
 
 RUN_ID = re.compile(r"^\d{4}-\d{2}-\d{2}-[0-9a-f]{8}$")
@@ -70,6 +73,100 @@ def parse_summary_csv(text: str, where: str) -> list[dict]:
         parsed["seed"] = int(row["seed"])
         rows.append(parsed)
     return rows
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Band rules (reference/tolerances.yaml) and the band of one cell
+
+
+# Fallback where no tolerances.yaml exists (test fixtures); reference/tolerances.yaml states and justifies its own.
+DEFAULT_TOLERANCES = {
+    "metrics": {
+        "throughput_per_s": {"rel_floor": 0.10, "k": 2.0},
+        "peak_allocated_bytes": {"rel_floor": 0.05, "k": 2.0},
+        "final_loss": {"rel_floor": 0.05, "k": 2.0},
+    },
+    "overrides": [],
+}
+_RULE = {
+    "type": "object", "additionalProperties": False, "required": ["k"],
+    "oneOf": [{"required": ["rel_floor"]}, {"required": ["abs_floor"]}],
+    "properties": {
+        "rel_floor": {"type": "number", "exclusiveMinimum": 0, "maximum": 1,
+                      "description": "smallest half-width, relative to the reference median"},
+        "abs_floor": {"type": "number", "exclusiveMinimum": 0, "description": "smallest half-width, in the metric's unit"},
+        "k": {"type": "number", "minimum": 0, "description": "half-width = max(floor, k x the runs' observed range)"},
+    },
+}
+_METRIC_RULES = {"type": "object", "propertyNames": {"enum": AGGREGATED},
+                 "additionalProperties": {"oneOf": [_RULE, {"type": "null"}]}}
+TOLERANCE_SCHEMA = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "type": "object", "additionalProperties": False,
+    "properties": {
+        "metrics": _METRIC_RULES,
+        "overrides": {"type": "array", "items": {
+            "type": "object", "additionalProperties": False, "required": ["match", "metrics"],
+            "properties": {
+                "match": {"type": "object", "additionalProperties": False, "minProperties": 1, "properties": {
+                    "model": {"type": "array", "items": {"type": "string"}},
+                    "precision": {"type": "array", "items": {"type": "string"}},
+                    "seed": {"type": "array", "items": {"type": "integer"}}}},
+                "metrics": _METRIC_RULES,
+            }}},
+        "note": {"type": "string"},
+    },
+}
+
+
+def load_tolerances(reference_dir: Path, slug: str | None) -> dict:
+    """Defaults, then reference/tolerances.yaml, then reference/<slug>/tolerances.yaml (metric by metric)."""
+    merged = json.loads(json.dumps(DEFAULT_TOLERANCES))
+    sources = ["built-in defaults"]
+    for path in [Path(reference_dir) / "tolerances.yaml"] + ([Path(reference_dir) / slug / "tolerances.yaml"]
+                                                             if slug else []):
+        if not path.exists():
+            continue
+        data = yaml.safe_load(path.read_text()) or {}
+        errors = sorted(jsonschema.Draft202012Validator(TOLERANCE_SCHEMA).iter_errors(data),
+                        key=lambda e: -len(list(e.absolute_path)))
+        if errors:
+            where = ".".join(str(p) for p in errors[0].absolute_path) or "(top level)"
+            raise ReferenceError(f"{path}: field {where}: {errors[0].message}; each metric takes "
+                              "{rel_floor: F, k: K} or {abs_floor: F, k: K}, or null.")
+        merged["metrics"].update(data.get("metrics") or {})
+        merged["overrides"] += data.get("overrides") or []
+        sources.append(str(path))
+    merged["metrics"] = {k: v for k, v in merged["metrics"].items() if v}
+    merged["sources"] = sources
+    return merged
+
+
+def band_for(tolerances: dict, cell: dict) -> dict:
+    """metric -> its band rule ({rel_floor|abs_floor, k}) for this cell, overrides applied in order."""
+    rules = dict(tolerances["metrics"])
+    for override in tolerances.get("overrides", []):
+        match = override["match"]
+        if all(cell.get(key) in values for key, values in match.items()):
+            rules.update(override["metrics"])
+    return {k: v for k, v in rules.items() if v}
+
+
+def band(rule: dict, stats: dict) -> dict:
+    """The band around the reference median: half-width max(floor, k x observed range), and which one won."""
+    median, spread = stats["median"], stats["max"] - stats["min"]
+    if "rel_floor" in rule:
+        observed = spread / abs(median) if median else 0.0
+        floor, kind = rule["rel_floor"], "relative"
+    else:
+        observed, floor, kind = spread, rule["abs_floor"], "absolute"
+    half = max(floor, rule["k"] * observed)
+    from_spread = rule["k"] * observed > floor
+    why = (f"{rule['k']:g} x the observed range over {stats['n']} runs" if from_spread else
+           "the floor: one run, no spread" if stats["n"] == 1 else
+           f"the floor (the {stats['n']} runs' range x {rule['k']:g} is smaller)")
+    return {"kind": kind, "half_width": half, "from": "spread" if from_spread else "floor", "why": why,
+            "n_runs": stats["n"]}
 
 
 # ----------------------------------------------------------------------------------------------------------------------

@@ -25,57 +25,15 @@ import json
 import sys
 from pathlib import Path
 
-import jsonschema
-import yaml
-
 from amprepro import reference as ref_mod
 from amprepro.files import read_json, write_csv, write_json
-from amprepro.reference import ReferenceError, gpu_slug
+from amprepro.reference import ReferenceError, band, band_for, gpu_slug, load_tolerances
 
-# Fallback where no tolerances.yaml exists (test fixtures); reference/tolerances.yaml states and justifies its own.
-DEFAULT_TOLERANCES = {
-    "metrics": {
-        "throughput_per_s": {"rel_floor": 0.10, "k": 2.0},
-        "peak_allocated_bytes": {"rel_floor": 0.05, "k": 2.0},
-        "final_loss": {"rel_floor": 0.05, "k": 2.0},
-    },
-    "overrides": [],
-}
 METRIC_LABEL = {"throughput_per_s": "throughput", "peak_allocated_bytes": "peak GPU memory",
                 "peak_reserved_bytes": "peak reserved GPU memory", "final_loss": "final loss",
                 "eval_accuracy": "eval accuracy", "step_time_median_s": "median step time",
                 "speedup_vs_fp32": "speedup vs strict FP32", "speedup_vs_tf32": "speedup vs TF32",
                 "memory_ratio_vs_fp32": "memory ratio vs FP32"}
-COMPARABLE = list(METRIC_LABEL)
-_RULE = {
-    "type": "object", "additionalProperties": False, "required": ["k"],
-    "oneOf": [{"required": ["rel_floor"]}, {"required": ["abs_floor"]}],
-    "properties": {
-        "rel_floor": {"type": "number", "exclusiveMinimum": 0, "maximum": 1,
-                      "description": "smallest half-width, relative to the reference median"},
-        "abs_floor": {"type": "number", "exclusiveMinimum": 0, "description": "smallest half-width, in the metric's unit"},
-        "k": {"type": "number", "minimum": 0, "description": "half-width = max(floor, k x the runs' observed range)"},
-    },
-}
-_METRIC_RULES = {"type": "object", "propertyNames": {"enum": COMPARABLE},
-                 "additionalProperties": {"oneOf": [_RULE, {"type": "null"}]}}
-TOLERANCE_SCHEMA = {
-    "$schema": "https://json-schema.org/draft/2020-12/schema",
-    "type": "object", "additionalProperties": False,
-    "properties": {
-        "metrics": _METRIC_RULES,
-        "overrides": {"type": "array", "items": {
-            "type": "object", "additionalProperties": False, "required": ["match", "metrics"],
-            "properties": {
-                "match": {"type": "object", "additionalProperties": False, "minProperties": 1, "properties": {
-                    "model": {"type": "array", "items": {"type": "string"}},
-                    "precision": {"type": "array", "items": {"type": "string"}},
-                    "seed": {"type": "array", "items": {"type": "integer"}}}},
-                "metrics": _METRIC_RULES,
-            }}},
-        "note": {"type": "string"},
-    },
-}
 CSV_COLUMNS = ["model", "precision", "seed", "verdict", "status_here", "status_reference", "metric", "here",
                "reference", "ratio", "allowed", "deviation_pct", "reference_runs", "note"]
 VERDICTS = ("pass", "fail", "not_comparable_here", "not_comparable", "not_in_reference", "not_run_here")
@@ -83,7 +41,7 @@ VerifyError = ReferenceError  # one error type for a wrong reference, tolerance 
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# Reference and tolerance files
+# This run's files
 
 
 def reference_inputs(reference_dir: str | Path = "reference") -> list[str]:
@@ -92,56 +50,6 @@ def reference_inputs(reference_dir: str | Path = "reference") -> list[str]:
     if not folder.is_dir():
         return []
     return sorted(str(p) for p in folder.rglob("*") if p.is_file() and p.suffix in (".csv", ".json", ".yaml"))
-
-
-def load_tolerances(reference_dir: Path, slug: str | None) -> dict:
-    """Defaults, then reference/tolerances.yaml, then reference/<slug>/tolerances.yaml (metric by metric)."""
-    merged = json.loads(json.dumps(DEFAULT_TOLERANCES))
-    sources = ["built-in defaults"]
-    for path in [Path(reference_dir) / "tolerances.yaml"] + ([Path(reference_dir) / slug / "tolerances.yaml"]
-                                                             if slug else []):
-        if not path.exists():
-            continue
-        data = yaml.safe_load(path.read_text()) or {}
-        errors = sorted(jsonschema.Draft202012Validator(TOLERANCE_SCHEMA).iter_errors(data),
-                        key=lambda e: -len(list(e.absolute_path)))
-        if errors:
-            where = ".".join(str(p) for p in errors[0].absolute_path) or "(top level)"
-            raise VerifyError(f"{path}: field {where}: {errors[0].message}; each metric takes "
-                              "{rel_floor: F, k: K} or {abs_floor: F, k: K}, or null.")
-        merged["metrics"].update(data.get("metrics") or {})
-        merged["overrides"] += data.get("overrides") or []
-        sources.append(str(path))
-    merged["metrics"] = {k: v for k, v in merged["metrics"].items() if v}
-    merged["sources"] = sources
-    return merged
-
-
-def band_for(tolerances: dict, cell: dict) -> dict:
-    """metric -> its band rule ({rel_floor|abs_floor, k}) for this cell, overrides applied in order."""
-    rules = dict(tolerances["metrics"])
-    for override in tolerances.get("overrides", []):
-        match = override["match"]
-        if all(cell.get(key) in values for key, values in match.items()):
-            rules.update(override["metrics"])
-    return {k: v for k, v in rules.items() if v}
-
-
-def band(rule: dict, stats: dict) -> dict:
-    """The band around the reference median: half-width max(floor, k x observed range), and which one won."""
-    median, spread = stats["median"], stats["max"] - stats["min"]
-    if "rel_floor" in rule:
-        observed = spread / abs(median) if median else 0.0
-        floor, kind = rule["rel_floor"], "relative"
-    else:
-        observed, floor, kind = spread, rule["abs_floor"], "absolute"
-    half = max(floor, rule["k"] * observed)
-    from_spread = rule["k"] * observed > floor
-    why = (f"{rule['k']:g} x the observed range over {stats['n']} runs" if from_spread else
-           "the floor: one run, no spread" if stats["n"] == 1 else
-           f"the floor (the {stats['n']} runs' range x {rule['k']:g} is smaller)")
-    return {"kind": kind, "half_width": half, "from": "spread" if from_spread else "floor", "why": why,
-            "n_runs": stats["n"]}
 
 
 def cell_specs(runs_dir: str | Path | None) -> dict:
