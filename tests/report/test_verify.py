@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from amprepro import verify
+from amprepro import reference, verify
 from report_helpers import GPU, REFERENCE_FAIL, REFERENCE_PASS, REPO, SMOKE, workflow_with_results
 
 GPU_SUMMARY = GPU / "summary/summary.json"
@@ -26,29 +26,38 @@ def load(path: Path) -> dict:
     return json.loads(path.read_text())
 
 
+NO_SMI = (lambda: ([], "no nvidia-smi (test)"))
+
+
+def check(summary: dict, reference: Path, runs: Path | None = GPU / "runs") -> dict:
+    return verify.verify(summary, reference, runs, probe=NO_SMI)
+
+
 def test_slug():
     assert verify.gpu_slug("NVIDIA H200") == "nvidia-h200"
     assert verify.gpu_slug("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"
 
 
 def test_passing_fixture_passes():
-    result = verify.verify(load(GPU_SUMMARY), REFERENCE_PASS, GPU / "runs")
+    result = check(load(GPU_SUMMARY), REFERENCE_PASS)
     assert result["status"] == "pass", result["failures"]
     assert result["counts"]["pass"] == 36 and not result["failures"]
     assert result["message"].startswith("all 36 compared cells within tolerance")
+    assert "median of 1 run(s) on 1 machine(s), bands at their floor (one run)" in result["message"]
+    assert result["gate"] == {"result": "PASS", "exit_code": 0, "gpu_count": 1}
 
 
 def test_failing_fixture_names_the_cells_and_by_how_much():
-    result = verify.verify(load(GPU_SUMMARY), REFERENCE_FAIL, GPU / "runs")
-    assert result["status"] == "fail"
+    result = check(load(GPU_SUMMARY), REFERENCE_FAIL)
+    assert result["status"] == "fail" and result["gate"]["exit_code"] == 1
     text = "\n".join(result["failures"])
     # resnet50/amp_fp16: this run is 0.78x the reference (22 % slower), band 0.90-1.10: 13.3 % below its lower edge
     assert "resnet50/amp_fp16/seed0: throughput" in text and "0.780×" in text and "−22.0 %" in text.replace("-", "−")
-    assert "13.3 % below the band" in text and "allowed 0.9–1.1× reference" in text
+    assert "13.3 % below the band" in text and "allowed 0.9–1.1× reference median (the floor: one run" in text
     # vit_b_16/apex_o1/seed1: 12 % more peak memory, band 0.95-1.05
     assert "vit_b_16/apex_o1/seed1: peak GPU memory" in text and "1.120×" in text and "6.7 % above the band" in text
     # a cell that ran here and collapsed in the reference fails on status
-    assert "gpt124m/amp_bf16/seed1: status ok here, collapsed in the reference" in text
+    assert "gpt124m/amp_bf16/seed1: status ok here, 1 collapsed in the reference" in text
     assert result["counts"]["fail"] == 4
     failed = {c["cell"] for c in result["cells"] if c["verdict"] == "fail"}
     assert failed == {"resnet50/amp_fp16/seed0", "resnet50/amp_fp16/seed1", "vit_b_16/apex_o1/seed1",
@@ -62,8 +71,9 @@ def test_cli_compare_strict_and_gate_exit_codes(tmp_path):
     assert bad.returncode == 1, bad.stdout + bad.stderr
     assert "verify: FAIL: 4 of 36 cells out of tolerance" in bad.stdout
     assert "out of tolerance: resnet50/amp_fp16/seed0" in bad.stdout
+    assert load(out)["gate"]["result"] == "FAIL" and load(out)["machine"]["gpu_count"] >= 1
     gate = run_cli("gate", "--verify", str(out))
-    assert gate.returncode == 1 and "resnet50/amp_fp16/seed1" in gate.stdout
+    assert gate.returncode == 1 and "resnet50/amp_fp16/seed1" in gate.stdout and "gate FAIL, exit code 1" in gate.stdout
     assert "resnet50,amp_fp16,0,fail" in (tmp_path / "verify.csv").read_text()
     good = run_cli("compare", "--summary", str(GPU_SUMMARY), "--runs-dir", str(GPU / "runs"), "--reference-dir",
                    str(REFERENCE_PASS), "--json", str(out), "--strict")
@@ -72,8 +82,8 @@ def test_cli_compare_strict_and_gate_exit_codes(tmp_path):
 
 
 def test_no_reference_for_this_gpu_warns_and_exits_zero(tmp_path):
-    result = verify.verify(load(GPU_SUMMARY), tmp_path / "empty-reference", GPU / "runs")
-    assert result["status"] == "no_reference"
+    result = check(load(GPU_SUMMARY), tmp_path / "empty-reference")
+    assert result["status"] == "no_reference" and result["gate"]["exit_code"] == 0
     assert "no reference results for NVIDIA H200" in result["message"]
     out = run_cli("compare", "--summary", str(GPU_SUMMARY), "--reference-dir", str(tmp_path), "--strict")
     assert out.returncode == 0 and "verify: WARNING: no reference results for NVIDIA H200" in out.stdout
@@ -81,20 +91,21 @@ def test_no_reference_for_this_gpu_warns_and_exits_zero(tmp_path):
 
 
 def test_cpu_run_has_no_reference_and_the_repository_holds_no_made_up_data():
-    result = verify.verify(load(SMOKE / "summary/summary.json"), REPO / "reference", SMOKE / "runs")
+    result = check(load(SMOKE / "summary/summary.json"), REPO / "reference", SMOKE / "runs")
     assert result["status"] == "no_reference" and "no GPU" in result["message"]
-    for summary_csv in (REPO / "reference").glob("*/summary.csv"):  # every committed reference names its origin
+    runs = list((REPO / "reference").glob("*/runs/*/summary.csv"))
+    assert runs
+    for summary_csv in runs:  # every committed reference run names its origin and its machine
         provenance = load(summary_csv.parent / "provenance.json")
         assert provenance.get("gpu") and provenance.get("created_utc") and "FIXTURE" not in json.dumps(provenance)
+        assert provenance["machine"]["id"] and provenance["run_id"] == summary_csv.parent.name
 
 
 def test_changed_settings_make_a_cell_not_comparable():
-    ref_specs = verify.cell_specs(GPU / "runs")
-    here = {k: json.loads(json.dumps(v)) for k, v in ref_specs.items()}
+    here = {k: json.loads(json.dumps(v)) for k, v in verify.cell_specs(GPU / "runs").items()}
     here["resnet50/fp32/0"]["model_config"]["batch_size"] = 128
-    rows = verify.read_reference_rows(REFERENCE_PASS / "nvidia-h200/summary.csv")
-    result = verify.compare(load(GPU_SUMMARY), rows, verify.load_tolerances(REFERENCE_PASS, "nvidia-h200"), here,
-                            ref_specs)
+    aggregate = reference.load_aggregate(REFERENCE_PASS / "nvidia-h200")
+    result = verify.compare(load(GPU_SUMMARY), aggregate, reference.load_tolerances(REFERENCE_PASS, "nvidia-h200"), here)
     (cell,) = [c for c in result["cells"] if c["cell"] == "resnet50/fp32/seed0"]
     assert cell["verdict"] == "not_comparable"
     assert "model_config.batch_size 256 in the reference, 128 here" in cell["note"]
@@ -102,46 +113,112 @@ def test_changed_settings_make_a_cell_not_comparable():
 
 
 def test_tolerance_overrides_and_bad_tolerance_file(tmp_path):
-    tolerances = verify.load_tolerances(REPO / "reference", None)
-    assert verify.band_for(tolerances, {"model": "m", "precision": "apex_o1", "seed": 0})["throughput_per_s"] == {
-        "ratio": [0.85, 1.15]}
-    assert verify.band_for(tolerances, {"model": "m", "precision": "fp32", "seed": 0})["throughput_per_s"] == {
-        "ratio": [0.90, 1.10]}
-    digits = verify.band_for(tolerances, {"model": "transformer", "precision": "fp32", "seed": 0})
-    assert "throughput_per_s" not in digits and digits["eval_accuracy"] == {"abs": 0.02}
-    (tmp_path / "tolerances.yaml").write_text("metrics:\n  throughput_per_s: {ratio: [0.9]}\n")
-    with pytest.raises(verify.VerifyError, match="field metrics.throughput_per_s"):
-        verify.load_tolerances(tmp_path, None)
+    tolerances = reference.load_tolerances(REPO / "reference", None)
+    rule = reference.band_for(tolerances, {"model": "m", "precision": "apex_o1", "seed": 0})["throughput_per_s"]
+    assert rule == {"rel_floor": 0.10, "k": 2}
+    assert reference.band_for(tolerances, {"model": "m", "precision": "fp32", "seed": 0})["throughput_per_s"] == {
+        "rel_floor": 0.08, "k": 2}
+    digits = reference.band_for(tolerances, {"model": "transformer", "precision": "fp32", "seed": 0})
+    assert "throughput_per_s" not in digits and digits["eval_accuracy"] == {"abs_floor": 0.02, "k": 2}
+    for bad, field in [("{ratio: [0.9, 1.1]}", "metrics.throughput_per_s"), ("{rel_floor: 0.1}", "metrics.throughput_per_s"),
+                       ("{rel_floor: 0.1, abs_floor: 1, k: 2}", "metrics.throughput_per_s")]:
+        (tmp_path / "tolerances.yaml").write_text(f"metrics:\n  throughput_per_s: {bad}\n")
+        with pytest.raises(verify.VerifyError, match=f"field {field}.*rel_floor: F, k: K"):
+            reference.load_tolerances(tmp_path, None)
 
 
-def test_the_committed_h200_reference_under_the_committed_bands():
-    """A digits model moving by launch-bound noise passes; a benchmark model slowing down, or lost accuracy, fails."""
-    rows = verify.read_reference_rows(REPO / "reference/nvidia-h200/summary.csv")
-    tolerances = verify.load_tolerances(REPO / "reference", "nvidia-h200")
-    summary = {"cells": json.loads(json.dumps(rows))}
-    assert verify.compare(summary, rows, tolerances)["failures"] == []
+def test_band_is_the_floor_for_one_run_and_k_times_the_spread_beyond_it():
+    rule = {"rel_floor": 0.08, "k": 2}
+    one = reference.band(rule, {"median": 100.0, "min": 100.0, "max": 100.0, "n": 1})
+    assert one["half_width"] == 0.08 and one["from"] == "floor" and "one run" in one["why"]
+    steady = reference.band(rule, {"median": 100.0, "min": 99.0, "max": 101.0, "n": 3})
+    assert steady["half_width"] == 0.08 and steady["from"] == "floor"
+    noisy = reference.band(rule, {"median": 100.0, "min": 95.0, "max": 105.0, "n": 3})
+    assert noisy["half_width"] == pytest.approx(0.20) and noisy["from"] == "spread" and "3 runs" in noisy["why"]
+    accuracy = reference.band({"abs_floor": 0.02, "k": 2}, {"median": 0.9, "min": 0.88, "max": 0.9, "n": 2})
+    assert accuracy["half_width"] == pytest.approx(0.04) and accuracy["kind"] == "absolute"
+    assert verify.check_metric("throughput_per_s", rule, 85.0, {"median": 100.0, "min": 95.0, "max": 105.0,
+                                                                 "n": 3})["ok"] is True
+    assert verify.check_metric("throughput_per_s", rule, 85.0, {"median": 100.0, "min": 99.0, "max": 101.0,
+                                                                 "n": 3})["ok"] is False
+
+
+def test_the_committed_h200_reference_under_its_own_bands():
+    """Every committed run lies in the aggregate's bands; a benchmark model slowing down, or lost accuracy, fails."""
+    folder = REPO / "reference/nvidia-h200"
+    aggregate = reference.load_aggregate(folder)  # refuses an aggregate that does not match runs/
+    tolerances = reference.load_tolerances(REPO / "reference", "nvidia-h200")
+    runs = reference.read_runs(folder)
+    assert aggregate["n_runs"] == len(runs) >= 1
+    for run in runs:
+        summary = {"cells": json.loads(json.dumps(list(run.rows.values())))}
+        specs = {k: v for k, v in run.specs.items()}
+        outcome = verify.compare(summary, aggregate, tolerances, specs)
+        assert outcome["failures"] == [], run.id
+    summary = {"cells": json.loads(json.dumps(list(runs[-1].rows.values())))}
     by_name = {(c["model"], c["precision"]): c for c in summary["cells"]}
-    by_name["transformer", "fp32"]["throughput_per_s"] *= 1.27  # measured between two sessions
-    assert verify.compare(summary, rows, tolerances)["failures"] == []
+    by_name["transformer", "fp32"]["throughput_per_s"] *= 1.27  # a digits model: launch-bound, not compared
+    assert verify.compare(summary, aggregate, tolerances)["failures"] == []
     by_name["transformer", "fp32"]["eval_accuracy"] -= 0.03
     by_name["resnet50", "amp_fp16"]["throughput_per_s"] *= 0.85
-    failures = "\n".join(verify.compare(summary, rows, tolerances)["failures"])
+    failures = "\n".join(verify.compare(summary, aggregate, tolerances)["failures"])
     assert "transformer/fp32/seed0: eval accuracy" in failures and "resnet50/amp_fp16/seed0: throughput" in failures
 
 
-def test_promote_refuses_cpu_and_round_trips_a_gpu_run(tmp_path):
-    with pytest.raises(verify.VerifyError, match="no GPU"):
-        verify.promote(str(SMOKE / "summary/summary.json"), str(SMOKE / "summary/summary.csv"), str(SMOKE / "runs"),
-                       str(tmp_path))
-    folder = verify.promote(str(GPU_SUMMARY), str(GPU / "summary/summary.csv"), str(GPU / "runs"), str(tmp_path))
-    assert folder == tmp_path / "nvidia-h200"
-    assert load(folder / "provenance.json")["specs"]["resnet50/fp32/0"]["model_config"]["batch_size"] == 256
-    result = verify.verify(load(GPU_SUMMARY), tmp_path, GPU / "runs")
-    assert result["status"] == "pass" and result["counts"]["pass"] == 36
-    for check in (ch for c in result["cells"] for ch in c["checks"]):
-        assert check["ratio"] == pytest.approx(1.0)
-    with pytest.raises(verify.VerifyError, match="already holds a reference"):
-        verify.promote(str(GPU_SUMMARY), str(GPU / "summary/summary.csv"), str(GPU / "runs"), str(tmp_path))
+def with_cell(summary: dict, model: str, precision: str, **changes) -> dict:
+    summary = json.loads(json.dumps(summary))
+    for cell in summary["cells"]:
+        if (cell["model"], cell["precision"]) == (model, precision):
+            for key in ("throughput_per_s", "peak_allocated_bytes", "final_loss"):
+                cell[key] = None
+            cell.update(changes)
+    return summary
+
+
+def test_a_cell_this_machine_cannot_run_is_not_comparable_here_and_does_not_fail_the_gate():
+    summary = with_cell(load(GPU_SUMMARY), "gpt124m", "tf32", status="skipped", skip_cause="machine",
+                        skip_needs="2 GPUs", reason="this cell asks for 2 GPUs; 1 visible")
+    result = check(summary, REFERENCE_PASS)
+    assert result["status"] == "pass" and result["gate"]["exit_code"] == 0, result["failures"]
+    assert result["counts"]["not_comparable_here"] == 2 and result["counts"]["pass"] == 34
+    assert "2 not comparable here" in result["message"]
+    text = "\n".join(verify.report_lines(result))
+    assert "gpt124m/tf32/seed0 (this machine cannot run it: this cell asks for 2 GPUs; 1 visible)" in text
+
+
+@pytest.mark.parametrize("status, cause", [("skipped", "software"), ("skipped", None), ("failed", None),
+                                           ("collapsed", None)])
+def test_a_cell_missing_for_another_reason_still_fails(status, cause):
+    summary = with_cell(load(GPU_SUMMARY), "gpt124m", "tf32", status=status, skip_cause=cause,
+                        reason="vit_b_16 comes from torchvision, which is not importable here")
+    result = check(summary, REFERENCE_PASS)
+    assert result["status"] == "fail" and result["counts"]["fail"] == 2
+    assert f"gpt124m/tf32/seed0: status {status} here, 1 ok in the reference" in "\n".join(result["failures"])
+
+
+def test_a_cell_that_ran_and_disagrees_fails_even_when_others_are_not_comparable_here():
+    summary = with_cell(load(GPU_SUMMARY), "gpt124m", "tf32", status="skipped", skip_cause="machine", reason="x")
+    for cell in summary["cells"]:
+        if (cell["model"], cell["precision"], cell["seed"]) == ("resnet50", "fp32", 0):
+            cell["throughput_per_s"] *= 0.8
+    result = check(summary, REFERENCE_PASS)
+    assert result["status"] == "fail" and result["counts"]["fail"] == 1 and result["counts"]["not_comparable_here"] == 2
+
+
+def test_another_software_stack_or_gpu_count_is_said_first(tmp_path):
+    summary = load(GPU_SUMMARY)
+    summary["versions"]["torch"] = "2.13.0+cu130"
+    result = verify.verify(summary, REFERENCE_PASS, GPU / "runs", probe=lambda: (["NVIDIA H200"] * 2, "nvidia-smi"))
+    assert result["stack"]["same"] is False
+    texts = [d["text"] for d in result["stack"]["differences"]]
+    assert "torch: 2.13.0+cu130 here; 2.11.0+cu130 (1 run) in the reference" in texts
+    assert "GPU count: 2 here; 1 (1 run) in the reference" in texts
+    assert result["machine"]["gpu_count"] == 2 and result["gate"]["gpu_count"] == 2
+    lines = verify.report_lines(result)
+    assert lines[0].startswith("verify: NOTE: this run's software or machine differs")
+    assert lines[1].strip().startswith("torch: 2.13.0") and lines.index(next(x for x in lines if "PASS" in x)) > 1
+    same = check(load(GPU_SUMMARY), REFERENCE_PASS)  # the fixture's apex commit is a prefix of itself; driver same
+    assert same["stack"]["same"] and not verify.report_lines(same)[0].startswith("verify: NOTE")
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -179,6 +256,7 @@ def test_make_verify_on_the_fixture(tmp_path, reference, code):
     assert result.returncode == code, output[-6000:]
     assert "Rule: train" not in output and "rule train" not in output
     verdict = load(workdir / "results/verify/verify.json")
+    assert verdict["gate"]["exit_code"] == (1 if code else 0) and "gpu_count" in verdict["machine"]
     if reference is REFERENCE_FAIL:
         assert verdict["status"] == "fail"
         assert "verify: FAIL: 4 of 36 cells out of tolerance" in output
@@ -190,3 +268,20 @@ def test_make_verify_on_the_fixture(tmp_path, reference, code):
         assert verdict["status"] == "no_reference"
         assert "verify: WARNING: no reference results for NVIDIA H200" in output
     assert {c["id"] for c in verdict["claims"]} >= {"vit-apex-o1-speed", "fp16-tensor-core-throughput"}
+
+
+def test_the_report_says_what_differs_and_what_is_not_comparable_here():
+    from amprepro import reportlib
+
+    summary = with_cell(load(GPU_SUMMARY), "gpt124m", "tf32", status="skipped", skip_cause="machine",
+                        reason="this cell asks for 2 GPUs; 1 visible")
+    summary["versions"]["torch"] = "2.13.0+cu130"
+    result = check(summary, REFERENCE_PASS)
+    html = reportlib.verify_html(result)
+    assert "Not the reference's stack:</b> torch: 2.13.0+cu130 here; 2.11.0+cu130 (1 run) in the reference" in html
+    assert html.index("Not the reference's stack") < html.index("<table")
+    assert "not comparable here" in html and "the median of 1 run(s) on 1 machine(s)" in html
+    assert "one run: every band is its floor" in html and "This machine: 1 GPU(s)" in html
+    data = {"summary": summary, "environment": {}, "sanity": {}, "apex": {}, "verify": result}
+    glance = reportlib.glance_html(data)
+    assert "Not the reference's stack" in glance and "2 not comparable here" in glance

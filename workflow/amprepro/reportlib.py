@@ -162,6 +162,7 @@ def glance_html(data: dict, title: str = "") -> str:
         if failures:
             detail += "<br><span class='small'>" + "<br>".join(esc(f) for f in failures[:4]) + (
                 f"<br>… and {len(failures) - 4} more" if len(failures) > 4 else "") + "</span>"
+        detail += stack_note_html(verify)
         cards.append(("Reference check (make verify)", f"{verify_badge(verify)} {detail}", kind))
     parts.append('<div class="cards">' + "".join(
         f'<div class="card {kind}"><b class="label">{esc(label)}</b>{body}</div>' for label, body, kind in cards)
@@ -294,51 +295,72 @@ def claims_chart(results: list[dict], summary: dict):
 # Reference check
 
 
+def stack_note_html(result: dict) -> str:
+    """Where this run's software or machine is not the reference's: said before any verdict is read as final."""
+    differences = (result.get("stack") or {}).get("differences") or []
+    if not differences:
+        return ""
+    return ("<br><span class='warn'><b>Not the reference's stack:</b> "
+            + "; ".join(esc(d["text"]) for d in differences) + "</span>")
+
+
+def _reference_runs_html(reference: dict) -> str:
+    runs = reference.get("runs") or {}
+    items = "".join(
+        f"<li><code>{esc(run_id)}</code>: {esc(str(run.get('created_utc')))}, machine "
+        f"{esc(str((run.get('machine') or {}).get('id')))} ({esc(str((run.get('machine') or {}).get('gpu_count')))} "
+        f"GPUs), torch {esc(str(run['stack'].get('torch')))}, CUDA {esc(str(run['stack'].get('cuda')))}, driver "
+        f"{esc(str(run['stack'].get('driver')))}; per-step data {'kept' if run.get('steps_kept') else 'not kept'}</li>"
+        for run_id, run in runs.items())
+    return (f"<p class='small'>Reference: <code>{esc(reference['path'])}</code>, the median of "
+            f"{reference['n_runs']} run(s) on {reference['n_machines']} machine(s); each band is max(floor, k × the "
+            "runs' observed range) around that median"
+            + (" (one run: every band is its floor)" if reference["n_runs"] == 1 else "") + ":</p>"
+            + f"<ul class='small'>{items}</ul>")
+
+
+VERDICT_BADGE = {"pass": "s-pass", "fail": "s-fail"}
+
+
 def verify_html(result: dict | None) -> str:
     if result is None:
         return "<p>The reference check did not run.</p>"
-    parts = [f"<p>{verify_badge(result)} {esc(result['message'])}.</p>"]
+    machine = result.get("machine") or {}
+    parts = [f"<p>{verify_badge(result)} {esc(result['message'])}.{stack_note_html(result)}</p>",
+             f"<p class='small'>This machine: {esc(str(machine.get('gpu_count')))} GPU(s) "
+             f"({esc(str(machine.get('source')))}).</p>"]
     if result["status"] == "no_reference":
         parts.append("<p class='small'>Reference results are kept per GPU model under <code>reference/&lt;gpu-slug&gt;/"
-                     "</code>; <code>make verify</code> exits 0 with this warning. To add one from a real run on this "
-                     "GPU: <code>PYTHONPATH=workflow python -m amprepro.verify promote</code>, then review and commit "
-                     "it.</p>")
+                     "</code>; <code>make verify</code> exits 0 with this warning. To add a run from this GPU: "
+                     "<code>PYTHONPATH=workflow python -m amprepro.verify promote results --note '...'</code>, then "
+                     "review and commit it (reference/README.md).</p>")
     if result.get("failures"):
         parts.append("<p><b>Out of tolerance:</b></p><ul>" + "".join(f"<li>{esc(f)}</li>" for f in result["failures"])
                      + "</ul>")
     for warning in result.get("warnings", []):
         parts.append(f"<p class='warn'>{esc(warning)}</p>")
     if result.get("reference"):
-        prov = result["reference"]["provenance"]
-        parts.append(f"<p class='small'>Reference: <code>{esc(result['reference']['path'])}</code>, recorded "
-                     f"{esc(str(prov.get('created_utc', 'n/a')))} at pipeline commit "
-                     f"{esc(str(prov.get('pipeline_commit', 'n/a'))[:12])}; torch {esc(str(prov.get('torch')))}, "
-                     f"CUDA {esc(str(prov.get('cuda')))}, driver {esc(str(prov.get('driver')))}. Tolerance bands from "
-                     f"{esc(', '.join(result['tolerances'].get('sources', [])))}.</p>")
-    for note in result.get("differences", []):
-        parts.append(f"<p class='small'>Differs from the reference: {esc(note)}</p>")
-    allowed = {}
-    for cell in result.get("cells", []):
-        for check in cell["checks"]:
-            allowed.setdefault(check["metric"], set()).add(check["allowed"])
+        parts.append(_reference_runs_html(result["reference"])
+                     + f"<p class='small'>Band rules from {esc(', '.join(result['tolerances'].get('sources', [])))}."
+                       "</p>")
     rows = []
     for cell in result.get("cells", []):
-        row = {"cell": cell["cell"], "verdict": badge(f"s-{'pass' if cell['verdict'] == 'pass' else 'fail' if cell['verdict'] == 'fail' else 'no_reference'}",
+        row = {"cell": cell["cell"], "verdict": badge(VERDICT_BADGE.get(cell["verdict"], "s-no_reference"),
                                                       cell["verdict"].replace("_", " ")),
-               "status": f"{cell['status_here'] or '—'} / {cell['status_reference'] or '—'}", "note": cell["note"]}
+               "status": f"{cell['status_here'] or '—'} / {cell['status_reference'] or '—'}",
+               "runs": cell.get("reference_runs", ""), "note": cell["note"]}
         for check in cell["checks"]:
             text = "n/a" if check.get("ratio") is None else f"{check['ratio']:.3f}×"
             if check["ok"] is False:
                 text = f"<b>{text}</b>"
-            uniform = len(allowed.get(check["metric"], ())) == 1
-            row[check["metric"]] = text + ("" if uniform else f"<br><span class='small'>{esc(check['allowed'])}</span>")
+            row[check["metric"]] = text + (f"<br><span class='small'>{esc(check['allowed'])}</span>"
+                                           if check["allowed"] else "")
         rows.append(row)
     if rows:
         metrics = list(dict.fromkeys(ch["metric"] for c in result["cells"] for ch in c["checks"]))
-        columns = [("cell", "cell"), ("verdict", "verdict"), ("status", "status here / reference")]
-        columns += [(m, f"{verify_mod.METRIC_LABEL.get(m, m)}: this run / reference"
-                     + (f" (allowed {next(iter(allowed[m]))})" if len(allowed.get(m, ())) == 1 else ""))
-                    for m in metrics]
+        columns = [("cell", "cell"), ("verdict", "verdict"), ("status", "status here / reference"),
+                   ("runs", "reference runs")]
+        columns += [(m, f"{verify_mod.METRIC_LABEL.get(m, m)}: this run / reference median") for m in metrics]
         columns += [("note", "note")]
         parts.append(html_table(rows, columns, classes="verify", raw={"verdict", *metrics},
                                 numeric=set(metrics), row_class=lambda r: "row-fail" if "s-fail" in r["verdict"] else ""))
@@ -346,7 +368,7 @@ def verify_html(result: dict | None) -> str:
 
 
 def verify_chart(result: dict | None):
-    """Ratio of this run to the reference per cell and metric, with the tolerance band; None without a reference."""
+    """Ratio of this run to the reference median per cell and metric, with each cell's band; None without one."""
     if not result or not any(c["checks"] for c in result.get("cells", [])):
         return None
     metrics = list(dict.fromkeys(ch["metric"] for c in result["cells"] for ch in c["checks"]
@@ -363,17 +385,16 @@ def verify_chart(result: dict | None):
                     ys.append(ch["ratio"])
                     colors.append("#b42318" if ch["ok"] is False else "#1a7f37")
                     labels.append(c["cell"].replace("/seed", "/s"))
-                    band = verify_mod.band_for(result["tolerances"], c).get(metric, {}).get("ratio")
-                    bands.append(band)
+                    bands.append(ch.get("band_ratio"))
         for x, band in zip(xs, bands):
             if band:
                 ax.bar(x, band[1] - band[0], bottom=band[0], width=0.8, color="#e6f4ea", edgecolor="none",
                        label="tolerance band" if x == 0 else None)
-        ax.scatter(xs, ys, c=colors, zorder=3, s=22, label="this run / reference")
+        ax.scatter(xs, ys, c=colors, zorder=3, s=22, label="this run / reference median")
         ax.axhline(1.0, color="grey", linewidth=0.8)
         ax.set_xticks(xs, labels, rotation=70, ha="right", fontsize=6.5)
         ax.set_ylabel("ratio (×)")
-        ax.set_title(f"{verify_mod.METRIC_LABEL.get(metric, metric)}: this run / reference, per cell "
+        ax.set_title(f"{verify_mod.METRIC_LABEL.get(metric, metric)}: this run / reference median, per cell "
                      "(red = out of tolerance)")
         ax.legend(fontsize=7.5, loc="best")
     fig.tight_layout()

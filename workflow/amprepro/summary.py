@@ -12,7 +12,8 @@ COLUMNS = [
     "step_time_p90_s", "peak_allocated_bytes", "peak_reserved_bytes", "peak_rss_bytes", "final_loss",
     "eval_accuracy", "skipped_steps", "first_nonfinite_step", "loss_scale_final", "speedup_vs_fp32",
     "speedup_vs_tf32", "memory_ratio_vs_fp32", "achieved_tflops", "mfu_vs_measured_peak", "mfu_vs_datasheet",
-    "energy_j_per_item", "epoch_hours_derived", "mem_weights_bytes", "mem_gradients_bytes", "mem_optimizer_state_bytes",
+    "energy_j_per_item", "skip_cause", "skip_needs",
+    "epoch_hours_derived", "mem_weights_bytes", "mem_gradients_bytes", "mem_optimizer_state_bytes",
     "mem_master_weights_bytes", "mem_activations_bytes", "mem_estimate_total_bytes",
 ]
 # Flat columns from metrics.json's nested memory records: (column, record, key).

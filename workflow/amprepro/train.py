@@ -104,15 +104,47 @@ def numerics(rows: list[dict]) -> dict:
     }
 
 
-def variant_unsupported(model_config: dict, precision_name: str, device, apex: dict) -> str | None:
+def variant_unsupported(model_config: dict, precision_name: str, device, apex: dict) -> tuple[str, str, str] | None:
+    """(skip_cause, what is missing, reason) for a model variant this machine or build cannot run, or None."""
     if model_config.get("fused_layer_norm") and apex.get("status") != "built":
-        return "fused_layer_norm needs apex's FusedLayerNorm: apex is not built"
+        return "machine", "a built apex", "fused_layer_norm needs apex's FusedLayerNorm: apex is not built"
     if model_config.get("compile") and precision_name.startswith("apex"):
-        return "torch.compile with apex.amp is unsupported (O1 patches torch functions at run time)"
+        return ("unsupported", "", "torch.compile with apex.amp is unsupported (O1 patches torch functions at run "
+                "time)")
     gpus = model_config.get("gpus", 1)
     if gpus > 1 and device.type == "cuda" and torch_cuda_count() < gpus:
-        return f"this cell asks for {gpus} GPUs; {torch_cuda_count()} visible"
+        return "machine", f"{gpus} GPUs", f"this cell asks for {gpus} GPUs; {torch_cuda_count()} visible"
     return None
+
+
+def skip_cause(spec: dict, device, apex: dict) -> tuple[str, str, str] | None:
+    """Why this cell cannot run here: (skip_cause, what is missing, reason), or None.
+
+    "machine": the GPU, the GPU count or the apex build lacks what the cell needs (verify: not comparable here);
+    "software": a package the route should have installed is missing (verify: a failure, the install is wrong);
+    "unsupported": a combination no machine runs (skipped in the reference too)."""
+    from amprepro import models, precision
+
+    model_config, train = spec["model_config"], spec["train"]
+    reason = precision.unsupported_reason(spec["precision"], device, apex)
+    if reason:
+        return "machine", precision_needs(spec["precision"], device, apex), reason
+    reason = models.unavailable_reason(model_config["arch"])
+    if reason:
+        return "software", "", reason
+    reason = optimizer_unsupported(cell_optimizer(train, spec["precision"]), device, apex)
+    if reason:
+        return "machine", "a CUDA GPU and a built apex", reason
+    return variant_unsupported(model_config, spec["precision"], device, apex)
+
+
+def precision_needs(name: str, device, apex: dict) -> str:
+    """The capability precision.unsupported_reason found missing, in a few words (its reason says more)."""
+    if device.type != "cuda":
+        return "a CUDA GPU"
+    if name.startswith("apex"):
+        return "apex.amp (apex ref 25.05)" if apex.get("status") == "built" else "a built apex"
+    return "compute capability >= 8.0" if name == "tf32" else "bf16 support"
 
 
 def torch_cuda_count() -> int:
@@ -168,20 +200,17 @@ def step_flops(trainer, model, x, y, world: int) -> tuple[int | None, str]:
 def run(spec: dict, apex: dict, threads: int, dist=None) -> tuple[dict, list[dict]]:
     import torch
 
-    from amprepro import distributed, measure, models, precision
+    from amprepro import distributed, measure
 
     dist = dist or distributed.Dist()
     torch.set_num_threads(threads)
     device = dist.device()
-    model_config, train = spec["model_config"], spec["train"]
     base = {"model": spec["model"], "precision": spec["precision"], "seed": spec["seed"], "spec": spec,
             "hardware": measure.hardware(device), "software": measure.software(apex), "world_size": dist.world}
-    reason = (precision.unsupported_reason(spec["precision"], device, apex)
-              or models.unavailable_reason(model_config["arch"])
-              or optimizer_unsupported(train["optimizer"], device, apex)
-              or variant_unsupported(model_config, spec["precision"], device, apex))
-    if reason:
-        return {**base, "status": "skipped", "reason": reason}, []
+    skip = skip_cause(spec, device, apex)
+    if skip:
+        cause, needs, reason = skip
+        return {**base, "status": "skipped", "reason": reason, "skip_cause": cause, "skip_needs": needs}, []
     try:
         return train_cell(spec, apex, dist, device, base)
     except Exception as exc:

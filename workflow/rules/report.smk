@@ -13,7 +13,7 @@ rule report:
         steps=run_outputs("steps.csv"),
         claims="config/claims.yaml",
         reference=reference_inputs("reference"),
-        code=[f"{PKG}/{name}.py" for name in ("render", "reportlib", "claims", "verify")]
+        code=[f"{PKG}/{name}.py" for name in ("render", "reportlib", "claims", "verify", "reference")]
         + [f"workflow/report/nbconvert/amprepro/{name}" for name in ("conf.json", "index.html.j2", "static/report.css")],
     output:
         notebook="results/report/report.ipynb",

@@ -1,0 +1,156 @@
+"""The reference of a GPU model: runs added from results directories, their aggregate, and a stale one refused."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import shutil
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from amprepro import reference, verify
+from report_helpers import GPU, REFERENCE_PASS, SMOKE
+from test_verify import NO_SMI, load, run_cli
+
+
+def results_copy(tmp_path: Path, name: str, host: str, uuids: list[str], scale: float = 1.0,
+                 scaled=("resnet50", "fp32", 0)) -> Path:
+    """The GPU fixture as a results directory from one machine; one cell's throughput scaled (another run)."""
+    results = tmp_path / name
+    shutil.copytree(GPU, results)
+    environment = load(results / "environment/environment.json")
+    environment["platform"]["node"] = host
+    (results / "environment/environment.json").write_text(json.dumps(environment))
+    for index, path in enumerate(sorted((results / "runs").glob("*/*/seed*/metrics.json"))):
+        metrics = load(path)
+        metrics["hardware"].update(gpu_uuid=uuids[index % len(uuids)], gpu_count=1)
+        path.write_text(json.dumps(metrics))
+    rows = list(csv.DictReader(io.StringIO((results / "summary/summary.csv").read_text())))
+    for row in rows:
+        if (row["model"], row["precision"], int(row["seed"])) == scaled:
+            row["throughput_per_s"] = str(float(row["throughput_per_s"]) * scale)
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=list(rows[0]))
+    writer.writeheader()
+    writer.writerows(rows)
+    (results / "summary/summary.csv").write_text(out.getvalue())
+    return results
+
+
+def test_promote_refuses_what_is_not_a_gpu_run_and_adds_one(tmp_path):
+    with pytest.raises(reference.ReferenceError, match="without a GPU"):
+        reference.add_run(SMOKE, tmp_path, "smoke")
+    with pytest.raises(reference.ReferenceError, match="--note is empty"):
+        reference.add_run(GPU, tmp_path, " ")
+    with pytest.raises(reference.ReferenceError, match="has no summary/summary.json"):
+        reference.add_run(tmp_path / "nowhere", tmp_path, "x")
+    folder, built = reference.add_run(GPU, tmp_path, "fixture run")
+    assert folder.parent == tmp_path / "nvidia-h200/runs" and reference.RUN_ID.match(folder.name)
+    assert (folder / "summary.csv").read_bytes() == (GPU / "summary/summary.csv").read_bytes()
+    provenance = load(folder / "provenance.json")
+    assert provenance["note"] == "fixture run" and provenance["machine"]["host"] == "fixture"
+    assert provenance["specs"]["resnet50/fp32/0"]["model_config"]["batch_size"] == 256
+    with tarfile.open(folder / "steps.tar.gz") as tar:
+        names = tar.getnames()
+        assert len(names) == 36 and "runs/resnet50/fp32/seed0/steps.csv" in names
+        kept = tar.extractfile("runs/resnet50/fp32/seed0/steps.csv").read()
+    assert kept == (GPU / "runs/resnet50/fp32/seed0/steps.csv").read_bytes()
+    assert provenance["steps"] == {"kept": True, "file": "steps.tar.gz", "cells": 36}
+    assert built["n_runs"] == 1 and built["cells"]["resnet50/fp32/0"]["metrics"]["throughput_per_s"]["n"] == 1
+    result = verify.verify(load(GPU / "summary/summary.json"), tmp_path, GPU / "runs", probe=NO_SMI)
+    assert result["status"] == "pass" and result["counts"]["pass"] == 36
+    for check in (ch for c in result["cells"] for ch in c["checks"]):
+        assert check["ratio"] == pytest.approx(1.0)
+    with pytest.raises(reference.ReferenceError, match="already in the reference"):
+        reference.add_run(GPU, tmp_path, "again")
+    assert reference.steps_archive(GPU / "runs")[0] == (folder / "steps.tar.gz").read_bytes()  # byte-identical
+
+
+def test_three_runs_on_two_machines_give_median_spread_and_a_band_from_it(tmp_path):
+    ref = tmp_path / "reference"
+    for name, host, scale in [("a", "host-a", 1.00), ("b", "host-a", 1.04), ("c", "host-b", 1.10)]:
+        out = run_cli("promote", str(results_copy(tmp_path, name, host, [f"GPU-{host}"], scale)), "--note", name,
+                      "--reference-dir", str(ref))
+        assert out.returncode == 0, out.stderr
+    assert "3 run(s) on 2 machine(s)" in out.stdout
+    built = load(ref / "nvidia-h200/aggregate.json")
+    assert built["n_runs"] == 3 and built["n_machines"] == 2
+    base = load(GPU / "summary/summary.json")
+    fp32 = next(c for c in base["cells"] if (c["model"], c["precision"], c["seed"]) == ("resnet50", "fp32", 0))
+    stats = built["cells"]["resnet50/fp32/0"]["metrics"]["throughput_per_s"]
+    assert stats["median"] == pytest.approx(fp32["throughput_per_s"] * 1.04)
+    assert stats["min"] == pytest.approx(fp32["throughput_per_s"]) and stats["n"] == 3
+    assert stats["max"] == pytest.approx(fp32["throughput_per_s"] * 1.10)
+    assert built["cells"]["resnet50/fp32/0"]["n_machines"] == 2
+    # This run 18 % below the median: outside a floor of 10 %, inside 2 x the observed 9.6 % range (19.2 %).
+    slow = json.loads(json.dumps(base))
+    next(c for c in slow["cells"] if (c["model"], c["precision"], c["seed"]) == (
+        "resnet50", "fp32", 0))["throughput_per_s"] = stats["median"] * 0.82
+    result = verify.verify(slow, ref, GPU / "runs", probe=NO_SMI)
+    (check,) = [ch for c in result["cells"] if c["cell"] == "resnet50/fp32/seed0" for ch in c["checks"]
+                if ch["metric"] == "throughput_per_s"]
+    assert check["ok"] is True and check["band"]["from"] == "spread" and "over 3 runs" in check["allowed"]
+    assert "median of 3 run(s) on 2 machine(s)" in result["message"]
+    steady = next(ch for c in result["cells"] if c["cell"] == "resnet50/tf32/seed0" for ch in c["checks"]
+                  if ch["metric"] == "throughput_per_s")
+    assert steady["band"]["from"] == "floor"
+
+
+def test_a_machine_skip_in_a_reference_run_is_left_out_of_that_cell(tmp_path):
+    ref = tmp_path / "reference"
+    reference.add_run(results_copy(tmp_path, "a", "a", ["GPU-a"]), ref, "a")
+    one_gpu = results_copy(tmp_path, "b", "b", ["GPU-b"], scale=1.01)
+    rows = list(csv.DictReader(io.StringIO((one_gpu / "summary/summary.csv").read_text())))
+    for row in rows:
+        if row["model"] == "gpt124m" and row["precision"] == "tf32":
+            row.update(status="skipped", skip_cause="machine", reason="this cell asks for 2 GPUs; 1 visible",
+                       throughput_per_s="")
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=list(rows[0]) + ["skip_cause"])
+    writer.writeheader()
+    writer.writerows(rows)
+    (one_gpu / "summary/summary.csv").write_text(out.getvalue())
+    _, built = reference.add_run(one_gpu, ref, "b")
+    cell = built["cells"]["gpt124m/tf32/0"]
+    assert cell["status"] == "ok" and cell["n_runs"] == 1 and len(cell["excluded_runs"]) == 1
+    assert "not comparable on that machine" in next(iter(cell["excluded_runs"].values()))
+    assert built["cells"]["gpt124m/fp32/0"]["n_runs"] == 2
+
+
+def test_a_stale_or_edited_reference_is_refused_with_the_fix(tmp_path):
+    ref = tmp_path / "nvidia-h200"
+    shutil.copytree(REFERENCE_PASS / "nvidia-h200", ref)
+    (run,) = (ref / "runs").iterdir()
+    copy = ref / "runs" / "2026-02-02-0000abcd"
+    shutil.copytree(run, copy)
+    with pytest.raises(reference.ReferenceError, match="does not match .*runs/.*rebuild"):
+        reference.load_aggregate(ref)
+    shutil.rmtree(copy)
+    reference.load_aggregate(ref)
+    (run / "summary.csv").write_text((run / "summary.csv").read_text().replace("resnet50", "resnet51", 1))
+    with pytest.raises(reference.ReferenceError, match="does not match"):
+        reference.load_aggregate(ref)
+    with pytest.raises(reference.ReferenceError, match="never edited; restore it from git"):
+        reference.rebuild(ref)
+    legacy = tmp_path / "legacy"
+    legacy.mkdir()
+    (legacy / "summary.csv").write_text("model,precision,seed,status\n")
+    with pytest.raises(reference.ReferenceError, match="old one-run layout"):
+        reference.load_aggregate(legacy)
+    (ref / "runs" / "latest").mkdir()
+    with pytest.raises(reference.ReferenceError, match="<YYYY-MM-DD>-<8 hex digits>"):
+        reference.read_runs(ref)
+
+
+def test_the_committed_aggregate_is_what_rebuild_makes(tmp_path):
+    folder = tmp_path / "nvidia-h200"
+    shutil.copytree(Path(reference.__file__).parents[2] / "reference/nvidia-h200", folder)
+    committed = load(folder / "aggregate.json")
+    assert reference.rebuild(folder) == committed
+    runs = committed["runs"]
+    assert committed["n_runs"] == len(runs) and all(r["machine"]["id"] for r in runs.values())
+    first = runs["2026-11-30-960f4eaf"]
+    assert first["steps_kept"] is False and first["machine"]["gpu_count"] == 2
