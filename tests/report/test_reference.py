@@ -154,3 +154,22 @@ def test_the_committed_aggregate_is_what_rebuild_makes(tmp_path):
     assert committed["n_runs"] == len(runs) and all(r["machine"]["id"] for r in runs.values())
     first = runs["2026-11-30-960f4eaf"]
     assert first["steps_kept"] is False and first["machine"]["gpu_count"] == 2
+
+
+def test_a_run_with_fewer_timed_steps_counts_for_throughput_and_memory_not_for_the_loss():
+    def run(run_id, steps, throughput, loss, warmup=10):
+        spec = {"model": "m", "precision": "fp32", "seed": 0, "model_config": {"arch": "gpt"},
+                "train": {"steps": steps, "warmup_steps": warmup}}
+        row = {"model": "m", "precision": "fp32", "seed": 0, "status": "ok", "reason": "",
+               "throughput_per_s": throughput, "peak_allocated_bytes": 100, "final_loss": loss}
+        return reference.Run(id=run_id, provenance={"specs": {"m/fp32/0": spec}, "machine": {"id": run_id}},
+                             rows={"m/fp32/0": row})
+
+    cell = reference.aggregate_cell("m/fp32/0", [run("old", 50, 90.0, 1.0), run("a", 30, 100.0, 2.0),
+                                                 run("b", 30, 110.0, 2.2)])
+    assert cell["metrics"]["throughput_per_s"]["n"] == 3 and cell["metrics"]["throughput_per_s"]["median"] == 100.0
+    assert cell["metrics"]["final_loss"]["n"] == 2 and cell["metrics"]["final_loss"]["median"] == 2.1
+    assert "counted for step time, throughput and memory only" in cell["partly_used_runs"]["old"]
+    # Another warm-up is another measurement: left out of every metric.
+    cell = reference.aggregate_cell("m/fp32/0", [run("old", 50, 90.0, 1.0, warmup=5), run("a", 30, 100.0, 2.0)])
+    assert cell["metrics"]["throughput_per_s"]["n"] == 1 and "old" in cell["excluded_runs"]

@@ -39,6 +39,12 @@ NUMERIC = {"throughput_per_s", "step_time_median_s", "step_time_p90_s", "peak_al
            "speedup_vs_fp32", "speedup_vs_tf32", "memory_ratio_vs_fp32"}
 AGGREGATED = ["throughput_per_s", "peak_allocated_bytes", "peak_reserved_bytes", "final_loss", "eval_accuracy",
               "step_time_median_s", "step_time_p90_s", "speedup_vs_fp32", "speedup_vs_tf32", "memory_ratio_vs_fp32"]
+# Settings that change how long a cell runs but not what a timed step measures: the median step time (after the same
+# warm-up) and the allocator peak (reached in the first steps). A run that differs from the newest only in these
+# still counts for the metrics below; its loss after the last step and its accuracy do not.
+STEP_COUNTS = ("steps",)
+STEP_COUNT_FREE = {"throughput_per_s", "peak_allocated_bytes", "peak_reserved_bytes", "step_time_median_s",
+                   "step_time_p90_s", "speedup_vs_fp32", "speedup_vs_tf32", "memory_ratio_vs_fp32"}
 
 
 class ReferenceError(ValueError):
@@ -225,19 +231,23 @@ def aggregate_cell(key: str, runs: list[Run]) -> dict:
     """The cell over the runs that measured it with the newest run's settings, on a machine that could run it."""
     present = [run for run in runs if key in run.rows]
     newest_spec = next((run.specs[key] for run in reversed(present) if run.specs.get(key)), None)
-    used, excluded = [], {}
+    used, excluded, partly = [], {}, {}
     for run in present:
-        row = run.rows[key]
-        if newest_spec and run.specs.get(key) and run.specs[key] != newest_spec:
+        row, spec = run.rows[key], run.specs.get(key)
+        if newest_spec and spec and spec != newest_spec and not differs_only_in_step_counts(spec, newest_spec):
             excluded[run.id] = "its settings differ from the newest run's"
         elif row["status"] == "skipped" and row.get("skip_cause") == "machine":
             excluded[run.id] = f"not comparable on that machine: {row.get('reason') or 'no reason given'}"
         else:
             used.append(run)
+            if newest_spec and spec and spec != newest_spec:
+                partly[run.id] = (f"{spec['train']['steps']} steps, not {newest_spec['train']['steps']}: counted "
+                                  "for step time, throughput and memory only")
     statuses = Counter(run.rows[key]["status"] for run in used)
     last = present[-1].rows[key]
     cell = {"model": last["model"], "precision": last["precision"], "seed": last["seed"], "spec": newest_spec,
-            "runs": [run.id for run in used], "excluded_runs": excluded, "n_runs": len(used),
+            "runs": [run.id for run in used], "excluded_runs": excluded, "partly_used_runs": partly,
+            "n_runs": len(used),
             "n_machines": len({run.machine_id for run in used if run.machine_id}),
             "statuses": dict(sorted(statuses.items())), "metrics": {}}
     if not used:
@@ -248,11 +258,20 @@ def aggregate_cell(key: str, runs: list[Run]) -> dict:
     cell["reason"] = "; ".join(sorted({run.rows[key]["reason"] for run in used if run.rows[key].get("reason")})) or None
     for metric in AGGREGATED:
         values = [run.rows[key][metric] for run in used
-                  if run.rows[key]["status"] == "ok" and isinstance(run.rows[key].get(metric), (int, float))]
+                  if run.rows[key]["status"] == "ok" and isinstance(run.rows[key].get(metric), (int, float))
+                  and (metric in STEP_COUNT_FREE or run.id not in partly)]
         stats = value_stats(values)
         if stats:
             cell["metrics"][metric] = stats
     return cell
+
+
+def differs_only_in_step_counts(spec: dict, newest: dict) -> bool:
+    """Same model, precision, seed and settings, and the same warm-up; only the number of timed steps differs."""
+    def without_counts(s):
+        return {**s, "train": {k: v for k, v in s.get("train", {}).items() if k not in STEP_COUNTS}}
+
+    return without_counts(spec) == without_counts(newest)
 
 
 def stack_of(provenance: dict) -> dict:
