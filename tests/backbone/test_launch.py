@@ -1,0 +1,242 @@
+"""amprepro.launch, what `make run` and `make verify` start: the command line it builds, the live-run refusal, the
+removal of a dead run's lock, and real SIGKILLs of `make run` at every stage followed by a plain `make run`."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from snakemake.cli import get_argument_parser
+
+from amprepro import launch
+from workflow_testing import REPO, SNAKEMAKE, copy_workflow, job_env
+
+SLEEPING_SNAKEFILE = textwrap.dedent("""\
+    rule slow:
+        output: "slow.txt"
+        shell: "sleep 30 && echo done > {output}"
+""")
+VENV = Path(sys.executable).parent.parent
+LAUNCHER_ENV = ("CORES", "SNAKEMAKE_ARGS", "AMPREPRO_GPU_COUNT", "MAKEFLAGS", "MFLAGS", "MAKELEVEL")
+
+
+@pytest.fixture
+def env(monkeypatch, tmp_path) -> dict:
+    """os.environ without launcher settings, with an nvidia-smi on PATH that lists no GPU (as on a CPU box)."""
+    for name in LAUNCHER_ENV:
+        monkeypatch.delenv(name, raising=False)
+    fake_nvidia_smi(tmp_path / "bin", gpus=0)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    return dict(os.environ)
+
+
+def fake_nvidia_smi(folder: Path, gpus: int) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    lines = "".join(f"echo 'GPU {i}: NVIDIA H200 (UUID: GPU-{i:08d})'\n" for i in range(gpus))
+    script = folder / "nvidia-smi"
+    script.write_text("#!/bin/sh\n" + (lines if gpus else "echo 'NVIDIA-SMI has failed' >&2\nexit 9\n"))
+    script.chmod(0o755)
+
+
+def parsed(command: list[str]):
+    """The command as Snakemake itself reads it."""
+    assert command[:3] == [sys.executable, "-m", "snakemake"]
+    return get_argument_parser().parse_args(command[3:])
+
+
+# ---- the command line ------------------------------------------------------------------------------------------
+
+
+def test_cores_default_to_every_usable_core_and_incomplete_outputs_rerun(env):
+    command, said = launch.snakemake_command([], env)
+    args = parsed(command)
+    assert args.cores == len(os.sched_getaffinity(0))
+    assert args.rerun_incomplete
+    assert f"{args.cores} cores (all usable)" in said and "no GPU" in said
+    assert args.resources == {}
+
+
+@pytest.mark.parametrize("cores", ["8", "all"])
+def test_cores_setting_is_used(env, cores):
+    command, _ = launch.snakemake_command(["verify"], {**env, "CORES": cores})
+    args = parsed(command)
+    assert str(args.cores) == cores or (cores == "all" and args.cores == len(os.sched_getaffinity(0)))
+    assert args.targets == ["verify"]
+
+
+@pytest.mark.parametrize("cores", ["0", "-1", "8; rm -rf ~", "four"])
+def test_a_bad_cores_setting_is_refused_with_the_fix(env, cores):
+    with pytest.raises(launch.SettingError, match=r"CORES=.* is not a whole number above 0 or 'all'; e\.g\. make run"):
+        launch.snakemake_command([], {**env, "CORES": cores})
+
+
+def test_gpus_nvidia_smi_lists_become_the_gpu_resource(env, tmp_path):
+    fake_nvidia_smi(tmp_path / "bin", gpus=2)
+    command, said = launch.snakemake_command([], env)
+    assert parsed(command).resources["gpu"].value == 2
+    assert "2 GPU(s) (nvidia-smi -L)" in said
+
+
+def test_amprepro_gpu_count_wins_over_nvidia_smi(env, tmp_path, monkeypatch):
+    fake_nvidia_smi(tmp_path / "bin", gpus=2)
+    monkeypatch.setenv("AMPREPRO_GPU_COUNT", "1")
+    command, said = launch.snakemake_command([], dict(os.environ))
+    assert parsed(command).resources["gpu"].value == 1
+    assert "1 GPU(s) (AMPREPRO_GPU_COUNT)" in said
+    with pytest.raises(launch.SettingError, match="AMPREPRO_GPU_COUNT='two' is not a whole number"):
+        launch.snakemake_command([], {**env, "AMPREPRO_GPU_COUNT": "two"})
+
+
+def test_the_users_gpu_resource_is_kept_and_other_resources_get_the_gpus(env, tmp_path):
+    fake_nvidia_smi(tmp_path / "bin", gpus=2)
+    command, said = launch.snakemake_command([], {**env, "SNAKEMAKE_ARGS": "--resources gpu=1 mem_mb=9000"})
+    assert {name: r.value for name, r in parsed(command).resources.items()} == {"gpu": 1, "mem_mb": 9000}
+    assert "GPUs as SNAKEMAKE_ARGS sets" in said
+    # Snakemake keeps only the last --resources: the GPUs must join the user's, not come as a second one.
+    command, _ = launch.snakemake_command([], {**env, "SNAKEMAKE_ARGS": "--resources mem_mb=9000 -n"})
+    assert {name: r.value for name, r in parsed(command).resources.items()} == {"gpu": 2, "mem_mb": 9000}
+    assert command.count("--resources") == 1
+    with pytest.raises(launch.SettingError, match="with a space"):
+        launch.snakemake_command([], {**env, "SNAKEMAKE_ARGS": "--resources=mem_mb=9000"})
+
+
+def test_a_target_after_the_gpu_resource_stays_a_target(env, tmp_path):
+    fake_nvidia_smi(tmp_path / "bin", gpus=1)
+    command, _ = launch.snakemake_command([], {**env, "SNAKEMAKE_ARGS": "results/summary/summary.json"})
+    args = parsed(command)
+    assert args.targets == ["results/summary/summary.json"] and args.resources["gpu"].value == 1
+
+
+def test_user_cores_and_profiles_are_left_alone(env):
+    command, said = launch.snakemake_command([], {**env, "CORES": "8", "SNAKEMAKE_ARGS": "--cores 3"})
+    assert parsed(command).cores == 3 and "cores as SNAKEMAKE_ARGS sets" in said
+    command, said = launch.snakemake_command([], {**env, "SNAKEMAKE_ARGS": "--workflow-profile profiles/slurm"})
+    assert "--cores" not in command and "--resources" not in command and "profile" in said
+
+
+def test_snakemake_args_are_split_into_words_never_run_by_a_shell(env):
+    words = launch.snakemake_command([], {**env, "SNAKEMAKE_ARGS": "--config 'title=a b' $(touch pwned) ;"})[0]
+    assert words[-5:] == ["--config", "title=a b", "$(touch", "pwned)", ";"]
+    with pytest.raises(launch.SettingError, match="SNAKEMAKE_ARGS cannot be split"):
+        launch.snakemake_command([], {**env, "SNAKEMAKE_ARGS": "--config 'title=a b"})
+
+
+def test_a_bad_setting_stops_before_anything_is_touched(env, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert launch.main([], {**env, "CORES": "lots"}) == launch.BAD_SETTING
+    assert "CORES='lots'" in capsys.readouterr().err
+    assert not (tmp_path / ".snakemake").exists()
+
+
+@pytest.mark.parametrize("argv, pipeline", [
+    (["/w/.venv/bin/python", "/w/.venv/bin/snakemake", "--cores", "2"], True),
+    (["/w/.venv/bin/snakemake", "--cores", "2"], True),
+    (["/w/.venv/bin/python", "-m", "snakemake", "--cores", "2"], True),
+    (["/usr/bin/bash", "-c", "set -euo pipefail;  PYTHONPATH=workflow python -m amprepro.train --spec x"], True),
+    (["python", "-u", "-m", "amprepro.train", "--spec", "x"], True),
+    (["python", "-m", "amprepro.launch"], True),
+    (["vim", "workflow/amprepro/train.py"], False),
+    (["less", ".snakemake/log/x.snakemake.log"], False),
+    (["python", "-m", "pytest", "-q", "tests/backbone/test_launch.py"], False),
+    (["tail", "-f", "results/logs/runs/cnn/fp32/seed0.log"], False),
+])
+def test_what_counts_as_a_process_of_a_run(argv, pipeline):
+    assert launch.is_pipeline_command(argv) is pipeline
+
+
+# ---- live runs and dead runs -----------------------------------------------------------------------------------
+
+
+def wait_for(predicate, timeout: float, what: str, poll: float = 0.05) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(poll)
+
+
+def start_sleeping_snakemake(workdir: Path) -> subprocess.Popen:
+    (workdir / "Snakefile").write_text(SLEEPING_SNAKEFILE)
+    process = subprocess.Popen([*SNAKEMAKE, "--cores", "1"], cwd=workdir, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL, start_new_session=True, env=job_env())
+    wait_for(lambda: launch.snakemake_locks(workdir) and list((workdir / ".snakemake/incomplete").glob("*")),
+             60, "the sleeping job to start")
+    return process
+
+
+def kill_group(process: subprocess.Popen) -> None:
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    wait_for(lambda: not group_members(process.pid), 30, "every process of the killed group to end")
+
+
+def group_members(pgid: int) -> list[int]:
+    members = []
+    for entry in Path("/proc").iterdir():
+        try:
+            stat = (entry / "stat").read_text()
+        except (OSError, NotADirectoryError):
+            continue
+        fields = stat.rpartition(")")[2].split()
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            members.append(int(entry.name))
+    return members
+
+
+def test_a_live_launcher_is_named_and_its_lock_kept(env, tmp_path, monkeypatch, capsys):
+    """A real process holding the run lock (its command line does not look like a pipeline process at all)."""
+    monkeypatch.chdir(tmp_path)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from pathlib import Path; from amprepro.launch import RunLock;"
+         " assert RunLock(Path.cwd()).acquire(); print('held', flush=True); time.sleep(120)"],
+        cwd=tmp_path, stdout=subprocess.PIPE, text=True, env={**job_env(), "PYTHONPATH": str(REPO / "workflow")})
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        lock = tmp_path / ".snakemake/locks/0.output.lock"
+        lock.parent.mkdir(parents=True)
+        lock.write_text("slow.txt")
+        assert launch.main(["-n"], env) == launch.ANOTHER_RUN_ACTIVE
+        err = capsys.readouterr().err
+        assert f"another run is active in {tmp_path}: pid {holder.pid} (" in err and "Nothing was changed" in err
+        assert lock.exists()
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_a_live_snakemake_in_the_directory_is_named_and_its_lock_kept(env, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    running = start_sleeping_snakemake(tmp_path)
+    try:
+        locks = launch.snakemake_locks(tmp_path)
+        assert launch.main([], env) == launch.ANOTHER_RUN_ACTIVE
+        err = capsys.readouterr().err
+        assert f"pid {running.pid} (" in err and "snakemake --cores 1" in err
+        assert launch.snakemake_locks(tmp_path) == locks
+        elsewhere = tmp_path / "elsewhere"
+        elsewhere.mkdir()
+        assert launch.pipeline_processes(elsewhere) == []  # a run in another directory is no concern of this one
+    finally:
+        kill_group(running)
+
+
+def test_the_lock_of_a_killed_run_is_removed_and_its_job_rerun(env, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    kill_group(start_sleeping_snakemake(tmp_path))
+    plain = subprocess.run([*SNAKEMAKE, "--cores", "1"], cwd=tmp_path, capture_output=True, text=True,
+                           env=job_env())
+    assert plain.returncode != 0 and "LockException" in plain.stderr  # what a user without the launcher gets
+    (tmp_path / "Snakefile").write_text(SLEEPING_SNAKEFILE.replace("sleep 30", "sleep 0"))
+    assert launch.main([], {**env, "CORES": "1"}) == 0
+    err = capsys.readouterr().err
+    assert "removed the lock of an earlier run that is no longer alive" in err
+    assert "re-running 1 output(s) it left incomplete" in err
+    assert (tmp_path / "slow.txt").read_text() == "done\n"
+    assert not launch.snakemake_locks(tmp_path)
