@@ -3,6 +3,8 @@ removal of a dead run's lock, and real SIGKILLs of `make run` at every stage fol
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import os
 import signal
@@ -10,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from base64 import urlsafe_b64encode
 from pathlib import Path
 
 import pytest
@@ -240,3 +243,186 @@ def test_the_lock_of_a_killed_run_is_removed_and_its_job_rerun(env, tmp_path, mo
     assert "re-running 1 output(s) it left incomplete" in err
     assert (tmp_path / "slow.txt").read_text() == "done\n"
     assert not launch.snakemake_locks(tmp_path)
+
+
+# ---- `make run` itself, killed for real -------------------------------------------------------------------------
+
+SMOKE = "--config preset=smoke"
+RESULT_FILES = ["results/environment/environment.json", "results/apex/apex.json", "results/sanity/sanity.json",
+                "results/peak/peak.json", "results/summary/summary.json", "results/summary/summary.csv",
+                "results/report/report.html"]
+
+
+def make_command(target: str, snakemake_args: str) -> list[str]:
+    """`make <target> SNAKEMAKE_ARGS=...` as a user types it, with this test's venv (-o: never rebuild it)."""
+    return ["make", "--no-print-directory", "-o", f"{VENV}/bin/activate", target, f"VENV={VENV}",
+            f"SNAKEMAKE_ARGS={snakemake_args}"]
+
+
+def make_env(**settings: str) -> dict:
+    env = {name: value for name, value in job_env().items() if name not in LAUNCHER_ENV}
+    return {**env, **settings}
+
+
+def make(workdir: Path, target: str, snakemake_args: str, timeout: int = 300, **settings: str):
+    return subprocess.run(make_command(target, snakemake_args), cwd=workdir, capture_output=True, text=True,
+                          timeout=timeout, env=make_env(**settings))
+
+
+def start_make_run(workdir: Path, snakemake_args: str, output: Path) -> subprocess.Popen:
+    """`make run` in its own process group, as a terminal would start it, so it can be killed whole."""
+    with output.open("w") as sink:
+        return subprocess.Popen(make_command("run", snakemake_args), cwd=workdir, stdout=sink,
+                                stderr=subprocess.STDOUT, start_new_session=True, env=make_env(CORES="2"))
+
+
+def command_line(pid: int) -> str:
+    return " ".join(launch.command_of(pid))
+
+
+def result_files(workdir: Path) -> dict[str, int]:
+    """mtime_ns of every result file there is (cells included)."""
+    paths = [workdir / name for name in RESULT_FILES]
+    paths += sorted((workdir / "results/runs").glob("*/*/*/metrics.json"))
+    paths += sorted((workdir / "results/runs").glob("*/*/*/steps.csv"))
+    return {str(path.relative_to(workdir)): path.stat().st_mtime_ns for path in paths if path.exists()}
+
+
+def incomplete_marker(workdir: Path, name: str) -> Path:
+    """Snakemake's mark of an output whose job has started and not ended."""
+    return workdir / ".snakemake/incomplete" / urlsafe_b64encode(name.encode()).decode()
+
+
+def recorded_complete(workdir: Path, name: str) -> bool:
+    """The file is there and Snakemake has recorded its job as ended. A job killed after writing its outputs but
+    before Snakemake saw it end is incomplete for Snakemake, and rightly run again."""
+    return (workdir / name).exists() and not incomplete_marker(workdir, name).exists()
+
+
+def assert_whole(workdir: Path, names) -> None:
+    """No result file is cut short: JSON parses, every CSV row is as wide as its header, the HTML is closed."""
+    for name in names:
+        text = (workdir / name).read_text()
+        if name.endswith(".json"):
+            json.loads(text)
+        elif name.endswith(".csv"):
+            header, *rows = list(csv.reader(io.StringIO(text)))
+            assert text.endswith("\n") and all(len(row) == len(header) for row in rows), name
+        else:
+            assert text.rstrip().endswith("</html>"), name
+
+
+def cells_started(workdir: Path) -> tuple[list[str], list[str]]:
+    """(cells finished, cells whose job has started but not finished), as results/runs/<model>/<precision>/<seed>."""
+    finished, running = [], []
+    for log in (workdir / "results/logs/runs").glob("*/*/*.log"):
+        cell = f"results/runs/{log.relative_to(workdir / 'results/logs/runs').with_suffix('')}"
+        (finished if recorded_complete(workdir, f"{cell}/metrics.json") else running).append(cell)
+    return finished, running
+
+
+def cell_log(workdir: Path, cell: str) -> Path:
+    return workdir / "results/logs" / f"{cell.removeprefix('results/')}.log"
+
+
+@pytest.fixture(scope="module")
+def make_workdir(tmp_path_factory) -> Path:
+    return copy_workflow(tmp_path_factory.mktemp("launch") / "amprepro")
+
+
+@pytest.mark.e2e
+def test_make_run_uses_every_core_for_the_apex_build_and_no_shell_for_snakemake_args(make_workdir):
+    cores = len(os.sched_getaffinity(0))
+    dry = make(make_workdir, "run", f"-n -p {SMOKE}")
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    assert f"amprepro: {cores} cores (all usable)" in dry.stderr
+    assert f"--out results/apex/apex.json --jobs {cores} " in dry.stdout  # rule apex: threads = workflow.cores
+    verify = make(make_workdir, "verify", f"-n {SMOKE}")
+    assert verify.returncode == 0 and "\nverify " in verify.stdout, verify.stderr[-3000:]
+    injected = make(make_workdir, "run", "--version $(touch pwned) ; touch pwned2")
+    assert injected.returncode == 0, injected.stderr[-3000:]
+    assert not (make_workdir / "pwned").exists() and not (make_workdir / "pwned2").exists()
+
+
+@pytest.mark.e2e
+def test_make_run_finishes_after_sigkill_at_every_stage_keeping_what_was_done(tmp_path):
+    """Kill the whole `make run` process group (a crash, a power cut) while each stage runs, one after another in
+    the same directory; every following plain `make run` removes the dead run's lock and goes on."""
+    workdir = copy_workflow(tmp_path / "amprepro")
+    exists = lambda name: lambda: (workdir / name).exists()  # noqa: E731
+
+    def some_cells_done_one_running() -> bool:
+        finished, running = cells_started(workdir)
+        return len(finished) >= 2 and bool(running)
+
+    kill_points = [("environment", exists("results/logs/environment.log"), "results/environment/environment.json"),
+                   ("apex", exists("results/logs/apex.log"), "results/apex/apex.json"),
+                   ("a train cell", some_cells_done_one_running, None),
+                   ("summary", exists("results/logs/summary.log"), "results/summary/summary.json"),
+                   ("report", exists("results/logs/report.log"), "results/report/report.html")]
+    kept, cells_before_kill = {}, {}
+    for attempt, (stage, started, output) in enumerate(kill_points):
+        run = start_make_run(workdir, SMOKE, tmp_path / f"attempt{attempt}.log")
+        wait_for(lambda: started() or run.poll() is not None, 240, f"{stage} to start")
+        assert run.poll() is None, f"the run ended before {stage} started:\n{(tmp_path / f'attempt{attempt}.log').read_text()[-3000:]}"
+        kill_group(run)
+        log = (tmp_path / f"attempt{attempt}.log").read_text()
+        if attempt:
+            assert "removed the lock of an earlier run that is no longer alive" in log, log[-3000:]
+        if output:
+            assert incomplete_marker(workdir, output).exists(), f"{stage} had ended before the kill"
+        else:
+            finished, running = cells_started(workdir)
+            assert running, "every cell had ended before the kill"
+            cells_before_kill = {cell: cell_log(workdir, cell).stat().st_mtime_ns for cell in finished}
+        assert_whole(workdir, result_files(workdir))
+        for name, mtime in result_files(workdir).items():
+            if recorded_complete(workdir, name):
+                kept.setdefault(name, mtime)
+
+    final = subprocess.run(make_command("run", SMOKE), cwd=workdir, capture_output=True, text=True, timeout=300,
+                           env=make_env(CORES="2"))
+    assert final.returncode == 0, final.stderr[-3000:]
+    assert "removed the lock of an earlier run that is no longer alive" in final.stderr
+    now = result_files(workdir)
+    assert {name: now.get(name) for name in kept} == kept, "a result finished before a kill was written again"
+    assert cells_before_kill and all(cell_log(workdir, cell).stat().st_mtime_ns == mtime  # nor was its job run again
+                                     for cell, mtime in cells_before_kill.items())
+    assert len([name for name in now if name.endswith("metrics.json")]) == 12
+    assert_whole(workdir, now)
+    assert set(RESULT_FILES) <= set(now)
+    assert not launch.snakemake_locks(workdir) and not launch.incomplete_markers(workdir)
+
+
+@pytest.mark.e2e
+def test_a_job_that_outlives_its_killed_snakemake_keeps_the_lock_until_it_ends(tmp_path):
+    workdir = copy_workflow(tmp_path / "amprepro")
+    cell = "results/runs/cnn/fp32/seed0/metrics.json"
+    (workdir / "long.yaml").write_text("preset: smoke\nruns:\n  train:\n    steps: 200000\n")
+    run = start_make_run(workdir, f"{cell} --configfile config/config.yaml long.yaml", tmp_path / "first.log")
+    train_log = workdir / "results/logs/runs/cnn/fp32/seed0.log"
+    try:
+        wait_for(lambda: train_log.exists() and "step    20" in train_log.read_text(), 240, "the cell to train")
+        members = group_members(run.pid)
+        snakemake_pids = [pid for pid in members if "-m snakemake" in command_line(pid)]
+        job_pids = [pid for pid in members if command_line(pid).startswith(f"{VENV}/bin/python -m amprepro.train")
+                    or command_line(pid).startswith("python -m amprepro.train")]
+        assert len(snakemake_pids) == 1 and job_pids, [command_line(pid) for pid in members]
+        os.kill(snakemake_pids[0], signal.SIGKILL)  # Snakemake only: its job lives on
+        assert run.wait(timeout=60) != 0
+        assert Path(f"/proc/{job_pids[0]}").exists()
+        locks = launch.snakemake_locks(workdir)
+        assert locks
+
+        refused = make(workdir, "run", f"{cell} {SMOKE}", timeout=120, CORES="2")
+        assert refused.returncode != 0 and "Error 75" in refused.stderr, refused.stderr[-3000:]
+        assert "another run is active in" in refused.stderr and f"pid {job_pids[0]} (" in refused.stderr
+        assert launch.snakemake_locks(workdir) == locks and not (workdir / cell).exists()
+    finally:
+        kill_group(run)  # the job left behind is still in the first run's process group
+
+    # Its job gone, the next `make run` goes on (without long.yaml, so that the cell does not train for minutes).
+    resumed = make(workdir, "run", f"{cell} {SMOKE}", timeout=240, CORES="2")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "removed the lock of an earlier run that is no longer alive" in resumed.stderr
+    assert json.loads((workdir / cell).read_text())["status"] in ("ok", "skipped")

@@ -248,8 +248,9 @@ def snakemake_locks(workdir: Path) -> list[Path]:
 
 
 def incomplete_markers(workdir: Path) -> list[Path]:
+    """Snakemake's markers of outputs whose job started and did not end (long names are split into folders)."""
     folder = workdir / ".snakemake" / "incomplete"
-    return [path for path in folder.glob("*") if path.name != "migration_underway"] if folder.is_dir() else []
+    return [path for path in folder.rglob("*") if path.is_file() and path.name != "migration_underway"]
 
 
 def another_run_message(workdir: Path, active: list[Process]) -> str:
