@@ -21,10 +21,11 @@ from snakemake.cli import get_argument_parser
 from amprepro import launch
 from workflow_testing import REPO, SNAKEMAKE, copy_workflow, job_env
 
+# Its output is there while the job still runs: killed then, the output is incomplete for Snakemake.
 SLEEPING_SNAKEFILE = textwrap.dedent("""\
     rule slow:
         output: "slow.txt"
-        shell: "sleep 30 && echo done > {output}"
+        shell: "echo started > {output} && sleep $(cat pause) && echo done > {output}"
 """)
 VENV = Path(sys.executable).parent.parent
 LAUNCHER_ENV = ("CORES", "SNAKEMAKE_ARGS", "AMPREPRO_GPU_COUNT", "MAKEFLAGS", "MFLAGS", "MAKELEVEL")
@@ -167,10 +168,11 @@ def wait_for(predicate, timeout: float, what: str, poll: float = 0.05) -> None:
 
 def start_sleeping_snakemake(workdir: Path) -> subprocess.Popen:
     (workdir / "Snakefile").write_text(SLEEPING_SNAKEFILE)
+    (workdir / "pause").write_text("30")
     process = subprocess.Popen([*SNAKEMAKE, "--cores", "1"], cwd=workdir, stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL, start_new_session=True, env=job_env())
-    wait_for(lambda: launch.snakemake_locks(workdir) and list((workdir / ".snakemake/incomplete").glob("*")),
-             60, "the sleeping job to start")
+    wait_for(lambda: launch.snakemake_locks(workdir) and (workdir / "slow.txt").exists(), 60,
+             "the sleeping job to start")
     return process
 
 
@@ -235,8 +237,10 @@ def test_the_lock_of_a_killed_run_is_removed_and_its_job_rerun(env, tmp_path, mo
     kill_group(start_sleeping_snakemake(tmp_path))
     plain = subprocess.run([*SNAKEMAKE, "--cores", "1"], cwd=tmp_path, capture_output=True, text=True,
                            env=job_env())
-    assert plain.returncode != 0 and "LockException" in plain.stderr  # what a user without the launcher gets
-    (tmp_path / "Snakefile").write_text(SLEEPING_SNAKEFILE.replace("sleep 30", "sleep 0"))
+    assert plain.returncode != 0 and "IncompleteFilesException" in plain.stderr  # what a plain `snakemake` says
+    assert launch.snakemake_locks(tmp_path)  # and behind that, the dead run's lock
+    assert (tmp_path / "slow.txt").read_text() == "started\n"
+    (tmp_path / "pause").write_text("0")
     assert launch.main([], {**env, "CORES": "1"}) == 0
     err = capsys.readouterr().err
     assert "removed the lock of an earlier run that is no longer alive" in err
