@@ -366,11 +366,12 @@ def test_make_run_finishes_after_sigkill_at_every_stage_keeping_what_was_done(tm
                    ("report", exists("results/logs/report.log"), "results/report/report.html")]
     kept, cells_before_kill = {}, {}
     for attempt, (stage, started, output) in enumerate(kill_points):
-        run = start_make_run(workdir, SMOKE, tmp_path / f"attempt{attempt}.log")
+        output_file = tmp_path / f"attempt{attempt}.log"
+        run = start_make_run(workdir, SMOKE, output_file)
         wait_for(lambda: started() or run.poll() is not None, 240, f"{stage} to start")
-        assert run.poll() is None, f"the run ended before {stage} started:\n{(tmp_path / f'attempt{attempt}.log').read_text()[-3000:]}"
+        assert run.poll() is None, f"the run ended before {stage} started:\n{output_file.read_text()[-3000:]}"
         kill_group(run)
-        log = (tmp_path / f"attempt{attempt}.log").read_text()
+        log = output_file.read_text()
         if attempt:
             assert "removed the lock of an earlier run that is no longer alive" in log, log[-3000:]
         if output:

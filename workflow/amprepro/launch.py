@@ -230,6 +230,11 @@ class RunLock:
         self.record(os.getpid())
         return True
 
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # closing the file drops the flock
+            self.fd = None
+
     def record(self, *pids: int) -> None:
         os.ftruncate(self.fd, 0)
         os.pwrite(self.fd, "".join(f"{pid}\n" for pid in pids).encode(), 0)
@@ -254,10 +259,12 @@ def incomplete_markers(workdir: Path) -> list[Path]:
 
 
 def another_run_message(workdir: Path, active: list[Process]) -> str:
-    names = "; ".join(str(process) for process in active[:5]) or "pid unknown"
+    if not active:  # the lock's holder could not be read (it may be ending right now)
+        return f"another run is active in {workdir}: pid unknown. Nothing was changed. Run again when it has ended."
+    names = "; ".join(str(process) for process in active[:5])
     more = f" and {len(active) - 5} more" if len(active) > 5 else ""
     return (f"another run is active in {workdir}: {names}{more}. Nothing was changed. Wait for it to end, or stop it "
-            f"(kill {' '.join(str(p.pid) for p in active[:5])}), then run again.")
+            f"(kill {' '.join(str(process.pid) for process in active)}), then run again.")
 
 
 def recover(workdir: Path) -> str | None:
@@ -284,13 +291,14 @@ def say(line: str) -> None:
 def run_snakemake(command: list[str], lock: RunLock) -> int:
     child = subprocess.Popen(command)  # same process group: Ctrl-C reaches Snakemake, which stops cleanly
     lock.record(os.getpid(), child.pid)
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, lambda signum, frame: child.send_signal(signum))
+    previous = {signal.SIGINT: signal.signal(signal.SIGINT, signal.SIG_IGN),
+                signal.SIGTERM: signal.signal(signal.SIGTERM, lambda signum, frame: child.send_signal(signum))}
     try:
         code = child.wait()
     finally:
-        signal.signal(signal.SIGINT, previous)
-    return 128 - code if code < 0 else code
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    return 128 - code if code < 0 else code  # killed by signal N: 128 + N, as a shell reports it
 
 
 def main(argv: list[str] | None = None, env: dict | None = None) -> int:
@@ -306,14 +314,16 @@ def main(argv: list[str] | None = None, env: dict | None = None) -> int:
     if not lock.acquire():
         say(another_run_message(workdir, pipeline_processes(workdir) or lock.holders()))
         return ANOTHER_RUN_ACTIVE
-    active = pipeline_processes(workdir)
-    if active:
-        say(another_run_message(workdir, active))
-        return ANOTHER_RUN_ACTIVE
-    if recovered := recover(workdir):
-        say(recovered)
-    say(f"{what}: snakemake {shlex.join(command[3:])}")
-    return run_snakemake(command, lock)
+    try:
+        if active := pipeline_processes(workdir):
+            say(another_run_message(workdir, active))
+            return ANOTHER_RUN_ACTIVE
+        if recovered := recover(workdir):
+            say(recovered)
+        say(f"{what}: snakemake {shlex.join(command[3:])}")
+        return run_snakemake(command, lock)
+    finally:
+        lock.release()
 
 
 if __name__ == "__main__":
