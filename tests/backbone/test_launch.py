@@ -132,6 +132,13 @@ def test_snakemake_args_are_split_into_words_never_run_by_a_shell(env):
         launch.snakemake_command([], {**env, "SNAKEMAKE_ARGS": "--config 'title=a b"})
 
 
+def test_the_directory_checked_is_the_one_snakemake_works_in(env, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert launch.workdir_of(env) == tmp_path
+    assert launch.workdir_of({**env, "SNAKEMAKE_ARGS": "-n --directory elsewhere"}) == tmp_path / "elsewhere"
+    assert launch.workdir_of({**env, "SNAKEMAKE_ARGS": "-d /srv/run -n"}) == Path("/srv/run")
+
+
 def test_a_bad_setting_stops_before_anything_is_touched(env, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     assert launch.main([], {**env, "CORES": "lots"}) == launch.BAD_SETTING
