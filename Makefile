@@ -1,11 +1,15 @@
 # Two commands on a fresh machine: `make run` (the whole pipeline) and `make test` (the test suite).
 PYTHON ?= python3
 VENV ?= .venv
-CORES ?= 1
+# CORES (default: every core) and SNAKEMAKE_ARGS reach amprepro.launch through the environment, never through a shell.
+CORES ?=
 SNAKEMAKE_ARGS ?=
+export CORES SNAKEMAKE_ARGS
 BIN := $(VENV)/bin
 # Rules call `python`: it must be the venv's (with --use-conda, the env's own python comes first).
-export PATH := $(CURDIR)/$(BIN):$(PATH)
+export PATH := $(abspath $(BIN)):$(PATH)
+# Snakemake on every core and every GPU nvidia-smi lists; removes the lock of a killed run once it is dead.
+LAUNCH := PYTHONPATH=$(CURDIR)/workflow $(BIN)/python -m amprepro.launch
 
 .PHONY: run test lint clean-venv verify
 
@@ -16,13 +20,13 @@ $(BIN)/activate: requirements.txt requirements-dev.txt profiles/slurm/requiremen
 	touch $(BIN)/activate
 
 run: $(BIN)/activate
-	$(BIN)/snakemake --cores $(CORES) $(SNAKEMAKE_ARGS)
+	$(LAUNCH)
 	@echo "Report: $(CURDIR)/results/report/report.html"
 
 # Compare this run with the committed reference results of the same GPU model (reference/<gpu-slug>/); exits non-zero
 # when a cell is out of tolerance, naming the cells and by how much; exits 0 with a warning when there is no reference.
 verify: $(BIN)/activate
-	$(BIN)/snakemake --cores $(CORES) verify $(SNAKEMAKE_ARGS)
+	$(LAUNCH) verify
 
 test: $(BIN)/activate
 	$(BIN)/python -m pytest -q tests

@@ -1,0 +1,440 @@
+"""amprepro.launch, what `make run` and `make verify` start: the command line it builds, the live-run refusal, the
+removal of a dead run's lock, and real SIGKILLs of `make run` at every stage followed by a plain `make run`."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from base64 import urlsafe_b64encode
+from pathlib import Path
+
+import pytest
+from snakemake.cli import get_argument_parser
+
+from amprepro import launch
+from workflow_testing import REPO, SNAKEMAKE, copy_workflow, job_env
+
+# Its output is there while the job still runs: killed then, the output is incomplete for Snakemake.
+SLEEPING_SNAKEFILE = textwrap.dedent("""\
+    rule slow:
+        output: "slow.txt"
+        shell: "echo started > {output} && sleep $(cat pause) && echo done > {output}"
+""")
+VENV = Path(sys.executable).parent.parent
+LAUNCHER_ENV = ("CORES", "SNAKEMAKE_ARGS", "AMPREPRO_GPU_COUNT", "MAKEFLAGS", "MFLAGS", "MAKELEVEL")
+
+
+@pytest.fixture
+def env(monkeypatch, tmp_path) -> dict:
+    """os.environ without launcher settings, with an nvidia-smi on PATH that lists no GPU (as on a CPU box)."""
+    for name in LAUNCHER_ENV:
+        monkeypatch.delenv(name, raising=False)
+    fake_nvidia_smi(tmp_path / "bin", gpus=0)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    return dict(os.environ)
+
+
+def fake_nvidia_smi(folder: Path, gpus: int) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    lines = "".join(f"echo 'GPU {i}: NVIDIA H200 (UUID: GPU-{i:08d})'\n" for i in range(gpus))
+    script = folder / "nvidia-smi"
+    script.write_text("#!/bin/sh\n" + (lines if gpus else "echo 'NVIDIA-SMI has failed' >&2\nexit 9\n"))
+    script.chmod(0o755)
+
+
+def parsed(command: list[str]):
+    """The command as Snakemake itself reads it."""
+    assert command[:3] == [sys.executable, "-m", "snakemake"]
+    return get_argument_parser().parse_args(command[3:])
+
+
+# ---- the command line ------------------------------------------------------------------------------------------
+
+
+def test_cores_default_to_every_usable_core_and_incomplete_outputs_rerun(env):
+    command, said = launch.snakemake_command([], env)
+    args = parsed(command)
+    assert args.cores == len(os.sched_getaffinity(0))
+    assert args.rerun_incomplete
+    assert f"{args.cores} cores (all usable)" in said and "no GPU" in said
+    assert args.resources == {}
+
+
+@pytest.mark.parametrize("cores", ["8", "all"])
+def test_cores_setting_is_used(env, cores):
+    command, _ = launch.snakemake_command(["verify"], {**env, "CORES": cores})
+    args = parsed(command)
+    assert str(args.cores) == cores or (cores == "all" and args.cores == len(os.sched_getaffinity(0)))
+    assert args.targets == ["verify"]
+
+
+@pytest.mark.parametrize("cores", ["0", "-1", "8; rm -rf ~", "four"])
+def test_a_bad_cores_setting_is_refused_with_the_fix(env, cores):
+    with pytest.raises(launch.SettingError, match=r"CORES=.* is not a whole number above 0 or 'all'; e\.g\. make run"):
+        launch.snakemake_command([], {**env, "CORES": cores})
+
+
+def test_gpus_nvidia_smi_lists_become_the_gpu_resource(env, tmp_path):
+    fake_nvidia_smi(tmp_path / "bin", gpus=2)
+    command, said = launch.snakemake_command([], env)
+    assert parsed(command).resources["gpu"].value == 2
+    assert "2 GPU(s) (nvidia-smi -L)" in said
+
+
+def test_amprepro_gpu_count_wins_over_nvidia_smi(env, tmp_path, monkeypatch):
+    fake_nvidia_smi(tmp_path / "bin", gpus=2)
+    monkeypatch.setenv("AMPREPRO_GPU_COUNT", "1")
+    command, said = launch.snakemake_command([], dict(os.environ))
+    assert parsed(command).resources["gpu"].value == 1
+    assert "1 GPU(s) (AMPREPRO_GPU_COUNT)" in said
+    with pytest.raises(launch.SettingError, match="AMPREPRO_GPU_COUNT='two' is not a whole number"):
+        launch.snakemake_command([], {**env, "AMPREPRO_GPU_COUNT": "two"})
+
+
+def test_the_users_gpu_resource_is_kept_and_other_resources_get_the_gpus(env, tmp_path):
+    fake_nvidia_smi(tmp_path / "bin", gpus=2)
+    command, said = launch.snakemake_command([], {**env, "SNAKEMAKE_ARGS": "--resources gpu=1 mem_mb=9000"})
+    assert {name: r.value for name, r in parsed(command).resources.items()} == {"gpu": 1, "mem_mb": 9000}
+    assert "GPUs as SNAKEMAKE_ARGS sets" in said
+    # Snakemake keeps only the last --resources: the GPUs must join the user's, not come as a second one.
+    command, _ = launch.snakemake_command([], {**env, "SNAKEMAKE_ARGS": "--resources mem_mb=9000 -n"})
+    assert {name: r.value for name, r in parsed(command).resources.items()} == {"gpu": 2, "mem_mb": 9000}
+    assert command.count("--resources") == 1
+    with pytest.raises(launch.SettingError, match="with a space"):
+        launch.snakemake_command([], {**env, "SNAKEMAKE_ARGS": "--resources=mem_mb=9000"})
+
+
+def test_a_target_after_the_gpu_resource_stays_a_target(env, tmp_path):
+    fake_nvidia_smi(tmp_path / "bin", gpus=1)
+    command, _ = launch.snakemake_command([], {**env, "SNAKEMAKE_ARGS": "results/summary/summary.json"})
+    args = parsed(command)
+    assert args.targets == ["results/summary/summary.json"] and args.resources["gpu"].value == 1
+
+
+def test_user_cores_and_profiles_are_left_alone(env):
+    command, said = launch.snakemake_command([], {**env, "CORES": "8", "SNAKEMAKE_ARGS": "--cores 3"})
+    assert parsed(command).cores == 3 and "cores as SNAKEMAKE_ARGS sets" in said
+    command, said = launch.snakemake_command([], {**env, "SNAKEMAKE_ARGS": "--workflow-profile profiles/slurm"})
+    assert "--cores" not in command and "--resources" not in command and "profile" in said
+
+
+def test_snakemake_args_are_split_into_words_never_run_by_a_shell(env):
+    words = launch.snakemake_command([], {**env, "SNAKEMAKE_ARGS": "--config 'title=a b' $(touch pwned) ;"})[0]
+    assert words[-5:] == ["--config", "title=a b", "$(touch", "pwned)", ";"]
+    with pytest.raises(launch.SettingError, match="SNAKEMAKE_ARGS cannot be split"):
+        launch.snakemake_command([], {**env, "SNAKEMAKE_ARGS": "--config 'title=a b"})
+
+
+def test_the_directory_checked_is_the_one_snakemake_works_in(env, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert launch.workdir_of(env) == tmp_path
+    assert launch.workdir_of({**env, "SNAKEMAKE_ARGS": "-n --directory elsewhere"}) == tmp_path / "elsewhere"
+    assert launch.workdir_of({**env, "SNAKEMAKE_ARGS": "-d /srv/run -n"}) == Path("/srv/run")
+
+
+def test_a_bad_setting_stops_before_anything_is_touched(env, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert launch.main([], {**env, "CORES": "lots"}) == launch.BAD_SETTING
+    assert "CORES='lots'" in capsys.readouterr().err
+    assert not (tmp_path / ".snakemake").exists()
+
+
+@pytest.mark.parametrize("argv, pipeline", [
+    (["/w/.venv/bin/python", "/w/.venv/bin/snakemake", "--cores", "2"], True),
+    (["/w/.venv/bin/snakemake", "--cores", "2"], True),
+    (["/w/.venv/bin/python", "-m", "snakemake", "--cores", "2"], True),
+    (["/usr/bin/bash", "-c", "set -euo pipefail;  PYTHONPATH=workflow python -m amprepro.train --spec x"], True),
+    (["python", "-u", "-m", "amprepro.train", "--spec", "x"], True),
+    (["python", "-m", "amprepro.launch"], True),
+    (["vim", "workflow/amprepro/train.py"], False),
+    (["less", ".snakemake/log/x.snakemake.log"], False),
+    (["python", "-m", "pytest", "-q", "tests/backbone/test_launch.py"], False),
+    (["tail", "-f", "results/logs/runs/cnn/fp32/seed0.log"], False),
+])
+def test_what_counts_as_a_process_of_a_run(argv, pipeline):
+    assert launch.is_pipeline_command(argv) is pipeline
+
+
+# ---- live runs and dead runs -----------------------------------------------------------------------------------
+
+
+def wait_for(predicate, timeout: float, what: str, poll: float = 0.05) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(poll)
+
+
+def start_sleeping_snakemake(workdir: Path) -> subprocess.Popen:
+    (workdir / "Snakefile").write_text(SLEEPING_SNAKEFILE)
+    (workdir / "pause").write_text("30")
+    process = subprocess.Popen([*SNAKEMAKE, "--cores", "1"], cwd=workdir, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL, start_new_session=True, env=job_env())
+    wait_for(lambda: launch.snakemake_locks(workdir) and (workdir / "slow.txt").exists(), 60,
+             "the sleeping job to start")
+    return process
+
+
+def kill_group(process: subprocess.Popen) -> None:
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    wait_for(lambda: not group_members(process.pid), 30, "every process of the killed group to end")
+
+
+def group_members(pgid: int) -> list[int]:
+    members = []
+    for entry in Path("/proc").iterdir():
+        try:
+            stat = (entry / "stat").read_text()
+        except (OSError, NotADirectoryError):
+            continue
+        fields = stat.rpartition(")")[2].split()
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            members.append(int(entry.name))
+    return members
+
+
+def test_a_live_launcher_is_named_and_its_lock_kept(env, tmp_path, monkeypatch, capsys):
+    """A real process holding the run lock (its command line does not look like a pipeline process at all)."""
+    monkeypatch.chdir(tmp_path)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from pathlib import Path; from amprepro.launch import RunLock;"
+         " assert RunLock(Path.cwd()).acquire(); print('held', flush=True); time.sleep(120)"],
+        cwd=tmp_path, stdout=subprocess.PIPE, text=True, env={**job_env(), "PYTHONPATH": str(REPO / "workflow")})
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        lock = tmp_path / ".snakemake/locks/0.output.lock"
+        lock.parent.mkdir(parents=True)
+        lock.write_text("slow.txt")
+        assert launch.main(["-n"], env) == launch.ANOTHER_RUN_ACTIVE
+        err = capsys.readouterr().err
+        assert f"another run is active in {tmp_path}: pid {holder.pid} (" in err and "Nothing was changed" in err
+        assert lock.exists()
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_a_live_snakemake_in_the_directory_is_named_and_its_lock_kept(env, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    running = start_sleeping_snakemake(tmp_path)
+    try:
+        locks = launch.snakemake_locks(tmp_path)
+        assert launch.main([], env) == launch.ANOTHER_RUN_ACTIVE
+        err = capsys.readouterr().err
+        assert f"pid {running.pid} (" in err and "snakemake --cores 1" in err
+        assert launch.snakemake_locks(tmp_path) == locks
+        elsewhere = tmp_path / "elsewhere"
+        elsewhere.mkdir()
+        assert launch.pipeline_processes(elsewhere) == []  # a run in another directory is no concern of this one
+    finally:
+        kill_group(running)
+
+
+def test_the_lock_of_a_killed_run_is_removed_and_its_job_rerun(env, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    kill_group(start_sleeping_snakemake(tmp_path))
+    plain = subprocess.run([*SNAKEMAKE, "--cores", "1"], cwd=tmp_path, capture_output=True, text=True,
+                           env=job_env())
+    assert plain.returncode != 0 and "IncompleteFilesException" in plain.stderr  # what a plain `snakemake` says
+    assert launch.snakemake_locks(tmp_path)  # and behind that, the dead run's lock
+    assert (tmp_path / "slow.txt").read_text() == "started\n"
+    (tmp_path / "pause").write_text("0")
+    assert launch.main([], {**env, "CORES": "1"}) == 0
+    err = capsys.readouterr().err
+    assert "removed the lock of an earlier run that is no longer alive" in err
+    assert "re-running 1 output(s) it left incomplete" in err
+    assert (tmp_path / "slow.txt").read_text() == "done\n"
+    assert not launch.snakemake_locks(tmp_path)
+
+
+# ---- `make run` itself, killed for real -------------------------------------------------------------------------
+
+SMOKE = "--config preset=smoke"
+RESULT_FILES = ["results/environment/environment.json", "results/apex/apex.json", "results/sanity/sanity.json",
+                "results/peak/peak.json", "results/summary/summary.json", "results/summary/summary.csv",
+                "results/report/report.html"]
+
+
+def make_command(target: str, snakemake_args: str) -> list[str]:
+    """`make <target> SNAKEMAKE_ARGS=...` as a user types it, with this test's venv (-o: never rebuild it)."""
+    return ["make", "--no-print-directory", "-o", f"{VENV}/bin/activate", target, f"VENV={VENV}",
+            f"SNAKEMAKE_ARGS={snakemake_args}"]
+
+
+def make_env(**settings: str) -> dict:
+    env = {name: value for name, value in job_env().items() if name not in LAUNCHER_ENV}
+    return {**env, **settings}
+
+
+def make(workdir: Path, target: str, snakemake_args: str, timeout: int = 300, **settings: str):
+    return subprocess.run(make_command(target, snakemake_args), cwd=workdir, capture_output=True, text=True,
+                          timeout=timeout, env=make_env(**settings))
+
+
+def start_make_run(workdir: Path, snakemake_args: str, output: Path) -> subprocess.Popen:
+    """`make run` in its own process group, as a terminal would start it, so it can be killed whole."""
+    with output.open("w") as sink:
+        return subprocess.Popen(make_command("run", snakemake_args), cwd=workdir, stdout=sink,
+                                stderr=subprocess.STDOUT, start_new_session=True, env=make_env(CORES="2"))
+
+
+def command_line(pid: int) -> str:
+    return " ".join(launch.command_of(pid))
+
+
+def result_files(workdir: Path) -> dict[str, int]:
+    """mtime_ns of every result file there is (cells included)."""
+    paths = [workdir / name for name in RESULT_FILES]
+    paths += sorted((workdir / "results/runs").glob("*/*/*/metrics.json"))
+    paths += sorted((workdir / "results/runs").glob("*/*/*/steps.csv"))
+    return {str(path.relative_to(workdir)): path.stat().st_mtime_ns for path in paths if path.exists()}
+
+
+def incomplete_marker(workdir: Path, name: str) -> Path:
+    """Snakemake's mark of an output whose job has started and not ended."""
+    return workdir / ".snakemake/incomplete" / urlsafe_b64encode(name.encode()).decode()
+
+
+def recorded_complete(workdir: Path, name: str) -> bool:
+    """The file is there and Snakemake has recorded its job as ended. A job killed after writing its outputs but
+    before Snakemake saw it end is incomplete for Snakemake, and rightly run again."""
+    return (workdir / name).exists() and not incomplete_marker(workdir, name).exists()
+
+
+def assert_whole(workdir: Path, names) -> None:
+    """No result file is cut short: JSON parses, every CSV row is as wide as its header, the HTML is closed."""
+    for name in names:
+        text = (workdir / name).read_text()
+        if name.endswith(".json"):
+            json.loads(text)
+        elif name.endswith(".csv"):
+            header, *rows = list(csv.reader(io.StringIO(text)))
+            assert text.endswith("\n") and all(len(row) == len(header) for row in rows), name
+        else:
+            assert text.rstrip().endswith("</html>"), name
+
+
+def cells_started(workdir: Path) -> tuple[list[str], list[str]]:
+    """(cells finished, cells whose job has started but not finished), as results/runs/<model>/<precision>/<seed>."""
+    finished, running = [], []
+    for log in (workdir / "results/logs/runs").glob("*/*/*.log"):
+        cell = f"results/runs/{log.relative_to(workdir / 'results/logs/runs').with_suffix('')}"
+        (finished if recorded_complete(workdir, f"{cell}/metrics.json") else running).append(cell)
+    return finished, running
+
+
+def cell_log(workdir: Path, cell: str) -> Path:
+    return workdir / "results/logs" / f"{cell.removeprefix('results/')}.log"
+
+
+@pytest.fixture(scope="module")
+def make_workdir(tmp_path_factory) -> Path:
+    return copy_workflow(tmp_path_factory.mktemp("launch") / "amprepro")
+
+
+@pytest.mark.e2e
+def test_make_run_uses_every_core_for_the_apex_build_and_no_shell_for_snakemake_args(make_workdir):
+    cores = len(os.sched_getaffinity(0))
+    dry = make(make_workdir, "run", f"-n -p {SMOKE}")
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    assert f"amprepro: {cores} cores (all usable)" in dry.stderr
+    assert f"--out results/apex/apex.json --jobs {cores} " in dry.stdout  # rule apex: threads = workflow.cores
+    verify = make(make_workdir, "verify", f"-n {SMOKE}")
+    assert verify.returncode == 0 and "\nverify " in verify.stdout, verify.stderr[-3000:]
+    injected = make(make_workdir, "run", "--version $(touch pwned) ; touch pwned2")
+    assert injected.returncode == 0, injected.stderr[-3000:]
+    assert not (make_workdir / "pwned").exists() and not (make_workdir / "pwned2").exists()
+
+
+@pytest.mark.e2e
+def test_make_run_finishes_after_sigkill_at_every_stage_keeping_what_was_done(tmp_path):
+    """Kill the whole `make run` process group (a crash, a power cut) while each stage runs, one after another in
+    the same directory; every following plain `make run` removes the dead run's lock and goes on."""
+    workdir = copy_workflow(tmp_path / "amprepro")
+    exists = lambda name: lambda: (workdir / name).exists()  # noqa: E731
+
+    def some_cells_done_one_running() -> bool:
+        finished, running = cells_started(workdir)
+        return len(finished) >= 2 and bool(running)
+
+    kill_points = [("environment", exists("results/logs/environment.log"), "results/environment/environment.json"),
+                   ("apex", exists("results/logs/apex.log"), "results/apex/apex.json"),
+                   ("a train cell", some_cells_done_one_running, None),
+                   ("summary", exists("results/logs/summary.log"), "results/summary/summary.json"),
+                   ("report", exists("results/logs/report.log"), "results/report/report.html")]
+    kept, cells_before_kill = {}, {}
+    for attempt, (stage, started, output) in enumerate(kill_points):
+        output_file = tmp_path / f"attempt{attempt}.log"
+        run = start_make_run(workdir, SMOKE, output_file)
+        wait_for(lambda: started() or run.poll() is not None, 240, f"{stage} to start")
+        assert run.poll() is None, f"the run ended before {stage} started:\n{output_file.read_text()[-3000:]}"
+        kill_group(run)
+        log = output_file.read_text()
+        if attempt:
+            assert "removed the lock of an earlier run that is no longer alive" in log, log[-3000:]
+        if output:
+            assert incomplete_marker(workdir, output).exists(), f"{stage} had ended before the kill"
+        else:
+            finished, running = cells_started(workdir)
+            assert running, "every cell had ended before the kill"
+            cells_before_kill = {cell: cell_log(workdir, cell).stat().st_mtime_ns for cell in finished}
+        assert_whole(workdir, result_files(workdir))
+        for name, mtime in result_files(workdir).items():
+            if recorded_complete(workdir, name):
+                kept.setdefault(name, mtime)
+
+    final = subprocess.run(make_command("run", SMOKE), cwd=workdir, capture_output=True, text=True, timeout=300,
+                           env=make_env(CORES="2"))
+    assert final.returncode == 0, final.stderr[-3000:]
+    assert "removed the lock of an earlier run that is no longer alive" in final.stderr
+    now = result_files(workdir)
+    assert {name: now.get(name) for name in kept} == kept, "a result finished before a kill was written again"
+    assert cells_before_kill and all(cell_log(workdir, cell).stat().st_mtime_ns == mtime  # nor was its job run again
+                                     for cell, mtime in cells_before_kill.items())
+    assert len([name for name in now if name.endswith("metrics.json")]) == 12
+    assert_whole(workdir, now)
+    assert set(RESULT_FILES) <= set(now)
+    assert not launch.snakemake_locks(workdir) and not launch.incomplete_markers(workdir)
+
+
+@pytest.mark.e2e
+def test_a_job_that_outlives_its_killed_snakemake_keeps_the_lock_until_it_ends(tmp_path):
+    workdir = copy_workflow(tmp_path / "amprepro")
+    cell = "results/runs/cnn/fp32/seed0/metrics.json"
+    (workdir / "long.yaml").write_text("preset: smoke\nruns:\n  train:\n    steps: 200000\n")
+    run = start_make_run(workdir, f"{cell} --configfile config/config.yaml long.yaml", tmp_path / "first.log")
+    train_log = workdir / "results/logs/runs/cnn/fp32/seed0.log"
+    try:
+        wait_for(lambda: train_log.exists() and "step    20" in train_log.read_text(), 240, "the cell to train")
+        members = group_members(run.pid)
+        snakemake_pids = [pid for pid in members if "-m snakemake" in command_line(pid)]
+        job_pids = [pid for pid in members if command_line(pid).startswith(f"{VENV}/bin/python -m amprepro.train")
+                    or command_line(pid).startswith("python -m amprepro.train")]
+        assert len(snakemake_pids) == 1 and job_pids, [command_line(pid) for pid in members]
+        os.kill(snakemake_pids[0], signal.SIGKILL)  # Snakemake only: its job lives on
+        assert run.wait(timeout=60) != 0
+        assert Path(f"/proc/{job_pids[0]}").exists()
+        locks = launch.snakemake_locks(workdir)
+        assert locks
+
+        refused = make(workdir, "run", f"{cell} {SMOKE}", timeout=120, CORES="2")
+        assert refused.returncode != 0 and "Error 75" in refused.stderr, refused.stderr[-3000:]
+        assert "another run is active in" in refused.stderr and f"pid {job_pids[0]} (" in refused.stderr
+        assert launch.snakemake_locks(workdir) == locks and not (workdir / cell).exists()
+    finally:
+        kill_group(run)  # the job left behind is still in the first run's process group
+
+    # Its job gone, the next `make run` goes on (without long.yaml, so that the cell does not train for minutes).
+    resumed = make(workdir, "run", f"{cell} {SMOKE}", timeout=240, CORES="2")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "removed the lock of an earlier run that is no longer alive" in resumed.stderr
+    assert json.loads((workdir / cell).read_text())["status"] in ("ok", "skipped")
