@@ -1,8 +1,8 @@
 #!/bin/bash
 # A reviewer's route on a GPU box that has CUDA torch but no network: the README's `make run`, then `make verify`,
-# timed from the first call's start to the verdict. What differs from a networked box, and only that: the venv is made
-# with the box's own CUDA torch (--system-site-packages, as "install the CUDA build of torch first" gives) plus the
-# carried wheels in .whl/, and apex comes from a local export (README: "Apex on a machine without GitHub").
+# timed from the first call's start to the verdict. What differs from a networked box, and only that: the venv sees
+# the box's own CUDA torch (as "install the CUDA build of torch first" gives) and gets the rest from the carried
+# wheels in .whl/, and apex comes from a local export (README: "Apex on a machine without GitHub").
 # A device call is cut at 10 minutes: call the script again and `make run` resumes where the cut left it.
 #
 #   OUT=/path/to/outdir tools/gpu/make_run.sh [seconds] [verify]
@@ -17,11 +17,17 @@ mkdir -p "$OUT"
 # flock: the two runs of tools/gpu/reference_runs.sh start together and share the venv.
 (
   flock 9
-  if [ ! -x "$venv/bin/snakemake" ]; then
-    python3 -m venv --system-site-packages "$venv" &&
+  if [ ! -f "$venv/.ready" ]; then
+    rm -rf "$venv"
+    # The box's python3 is itself a venv (/opt/torch/.venv): --system-site-packages would not reach its torch, so
+    # a .pth file puts its site-packages after the venv's own.
+    image_site=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') &&
+    python3 -m venv "$venv" &&
+      echo "$image_site" > "$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/image.pth" &&
       "$venv/bin/python" -m pip install -q --no-index --no-deps --no-cache-dir .whl/*.whl &&
-      touch "$venv/bin/activate" || { echo "venv setup failed"; exit 1; }
+      touch "$venv/bin/activate" "$venv/.ready" || { echo "venv setup failed"; exit 1; }
   fi
+  "$venv/bin/python" -c 'import torch, snakemake, wrapt' || { echo "venv lacks torch or snakemake"; exit 1; }
 ) 9>/tmp/amprepro-venv.lock || exit 1
 cat > /tmp/amprepro-gpu.yaml <<YAML
 apex:
