@@ -89,8 +89,8 @@ def conda_packages(path: Path) -> set[str]:
 def train_envs() -> tuple[str, str]:
     """(GPU env, CPU env) as conda_check.smk chooses them."""
     smk = (REPO / "workflow" / "rules" / "conda_check.smk").read_text()
-    gpu, cpu = re.search(r'^TRAIN_ENV = "\.\./\.\./(envs/\S+)" if GPUS else "\.\./\.\./(envs/\S+)"$', smk, re.M).groups()
-    return gpu, cpu
+    chosen = re.search(r'^TRAIN_ENV = "\.\./\.\./(envs/\S+)" if GPUS else "\.\./\.\./(envs/\S+)"$', smk, re.M)
+    return chosen.group(1), chosen.group(2)
 
 
 def routes():
@@ -150,7 +150,8 @@ print(json.dumps(sorted({d for d in new if d.lower() not in {a.lower() for a in 
 def test_archs_not_in_arch_packages_build_with_torch_alone():
     """An arch missing from models.ARCH_PACKAGES must not need anything but torch."""
     archs = {model["arch"]: model for name in PRESETS for model in preset_models(name)}
-    archs.update({arch: {} for arch in load_schema()["$defs"]["model"]["properties"]["arch"]["enum"] if arch not in archs})
+    schema_archs = load_schema()["$defs"]["model"]["properties"]["arch"]["enum"]
+    archs.update({arch: {} for arch in schema_archs if arch not in archs})
     plain = {arch: config for arch, config in archs.items() if arch not in models.ARCH_PACKAGES}
     done = subprocess.run([sys.executable, "-c", IMPORTED_BY_BUILD, json.dumps(plain)], capture_output=True,
                           text=True, cwd=REPO, env={"PYTHONPATH": str(REPO / "workflow")}, timeout=120)
