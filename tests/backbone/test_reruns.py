@@ -144,4 +144,4 @@ def test_the_cells_read_the_views_and_sanity_is_the_checkpoint_that_re_judges_th
     assert 'sanity="results/sanity/verdicts.json"' in blocks["train"]
     assert "results/sanity/verdicts.json" in blocks["peak"] and "results/sanity/verdicts.json" in blocks["summary"]
     assert re.search(r"^checkpoint sanity:", (RULES / "sanity.smk").read_text(), re.M)
-    assert "ancient(" not in "".join(blocks.values()), "ancient() inputs hide a job's own changes (see docs)"
+    assert "ancient(" not in "".join(blocks.values()), "ancient() inputs hide a job's own changes (sanity.smk)"

@@ -1,5 +1,7 @@
 # A checkpoint, so that once it has run Snakemake judges the cells again: a cell then re-runs only if the content of
 # its inputs changed (checksums), not because apex or sanity ran again with the same outcome (amprepro.runinputs).
+# Not ancient() inputs: Snakemake 9.27 then never checks the cells' own changes (code, settings) in a run where
+# sanity or anything above it runs, since update_needrun skips every job below one that must run.
 checkpoint sanity:
     """Check the GPU stack the articles rely on; a required check that fails stops the pipeline here."""
     input:
