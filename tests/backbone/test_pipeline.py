@@ -104,3 +104,44 @@ def test_lint_is_clean():
     result = subprocess.run([*SNAKEMAKE, "--lint"], cwd=repo, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "Lints for" not in result.stdout + result.stderr
+
+
+def ran_rules(log: str) -> list[str]:
+    """The rules a real run executed, from Snakemake's log."""
+    return sorted(re.findall(r"^(?:local)?(?:rule|checkpoint) (\w+):$", log, re.M))
+
+
+def test_a_comment_edit_reruns_no_cell_and_a_real_change_reruns_them(smoke_run):
+    workdir, _ = smoke_run
+    train = workdir / "workflow/amprepro/train.py"
+    original = train.read_text()
+    assert original.startswith('"""')
+    try:
+        train.write_text(original.replace('"""', '"""Edited docstring. ', 1) + "\n# a comment\n")
+        result = snakemake(workdir, "-n", "--cores", "2", "--config", "preset=smoke")
+        assert "Nothing to be done" in result.stdout + result.stderr
+        train.write_text(original + "\nUNUSED = 1\n")
+        result = snakemake(workdir, "-n", "--cores", "2", "--config", "preset=smoke")
+        assert job_counts(result.stdout) == {"train": 12, "summary": 1, "report": 1, "all": 1}
+        assert "Params have changed" in result.stdout and "code of amprepro.train: sha256" in result.stdout
+    finally:
+        train.write_text(original)
+
+
+def test_apex_and_sanity_run_again_with_the_same_outcome_rerun_no_cell(smoke_run):
+    workdir, _ = smoke_run
+    cells = sorted((workdir / "results/runs").rglob("*.*"))
+    before = {path: path.stat().st_mtime_ns for path in cells}
+    result = snakemake(workdir, "--cores", "2", "--config", "preset=smoke", "--forcerun", "apex", "sanity")
+    assert ran_rules(result.stdout + result.stderr) == ["all", "apex", "sanity"]  # sanity.json: the same bytes
+    assert {path: path.stat().st_mtime_ns for path in cells} == before
+    sanity = workdir / "results/sanity/sanity.json"
+    original = sanity.read_text()
+    try:  # other details, the same verdicts: the report shows the details again, no cell re-runs
+        record = json.loads(original)
+        record["checks"][0]["detail"] += " (edited)"
+        sanity.write_text(json.dumps(record))
+        result = snakemake(workdir, "-n", "--cores", "2", "--config", "preset=smoke")
+        assert job_counts(result.stdout) == {"report": 1, "all": 1}
+    finally:
+        sanity.write_text(original)

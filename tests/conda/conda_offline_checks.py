@@ -119,7 +119,7 @@ def jobs_in_log(log: str) -> list[Job]:
     """The jobs a Snakemake log announces, with their outputs and the conda env Snakemake activated for each."""
     jobs: list[Job] = []
     for line in log.splitlines():
-        if match := re.match(r"^(?:local)?rule (\w+):$", line):
+        if match := re.match(r"^(?:local)?(?:rule|checkpoint) (\w+):$", line):
             jobs.append(Job(match.group(1), []))
         elif jobs and (match := re.match(r"^\s+output: (.*)$", line)):
             jobs[-1].outputs = [path.strip() for path in match.group(1).split(",")]

@@ -83,7 +83,7 @@ def test_the_preflight_passes_and_stays_quiet_when_all_is_well(channel_standin: 
 def test_isolation_check_reports_a_job_that_ran_outside_its_env(tmp_path):
     env = tmp_path / ".snakemake" / "conda" / ("a" * 32 + "_")
     (env / "bin").mkdir(parents=True)
-    log = ("localrule sanity:\n    output: results/sanity/sanity.json\n    jobid: 4\n"
+    log = ("localcheckpoint sanity:\n    output: results/sanity/sanity.json\n    jobid: 4\n"
            f"Activating conda environment: .snakemake/conda/{env.name}\n"
            "localrule summary:\n    output: results/summary/summary.csv, results/summary/summary.json\n"
            f"Activating conda environment: .snakemake/conda/{env.name}\n"

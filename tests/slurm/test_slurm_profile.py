@@ -288,7 +288,7 @@ def test_every_job_went_through_sbatch(runs):
         # every job Snakemake started (`rule X:` ... `jobid: N`; local ones print `localrule X:`, and the remote
         # Snakemake in a failed job's log, shown too, numbers its one job 0) was an sbatch submission;
         # run 1: at least environment, apex, sanity and the 12 cells; the rerun: 2 cells, summary, report
-        started = set(re.findall(r"^rule \w+:\n(?:    .*\n)*?    jobid: ([1-9]\d*)$", run.output, re.M))
+        started = set(re.findall(r"^(?:rule|checkpoint) \w+:\n(?:    .*\n)*?    jobid: ([1-9]\d*)$", run.output, re.M))
         assert len(submissions) == len(started) >= least, \
             f"{run.name}: {len(started)} jobs, {len(submissions)} sbatch submissions: {sorted(submissions)}"
         for jobid, log in submissions.items():

@@ -3,6 +3,8 @@ LLaMA-7B-shaped decoder for paper."""
 
 from __future__ import annotations
 
+import importlib
+
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -226,19 +228,19 @@ class Llama(nn.Module):
 
 
 LLAMA_SIZES = {"llama": {}, "llama_tiny": {"vocab_size": 256, "layers": 2, "heads": 4, "dim": 64, "ffn_dim": 172}}
+# The package each arch needs besides torch; an arch not listed is plain torch. requirements.txt and envs/ must provide
+# every package named here (tests/backbone/test_routes.py).
+ARCH_PACKAGES = {"resnet50": "torchvision", "vit_b_16": "torchvision", "vit_base_patch16_224": "timm"}
 
 
 def unavailable_reason(arch: str) -> str | None:
-    if arch == "vit_base_patch16_224":
-        try:
-            import timm  # noqa: F401
-        except Exception as exc:
-            return f"{arch} comes from timm, which is not importable here ({exc}); install timm"
-    if arch in ("resnet50", "vit_b_16"):
-        try:
-            import torchvision  # noqa: F401
-        except Exception as exc:  # ImportError, or a torchvision built for another torch
-            return f"{arch} comes from torchvision, which is not importable here ({exc}); install torchvision"
+    package = ARCH_PACKAGES.get(arch)
+    if package is None:
+        return None
+    try:
+        importlib.import_module(package)
+    except Exception as exc:  # ImportError, or a torchvision built for another torch
+        return f"{arch} comes from {package}, which is not importable here ({exc}); install {package}"
     return None
 
 

@@ -2,11 +2,12 @@ rule apex:
     """Build (or declare absent) NVIDIA Apex from a pinned source; verify every extension it promises."""
     input:
         env="results/environment/environment.json",
-        code=[f"{PKG}/apex_stage.py", *sorted(glob.glob(f"{PKG}/apexbuild/*.py"))],
     output:
         apex="results/apex/apex.json",
+        runs="results/apex/runs.json",  # what the cells read from apex.json (amprepro.runinputs)
     params:
         settings=json.dumps({**config["apex"], "required": APEX_REQUIRED}, sort_keys=True),
+        code=code_digest("apex_stage", "runinputs"),
     log:
         "results/logs/apex.log",
     threads: BUILD_THREADS
@@ -18,3 +19,5 @@ rule apex:
     shell:
         "PYTHONPATH=workflow python -m amprepro.gpuslots --gpus {resources.gpu} -- python -m amprepro.apex_stage"
         " --settings {params.settings:q} --out {output.apex} --jobs {threads} > {log} 2>&1"
+        " && PYTHONPATH=workflow python -m amprepro.runinputs apex --record {output.apex} --out {output.runs}"
+        " >> {log} 2>&1"

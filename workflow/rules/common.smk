@@ -1,4 +1,3 @@
-import glob
 import hashlib
 import json
 import sys
@@ -7,6 +6,7 @@ from pathlib import Path
 from snakemake.utils import validate
 
 sys.path.insert(0, str(Path(workflow.basedir) / "workflow"))
+from amprepro.codedigest import code_digest  # noqa: E402
 from amprepro.distributed import launcher  # noqa: E402
 from amprepro.config import (  # noqa: E402
     apex_required,
@@ -26,7 +26,6 @@ RUNS, PRESET = resolve_runs(config, Path(workflow.basedir) / "config" / "presets
 PRESET["config_sha256"] = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()
 CELLS = cells(RUNS)
 APEX_REQUIRED = apex_required(config["apex"]["required"], GPUS)
-PKG = "workflow/amprepro"
 BUILD_THREADS = max(1, workflow.cores or 1)  # None under `snakemake --report`
 
 

@@ -1,9 +1,9 @@
 rule environment:
     """Record the software environment the jobs run in: Python, packages, torch build, conda or not."""
-    input:
-        code=f"{PKG}/environment.py",
     output:
         env="results/environment/environment.json",
+    params:
+        code=code_digest("environment"),
     log:
         "results/logs/environment.log",
     resources:

@@ -13,8 +13,9 @@ rule report:
         steps=run_outputs("steps.csv"),
         claims="config/claims.yaml",
         reference=reference_inputs("reference"),
-        code=[f"{PKG}/{name}.py" for name in ("render", "reportlib", "claims", "verify", "reference")]
-        + [f"workflow/report/nbconvert/amprepro/{name}" for name in ("conf.json", "index.html.j2", "static/report.css")],
+        templates=[
+            f"workflow/report/nbconvert/amprepro/{name}" for name in ("conf.json", "index.html.j2", "static/report.css")
+        ],
     output:
         notebook="results/report/report.ipynb",
         html=report(
@@ -24,6 +25,7 @@ rule report:
         ),
     params:
         title=config["report"]["title"],
+        code=code_digest("render", "reportlib", "claims", "verify"),  # reportlib: what the notebook imports
     log:
         "results/logs/report.log",
     resources:

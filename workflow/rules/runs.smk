@@ -1,15 +1,15 @@
 rule train:
     """One cell: one model, one precision, one seed, in its own process (apex O1 patches torch globally)."""
     input:
-        sanity="results/sanity/sanity.json",
-        apex="results/apex/apex.json",
-        code=[f"{PKG}/{n}.py" for n in ("train", "models", "memory", "data", "precision", "measure", "flops", "distributed")],
+        sanity="results/sanity/verdicts.json",  # the gate; the cell never reads it
+        apex="results/apex/runs.json",
     output:
         metrics="results/runs/{model}/{precision}/seed{seed}/metrics.json",
         steps="results/runs/{model}/{precision}/seed{seed}/steps.csv",
     params:
         spec=spec_for_cell,
         launcher=launcher_for_cell,
+        code=code_digest("train"),
     log:
         "results/logs/runs/{model}/{precision}/seed{seed}.log",
     threads: 1 if not GPUS else 8
@@ -27,10 +27,11 @@ rule train:
 rule peak:
     """This GPU's measured matmul ceiling per precision (MFU is reported against it and the datasheet)."""
     input:
-        sanity="results/sanity/sanity.json",
-        code=[f"{PKG}/peak.py", f"{PKG}/flops.py"],
+        sanity="results/sanity/verdicts.json",
     output:
         peak="results/peak/peak.json",
+    params:
+        code=code_digest("peak"),
     log:
         "results/logs/peak.log",
     resources:
@@ -50,12 +51,13 @@ rule summary:
         env="results/environment/environment.json",
         apex="results/apex/apex.json",
         peak="results/peak/peak.json",
-        code=f"{PKG}/summary.py",
+        gate="results/sanity/verdicts.json",  # not read: it makes summary a dependent Snakemake re-judges after sanity
     output:
         table="results/summary/summary.csv",
         summary="results/summary/summary.json",
     params:
         preset=json.dumps(PRESET, sort_keys=True),
+        code=code_digest("summary"),
     log:
         "results/logs/summary.log",
     resources:

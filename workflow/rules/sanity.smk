@@ -1,13 +1,18 @@
-rule sanity:
+# A checkpoint, so that once it has run Snakemake judges the cells again: a cell then re-runs only if the content of
+# its inputs changed (checksums), not because apex or sanity ran again with the same outcome (amprepro.runinputs).
+# Not ancient() inputs: Snakemake 9.27 then never checks the cells' own changes (code, settings) in a run where
+# sanity or anything above it runs, since update_needrun skips every job below one that must run.
+checkpoint sanity:
     """Check the GPU stack the articles rely on; a required check that fails stops the pipeline here."""
     input:
         env="results/environment/environment.json",
         apex="results/apex/apex.json",
-        code=f"{PKG}/sanity.py",
     output:
         sanity="results/sanity/sanity.json",
+        verdicts="results/sanity/verdicts.json",  # the cells' gate (amprepro.runinputs)
     params:
         expect_gpu=bool(GPUS),
+        code=code_digest("sanity", "runinputs"),
     log:
         "results/logs/sanity.log",
     resources:
@@ -18,3 +23,5 @@ rule sanity:
     shell:
         "PYTHONPATH=workflow python -m amprepro.gpuslots --gpus {resources.gpu} -- python -m amprepro.sanity"
         " --apex {input.apex} --expect-gpu {params.expect_gpu} --out {output.sanity} > {log} 2>&1"
+        " && PYTHONPATH=workflow python -m amprepro.runinputs sanity --record {output.sanity} --out {output.verdicts}"
+        " >> {log} 2>&1"

@@ -22,10 +22,11 @@ rule verify_compare:
         metrics=run_outputs("metrics.json"),
         claims=CLAIMS_FILE,
         reference=reference_inputs("reference"),
-        code=[f"{PKG}/verify.py", f"{PKG}/reference.py", f"{PKG}/claims.py"],
     output:
         verify=report("results/verify/verify.json", category="Verify", caption="../report/verify.rst"),
         table=report("results/verify/verify.csv", category="Verify", caption="../report/verify.rst"),
+    params:
+        code=code_digest("verify"),
     log:
         "results/logs/verify_compare.log",
     conda:

@@ -6,10 +6,10 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 from amprepro.apexbuild.errors import ApexError
+from amprepro.files import make_temp_dir
 
 STAMP = ".amprepro-wheel-sha256"
 
@@ -20,7 +20,7 @@ def install(wheel: Path, wheel_sha256: str, site: Path) -> Path:
     if stamp.is_file() and stamp.read_text().strip() == wheel_sha256:
         return site
     site.parent.mkdir(parents=True, exist_ok=True)
-    staged = Path(tempfile.mkdtemp(prefix=f".tmp-{site.name}-", dir=site.parent))
+    staged = make_temp_dir(site.parent, f".tmp-{site.name}-")
     done = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "--no-compile",
                            "--disable-pip-version-check", "--quiet", "--target", str(staged), str(wheel)],
                           capture_output=True, text=True)

@@ -17,6 +17,7 @@ import tempfile
 from pathlib import Path
 
 from amprepro.apexbuild.source import file_sha256
+from amprepro.files import make_temp_dir
 
 KEY_SCHEMA = 1
 
@@ -86,7 +87,7 @@ class Store:
     def staging(self, key: str) -> Path:
         """A fresh directory beside the final entry (same filesystem, so publish can rename it)."""
         self.build_root.mkdir(parents=True, exist_ok=True)
-        return Path(tempfile.mkdtemp(prefix=f".tmp-{key}-", dir=self.build_root))
+        return make_temp_dir(self.build_root, f".tmp-{key}-")
 
     def publish(self, staged: Path, key: str) -> Path:
         final = self.build_root / key

@@ -1,0 +1,147 @@
+"""What re-runs a job: the code digest (amprepro.codedigest), the views the cells read from apex and sanity
+(amprepro.runinputs), and the rules that use them. The pipeline-level checks are in test_pipeline.py (smoke run)."""
+
+from __future__ import annotations
+
+import ast
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from amprepro import runinputs
+from amprepro.codedigest import PACKAGE_DIR, code_digest, stage_files
+
+REPO = Path(__file__).resolve().parents[2]
+RULES = REPO / "workflow" / "rules"
+
+
+@pytest.fixture
+def package(tmp_path) -> Path:
+    copy = tmp_path / "amprepro"
+    shutil.copytree(PACKAGE_DIR, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    return copy
+
+
+def edit(path: Path, old: str, new: str) -> None:
+    text = path.read_text()
+    assert old in text, f"{path.name} no longer has {old!r}"
+    path.write_text(text.replace(old, new, 1))
+
+
+def edit_a_class_docstring(path: Path) -> None:
+    lines = path.read_text().splitlines(keepends=True)
+    docstring = next(node.body[0].value for node in ast.walk(ast.parse("".join(lines)))
+                     if isinstance(node, ast.ClassDef) and ast.get_docstring(node, clean=False) is not None)
+    line = lines[docstring.lineno - 1]
+    at = docstring.col_offset + 3  # after the opening quotes
+    lines[docstring.lineno - 1] = line[:at] + "Edited class docstring. " + line[at:]
+    path.write_text("".join(lines))
+
+
+def test_comments_docstrings_and_layout_do_not_change_the_digest(package):
+    before = code_digest("train", package_dir=package)
+    train = package / "train.py"
+    assert train.read_text().startswith('"""')
+    edit(train, '"""', '"""Edited module docstring. ')
+    edit(package / "data.py", "\n", "\n# a comment\n\n\n")
+    edit(package / "models.py", "def build(", "# build one model\ndef build(")
+    edit_a_class_docstring(package / "models.py")
+    assert code_digest("train", package_dir=package) == before
+
+
+@pytest.mark.parametrize("module", ["train.py", "data.py", "precision.py", "flops.py"])
+def test_a_statement_in_the_stage_or_a_module_it_imports_changes_the_digest(package, module):
+    before = code_digest("train", package_dir=package)
+    with open(package / module, "a") as handle:
+        handle.write("\nUNUSED = 1\n")
+    assert code_digest("train", package_dir=package) != before
+
+
+def test_unrelated_modules_and_the_file_writer_do_not_count(package):
+    before = code_digest("train", package_dir=package)
+    for module in ("sanity.py", "summary.py", "files.py", "gpuslots.py", "apexbuild/verify_probe.py"):
+        with open(package / module, "a") as handle:
+            handle.write("\nUNUSED = 1\n")
+    assert code_digest("train", package_dir=package) == before
+
+
+def test_an_imported_package_counts_whole():
+    names = {str(path.relative_to(PACKAGE_DIR)) for path in stage_files(["apex_stage"])}
+    assert {"apex_stage.py", "apexbuild/pipeline.py", "apexbuild/verify_probe.py"} <= names  # the probe is a script
+    assert "files.py" not in names
+
+
+def test_an_unknown_module_is_an_error():
+    with pytest.raises(ValueError, match="amprepro.nosuch is not a module"):
+        code_digest("nosuch")
+
+
+def test_the_digest_says_what_it_is():
+    assert re.fullmatch(r"code of amprepro\.render, amprepro\.reportlib: sha256 [0-9a-f]{64}",
+                        code_digest("render", "reportlib"))
+
+
+APEX_BUILT = {"status": "built", "required": True, "site_dir": "results/apex/site/abc", "has_amp": True,
+              "commit": "379937e1", "reason": "apex 25.05 (379937e1) built in 171.3 s: 7/7 extensions importable",
+              "stage_seconds": 171.3, "cache": {"key": "abc", "status": "built"}, "manifest": {"build_seconds": 160.0}}
+
+
+def test_the_cells_apex_view_ignores_timings_and_cache_hits():
+    again = {**APEX_BUILT, "reason": APEX_BUILT["reason"].replace("built in 171.3", "hit (results) in 4.2"),
+             "stage_seconds": 4.2, "cache": {"key": "abc", "status": "hit (results)"}, "manifest": {}}
+    assert runinputs.apex_for_runs(again) == runinputs.apex_for_runs(APEX_BUILT)
+    for change in ({"commit": "25.09"}, {"site_dir": "results/apex/site/def"}, {"status": "skipped"},
+                   {"has_amp": False}):
+        assert runinputs.apex_for_runs({**APEX_BUILT, **change}) != runinputs.apex_for_runs(APEX_BUILT), change
+
+
+def test_a_skipped_apex_keeps_its_reason_for_the_cells():
+    skipped = {"status": "skipped", "required": False, "reason": "no CUDA GPU visible", "site_dir": None,
+               "has_amp": False, "commit": None}
+    assert runinputs.apex_for_runs(skipped)["reason"] == "no CUDA GPU visible"
+
+
+def test_the_sanity_view_is_the_verdicts():
+    record = {"checks": [{"name": "GPU name", "status": "pass", "detail": "NVIDIA H200, 140 GiB", "fix": ""},
+                         {"name": "bf16", "status": "skip", "detail": "CPU", "fix": ""}], "passed": 1}
+    details = {"checks": [{**record["checks"][0], "detail": "NVIDIA H200, 139 GiB"}, record["checks"][1]], "passed": 1}
+    assert runinputs.sanity_verdicts(details) == runinputs.sanity_verdicts(record)
+    verdict = {"checks": [record["checks"][0], {**record["checks"][1], "status": "pass"}], "passed": 2}
+    assert runinputs.sanity_verdicts(verdict) != runinputs.sanity_verdicts(record)
+
+
+def rule_blocks() -> dict[str, str]:
+    blocks = {}
+    for smk in RULES.glob("*.smk"):
+        for match in re.finditer(r"^(?:rule|checkpoint) (\w+):\n((?:[ \t]+.*\n|\n)+)", smk.read_text(), re.M):
+            blocks[match.group(1)] = match.group(2)
+    return blocks
+
+
+def test_every_rule_that_runs_amprepro_code_gates_on_its_digest_and_lists_no_module_as_input():
+    checked = []
+    for name, block in rule_blocks().items():
+        inputs = block.split("output:")[0]
+        assert "workflow/amprepro" not in inputs and "PKG" not in inputs, \
+            f"rule {name} lists code as an input file (re-run by mtime); give it params code=code_digest(...)"
+        modules = set(re.findall(r"-m amprepro\.(\w+)", block)) - {"gpuslots"}  # the GPU-slot wrapper
+        if not modules or "output:" not in block:  # a rule without output runs whenever it is asked for
+            continue
+        digest = re.search(r"code=code_digest\(([^)]*)\)", block)
+        assert digest, f"rule {name} runs {sorted(modules)} but has no params code=code_digest(...)"
+        named = re.findall(r'"(\w+)"', digest.group(1))
+        covered = {str(path.relative_to(PACKAGE_DIR)).removesuffix(".py") for path in stage_files(named)}
+        assert modules <= covered, f"rule {name}: code_digest{tuple(named)} misses {sorted(modules - covered)}"
+        checked.append(name)
+    assert {"environment", "apex", "sanity", "train", "peak", "summary", "verify_compare", "report"} <= set(checked)
+
+
+def test_the_cells_read_the_views_and_sanity_is_the_checkpoint_that_re_judges_them():
+    blocks = rule_blocks()
+    assert 'apex="results/apex/runs.json"' in blocks["train"]
+    assert 'sanity="results/sanity/verdicts.json"' in blocks["train"]
+    assert "results/sanity/verdicts.json" in blocks["peak"] and "results/sanity/verdicts.json" in blocks["summary"]
+    assert re.search(r"^checkpoint sanity:", (RULES / "sanity.smk").read_text(), re.M)
+    assert "ancient(" not in "".join(blocks.values()), "ancient() inputs hide a job's own changes (sanity.smk)"

@@ -1,0 +1,83 @@
+"""The code a stage's results depend on, as one digest that ignores comments, docstrings and formatting.
+
+Rules pass it as a `params:` entry (`code=code_digest("train")`), so Snakemake's params trigger re-runs a job when that
+code really changes. Listed as `input:` files, the modules re-ran a job whenever their bytes were newer and different
+from the outputs' record, so a comment edit re-ran every cell.
+
+A stage's code is the modules it names and every amprepro module those import, transitively (an imported package
+counts whole: apexbuild runs some of its files as scripts). amprepro.files is left out: it decides how a result is
+written (atomically, with which mode), never what it says.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+from pathlib import Path
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+PACKAGE = PACKAGE_DIR.name
+WRITES_ONLY = {"files"}
+
+
+def code_digest(*modules: str, package_dir: Path = PACKAGE_DIR) -> str:
+    """sha256 over the stripped syntax trees of the stage's source files, labelled so that Snakemake's "Params have
+    changed" reason says what it is."""
+    digest = hashlib.sha256()
+    for path in stage_files(modules, package_dir):
+        digest.update(f"{path.relative_to(package_dir)}\0{source_tree(path)}\0".encode())
+    return f"code of {', '.join(f'{PACKAGE}.{name}' for name in modules)}: sha256 {digest.hexdigest()}"
+
+
+def stage_files(modules, package_dir: Path = PACKAGE_DIR) -> list[Path]:
+    seen, todo = set(), [module_paths(name, package_dir) for name in modules]
+    while todo:
+        for path in todo.pop():
+            if path not in seen:
+                seen.add(path)
+                todo.append([p for name in imported_modules(path) for p in module_paths(name, package_dir)])
+    return sorted(seen)
+
+
+def module_paths(name: str, package_dir: Path = PACKAGE_DIR) -> list[Path]:
+    """The files of amprepro.<name>: one module, or every file of a package."""
+    top = name.split(".")[0]
+    if top in WRITES_ONLY:
+        return []
+    if (package_dir / top).is_dir():
+        return sorted((package_dir / top).rglob("*.py"))
+    if (package_dir / f"{top}.py").is_file():
+        return [package_dir / f"{top}.py"]
+    raise ValueError(f"amprepro.{name} is not a module of {package_dir}")
+
+
+def imported_modules(path: Path) -> set[str]:
+    """Names (below the package) of the amprepro modules a file imports, wherever the import statement is."""
+    names = set()
+    for node in ast.walk(parse(path)):
+        if isinstance(node, ast.Import):
+            names |= {alias.name.split(".", 1)[1] for alias in node.names if alias.name.startswith(f"{PACKAGE}.")}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            if node.module == PACKAGE:
+                names |= {alias.name for alias in node.names}
+            elif node.module.startswith(f"{PACKAGE}."):
+                names.add(node.module.split(".", 1)[1])
+    return names
+
+
+def parse(path: Path) -> ast.Module:
+    return ast.parse(path.read_text(), filename=str(path))
+
+
+def source_tree(path: Path) -> str:
+    """The file's syntax tree without docstrings; comments and layout never reach the tree."""
+    tree = parse(path)
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and has_docstring(node):
+            node.body = node.body[1:] or [ast.Pass()]
+    return ast.dump(tree, annotate_fields=False, include_attributes=False)
+
+
+def has_docstring(node) -> bool:
+    first = node.body[0] if node.body else None
+    return isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str)
