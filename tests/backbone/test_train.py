@@ -107,6 +107,23 @@ def test_apex_cast_cache_is_emptied_with_the_gradients():
     assert cleared == [True]
 
 
+@pytest.mark.parametrize("recomputes, cached", [(True, False), (False, True)])
+def test_apex_o1_casts_afresh_when_the_model_recomputes_its_blocks(monkeypatch, recomputes, cached):
+    """apex 25.05's O1 cast cache fails on a weight cast twice in one step (activation checkpointing): off then."""
+    import sys
+    from types import ModuleType, SimpleNamespace
+
+    handle = SimpleNamespace(_enable_caching=True, _clear_cache=lambda: None)
+    amp = SimpleNamespace(_amp_state=SimpleNamespace(handle=handle),
+                          initialize=lambda model, optimizer, **kwargs: (model, optimizer))
+    monkeypatch.setitem(sys.modules, "apex", ModuleType("apex"))
+    monkeypatch.setattr(sys.modules["apex"], "amp", amp, raising=False)
+    model = torch.nn.Linear(4, 2)
+    trainer = precision.Trainer("apex_o1", model, torch.optim.SGD(model.parameters(), lr=0.1),
+                                torch.nn.functional.cross_entropy, torch.device("cpu"), recomputes=recomputes)
+    assert trainer.apex_cast_cache is cached and handle._enable_caching is cached
+
+
 def test_fp16_scaler_steps_report_scale_and_skips_without_reading_back_inside_the_step():
     """The loss scale stays a device tensor inside the step (no host sync there) and is read back after it."""
     model = torch.nn.Linear(4, 2)

@@ -47,7 +47,7 @@ def test_allocator_peak_memory_and_flops_are_reported():
 @pytest.mark.parametrize("precision", ["fp32", "amp_bf16"])
 def test_llama_memory_breakdown_splits_the_allocator_peak(precision):
     """Weights, gradients and fused-AdamW state are read from the real allocator around the first step."""
-    cell = spec("llama_tiny", "synthetic_tokens", precision, deterministic=False, steps=4, seq_len=64)
+    cell = spec("llama_tiny", "synthetic_tokens", precision, deterministic=False, steps=8, seq_len=64)
     cell["train"]["optimizer"] = "adamw_fused"
     metrics, _ = train.run(cell, NO_APEX, 4)
     weights = metrics["parameters"] * 4

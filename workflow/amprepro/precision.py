@@ -58,18 +58,32 @@ def configure_tf32(precision: str) -> dict:
 class Trainer:
     """Forward, backward and optimizer step under one precision; reports loss, loss scale and skipped steps."""
 
-    def __init__(self, precision: str, model, optimizer, loss_fn, device: torch.device, wrap=None):
+    def __init__(self, precision: str, model, optimizer, loss_fn, device: torch.device, wrap=None,
+                 recomputes: bool = False):
         self.precision, self.device, self.loss_fn = precision, device, loss_fn
         self.dtype = NATIVE_AMP_DTYPES.get(precision)
         self.scaler = torch.amp.GradScaler(device.type) if precision == "amp_fp16" else None
-        self.amp = None
+        self.amp, self.apex_cast_cache = None, None
         if precision in APEX_OPT_LEVELS:
             from apex import amp
 
             model, optimizer = amp.initialize(model, optimizer, opt_level=APEX_OPT_LEVELS[precision], verbosity=0)
             self.amp = amp
+            self.apex_cast_cache = self._apex_cast_cache(recomputes)
         # DDP wraps after amp.initialize, as apex requires.
         self.model, self.optimizer = (wrap(model) if wrap else model), optimizer
+
+    def _apex_cast_cache(self, recomputes: bool) -> bool | None:
+        """O1 caches each weight's FP16 cast for the step. A weight cast twice in one step (activation checkpointing
+        recomputes every block in the backward) is looked up again, and apex 25.05 then checks the cast's autograd
+        parent at grad_fn.next_functions[1], which torch 2.x's single-input cast node does not have: IndexError
+        (seen on the H200, llama7b, 2026-11-30). Without the cache every use casts again, as O2 and torch.amp do."""
+        handle = getattr(self.amp._amp_state, "handle", None)
+        if handle is None or not hasattr(handle, "_enable_caching"):
+            return None  # O2 has no cast cache
+        if recomputes:
+            handle._enable_caching = False
+        return handle._enable_caching
 
     def forward_loss(self, x, y):
         with torch.autocast(self.device.type, dtype=self.dtype or torch.float32, enabled=self.dtype is not None):
