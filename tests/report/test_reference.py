@@ -173,3 +173,24 @@ def test_a_run_with_fewer_timed_steps_counts_for_throughput_and_memory_not_for_t
     # Another warm-up is another measurement: left out of every metric.
     cell = reference.aggregate_cell("m/fp32/0", [run("old", 50, 90.0, 1.0, warmup=5), run("a", 30, 100.0, 2.0)])
     assert cell["metrics"]["throughput_per_s"]["n"] == 1 and "old" in cell["excluded_runs"]
+
+
+def test_a_cell_every_reference_run_failed_is_nothing_to_compare_a_failure_here_still_fails():
+    spec = {"model": "m", "precision": "apex_o1", "seed": 0, "model_config": {"arch": "llama"}, "train": {"steps": 10}}
+
+    def run(run_id, status):
+        row = {"model": "m", "precision": "apex_o1", "seed": 0, "status": status, "reason": "IndexError: tuple index",
+               "throughput_per_s": 5000.0 if status == "ok" else None}
+        return reference.Run(id=run_id, provenance={"specs": {"m/apex_o1/0": spec}, "machine": {"id": run_id}},
+                             rows={"m/apex_o1/0": row})
+
+    cell = reference.aggregate_cell("m/apex_o1/0", [run("a", "failed"), run("b", "failed")])
+    assert cell["n_runs"] == 0 and cell["status"] == "failed" and len(cell["excluded_runs"]) == 2
+    fixed = {"model": "m", "precision": "apex_o1", "seed": 0, "status": "ok", "throughput_per_s": 5100.0}
+    verdict = verify.compare_cell("m/apex_o1/seed0", fixed, cell, {}, spec, spec)
+    assert verdict["verdict"] == "not_in_reference" and "every reference run failed" in verdict["note"]
+    still_broken = {**fixed, "status": "failed", "throughput_per_s": None}
+    assert verify.compare_cell("m/apex_o1/seed0", still_broken, cell, {}, spec, spec)["verdict"] == "fail"
+    # One run failed, one ran: the cell is the run that ran.
+    cell = reference.aggregate_cell("m/apex_o1/0", [run("a", "failed"), run("b", "ok")])
+    assert cell["status"] == "ok" and cell["n_runs"] == 1

@@ -238,6 +238,8 @@ def aggregate_cell(key: str, runs: list[Run]) -> dict:
             excluded[run.id] = "its settings differ from the newest run's"
         elif row["status"] == "skipped" and row.get("skip_cause") == "machine":
             excluded[run.id] = f"not comparable on that machine: {row.get('reason') or 'no reason given'}"
+        elif row["status"] == "failed":  # a bug in that run, fixed or to be fixed: not what a cell should give
+            excluded[run.id] = f"failed in that run: {row.get('reason') or 'no reason given'}"
         else:
             used.append(run)
             if newest_spec and spec and spec != newest_spec:
@@ -251,8 +253,9 @@ def aggregate_cell(key: str, runs: list[Run]) -> dict:
             "n_machines": len({run.machine_id for run in used if run.machine_id}),
             "statuses": dict(sorted(statuses.items())), "metrics": {}}
     if not used:
-        machine_row = next(run.rows[key] for run in reversed(present) if run.id in excluded)
-        cell.update(status="skipped", skip_cause=machine_row.get("skip_cause"), reason=machine_row.get("reason"))
+        last_left_out = next(run.rows[key] for run in reversed(present) if run.id in excluded)
+        cell.update(status="failed" if last_left_out["status"] == "failed" else "skipped",
+                    skip_cause=last_left_out.get("skip_cause"), reason=last_left_out.get("reason"))
         return cell
     cell["status"] = next(iter(statuses)) if len(statuses) == 1 else "mixed"
     cell["reason"] = "; ".join(sorted({run.rows[key]["reason"] for run in used if run.rows[key].get("reason")})) or None

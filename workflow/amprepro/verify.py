@@ -161,6 +161,11 @@ def compare_cell(name: str, row_here: dict | None, row_ref: dict | None, rules: 
         return {**cell, "verdict": "not_in_reference", "note": "the reference has no such cell"}
     if row_here is None:
         return {**cell, "verdict": "not_run_here", "note": "in the reference, not in this run's matrix"}
+    if not row_ref.get("n_runs") and row_ref.get("status") == "failed":
+        if row_here["status"] == "failed":  # raised here too: still a bug, whatever the reference says
+            return {**cell, "verdict": "fail", "note": f"failed here and in every reference run: {row_here.get('reason')}"}
+        return {**cell, "verdict": "not_in_reference",
+                "note": f"every reference run failed this cell, so there is nothing to compare: {row_ref.get('reason')}"}
     if spec_here and spec_ref and spec_here != spec_ref:
         return {**cell, "verdict": "not_comparable", "note": "settings differ: " + "; ".join(_spec_diff(spec_here,
                                                                                                        spec_ref))}
