@@ -126,3 +126,12 @@ def test_the_rendered_report_shows_the_7b_verdicts_caveats_and_breakdown(llm7b_h
     section = html[html.index(">Where the peak memory goes (7B)<"):html.index(">Loss curves: FP32 against AMP<")]
     assert '<table class="breakdown">' in section and 'alt="memory breakdown chart"' in section
     assert "derived from tokens/s for 1,000,000,000 tokens" in section
+
+
+def test_only_models_that_estimate_their_memory_get_the_section(tmp_path):
+    """Every cell records a breakdown (the GPT and digits cells too); the section is for the 7B cells."""
+    frame = pd.read_csv(CSV)
+    other = frame.iloc[[0]].assign(model="gpt124m", mem_estimate_total_bytes=None, epoch_hours_derived=None)
+    table = tmp_path / "summary.csv"
+    pd.concat([frame, other]).to_csv(table, index=False)
+    assert set(reportlib.breakdown_frame(str(table), str(RUNS))["model"]) == {"llama7b"}

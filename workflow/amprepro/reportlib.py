@@ -596,13 +596,13 @@ def _epoch_tokens(row, runs_dir: str | None):
 
 
 def breakdown_frame(table: str, runs_dir: str | None = None) -> pd.DataFrame:
-    """The cells of summary.csv that record a memory breakdown or a pre-run estimate (the 7B cells), one row each,
-    with the token count of their derived epoch time."""
+    """The cells of the models that estimate their memory before allocating (the 7B cells), one row each, with the
+    token count of their derived epoch time. Every cell records a breakdown; only these need one explained."""
     frame = pd.read_csv(table)
-    columns = [c for c in (*MEMORY_PARTS, ESTIMATE_COLUMN) if c in frame]
-    if not columns:
+    if ESTIMATE_COLUMN not in frame:
         return pd.DataFrame()
-    frame = frame[frame[columns].notna().any(axis=1)].copy()
+    estimating = set(frame.loc[frame[ESTIMATE_COLUMN].notna(), "model"])
+    frame = frame[frame["model"].isin(estimating)].copy()
     if frame.empty:
         return frame
     frame["epoch_tokens"] = [_epoch_tokens(row, runs_dir) for _, row in frame.iterrows()]
