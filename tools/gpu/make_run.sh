@@ -5,7 +5,8 @@
 # wheels in .whl/, and apex comes from a local export (README: "Apex on a machine without GitHub").
 # A device call is cut at 10 minutes: call the script again and `make run` resumes where the cut left it.
 #
-#   OUT=/path/to/outdir tools/gpu/make_run.sh [seconds] [verify]
+#   bash tools/gpu/wheels.sh                                   # here, once: the wheels (.whl/)
+#   OUT=/path/to/outdir tools/gpu/make_run.sh [seconds] [verify]   # there, carrying .whl and vendor/apex-25.05*
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:?set OUT to a directory for the results}
