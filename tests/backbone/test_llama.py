@@ -117,25 +117,13 @@ def test_a_cell_that_fits_the_estimate_but_runs_out_of_memory_names_the_estimate
     assert "estimated need" in metrics["reason"] and "free at start 1024.0 GiB" in metrics["reason"]
 
 
-class TensorBytes:
-    """A stand-in for the GPU allocator: the bytes of every live tensor of the model and the optimizer."""
-
-    def __init__(self, model, optimizer):
-        self.model, self.optimizer = model, optimizer
-
-    def __call__(self):
-        tensors = [p for p in self.model.parameters()] + [p.grad for p in self.model.parameters() if p.grad is not None]
-        tensors += [t for state in self.optimizer.state.values() for t in state.values() if torch.is_tensor(t)]
-        return sum(t.numel() * t.element_size() for t in tensors)
-
-
-def test_breakdown_reads_the_allocator_around_the_first_optimizer_step():
+def test_breakdown_counts_the_tensors_of_the_first_optimizer_step():
     from amprepro import precision
 
     model = torch.nn.Linear(64, 32)
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
     trainer = precision.Trainer("fp32", model, optimizer, torch.nn.functional.cross_entropy, torch.device("cpu"))
-    breakdown = memory.Breakdown(trainer.optimizer, TensorBytes(model, optimizer))
+    breakdown = memory.Breakdown(model, trainer.optimizer)
     for _ in range(3):
         trainer.step(torch.randn(8, 64), torch.randint(0, 32, (8,)))
     weights = (64 * 32 + 32) * 4
@@ -145,16 +133,20 @@ def test_breakdown_reads_the_allocator_around_the_first_optimizer_step():
     assert result["master_weights"] is None
     assert result["activations_and_workspace"] == 10 * weights - result["weights"] - result["gradients"] - result[
         "optimizer_state"]
+    assert memory.Breakdown(model, optimizer, enabled=False).result(10 * weights) == dict.fromkeys(memory.Breakdown.KEYS)
 
 
-def test_breakdown_counts_apex_o2_master_weights_apart_from_gradients():
-    from types import SimpleNamespace
-
-    masters = [torch.zeros(10, 10), torch.zeros(5)]
-    optimizer = SimpleNamespace(_amp_stash=SimpleNamespace(all_fp32_from_fp16_params=masters))
-    breakdown = memory.Breakdown(optimizer)
-    breakdown.readings = {"weights": 210, "before_step": 210 + 420 + 420 + 50, "after_step": 2000}
-    result = breakdown.result(peak_allocated=2100)
-    assert result["master_weights"] == 420
-    assert result["gradients"] == 470 and result["optimizer_state"] == 900
-    assert result["activations_and_workspace"] == 100
+def test_breakdown_counts_apex_o2_master_weights_and_their_gradients():
+    """Under O2 the model holds FP16 weights and gradients; the optimizer's stash holds FP32 masters with gradients."""
+    model = torch.nn.Linear(10, 10, bias=False).half()
+    model.weight.grad = torch.zeros_like(model.weight)
+    master = torch.zeros(10, 10, requires_grad=True)
+    master.grad = torch.zeros(10, 10)
+    optimizer = torch.optim.SGD([master], lr=0.1, momentum=0.9)
+    optimizer._amp_stash = type("Stash", (), {"all_fp32_from_fp16_params": [master]})()
+    breakdown = memory.Breakdown(model, optimizer)
+    optimizer.step()
+    result = breakdown.result(peak_allocated=2000)
+    assert result["weights"] == 200 and result["master_weights"] == 400
+    assert result["gradients"] == 200 + 400 and result["optimizer_state"] == 400  # the momentum buffer
+    assert result["activations_and_workspace"] == 2000 - 200 - 400 - 600 - 400

@@ -277,7 +277,7 @@ def train_cell(spec: dict, apex: dict, dist, device, base: dict) -> tuple[dict, 
     wrap = lambda m: dist.wrap(m, device, model_config.get("sync_batchnorm", False))  # noqa: E731
     trainer = precision.Trainer(spec["precision"], model, optimizer, cross_entropy, device, wrap=wrap,
                                 recomputes=getattr(model, "checkpointing", False))
-    breakdown = memory.Breakdown(trainer.optimizer, memory.allocated_reader(device))  # reads the weights: before data
+    breakdown = memory.Breakdown(model, trainer.optimizer, enabled=device.type == "cuda")
     batches = make_data(model_config, spec["seed"], device, model)
     return train_loop(spec, dist, device, base, model, batches, trainer, breakdown,
                       {"tf32": tf32, "optimizer": optimizer_name, "apex_cast_cache": trainer.apex_cast_cache})
