@@ -33,6 +33,7 @@ test: $(BIN)/activate
 
 lint: $(BIN)/activate
 	$(BIN)/snakemake --lint
+	$(BIN)/snakefmt --check Snakefile workflow/rules
 
 clean-venv:
 	rm -rf $(VENV)

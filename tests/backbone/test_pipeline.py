@@ -106,6 +106,17 @@ def test_lint_is_clean():
     assert "Lints for" not in result.stdout + result.stderr
 
 
+def test_rules_are_formatted_with_snakefmt():
+    """snakefmt (pinned in requirements-dev.txt, line length from pyproject.toml) would change nothing."""
+    import sys
+
+    repo = Path(__file__).resolve().parents[2]
+    snakefmt = Path(sys.executable).parent / "snakefmt"
+    result = subprocess.run([str(snakefmt), "--check", "--diff", "Snakefile", "workflow/rules"], cwd=repo,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+
+
 def ran_rules(log: str) -> list[str]:
     """The rules a real run executed, from Snakemake's log."""
     return sorted(re.findall(r"^(?:local)?(?:rule|checkpoint) (\w+):$", log, re.M))

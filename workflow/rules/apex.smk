@@ -5,17 +5,17 @@ rule apex:
     output:
         apex="results/apex/apex.json",
         runs="results/apex/runs.json",  # what the cells read from apex.json (amprepro.runinputs)
-    params:
-        settings=json.dumps({**config["apex"], "required": APEX_REQUIRED}, sort_keys=True),
-        code=code_digest("apex_stage", "runinputs"),
     log:
         "results/logs/apex.log",
+    conda:
+        TRAIN_ENV
     threads: BUILD_THREADS
     resources:
         gpu=1 if GPUS else 0,
         mem_mb=32000 if GPUS else 2000,  # parallel nvcc jobs take several GB each
-    conda:
-        TRAIN_ENV
+    params:
+        settings=json.dumps({**config["apex"], "required": APEX_REQUIRED}, sort_keys=True),
+        code=code_digest("apex_stage", "runinputs"),
     shell:
         "PYTHONPATH=workflow python -m amprepro.gpuslots --gpus {resources.gpu} -- python -m amprepro.apex_stage"
         " --settings {params.settings:q} --out {output.apex} --jobs {threads} > {log} 2>&1"

@@ -17,7 +17,6 @@ from amprepro.config import (  # noqa: E402
     gpus_for_jobs,
 )
 
-
 validate_config(config)  # first: one line naming the bad field and the fix
 validate(config, "../schemas/config.schema.yaml")  # fills in the schema's defaults
 

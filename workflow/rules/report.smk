@@ -14,7 +14,8 @@ rule report:
         claims="config/claims.yaml",
         reference=reference_inputs("reference"),
         templates=[
-            f"workflow/report/nbconvert/amprepro/{name}" for name in ("conf.json", "index.html.j2", "static/report.css")
+            f"workflow/report/nbconvert/amprepro/{name}"
+            for name in ("conf.json", "index.html.j2", "static/report.css")
         ],
     output:
         notebook="results/report/report.ipynb",
@@ -23,15 +24,15 @@ rule report:
             category="Report",
             caption="../report/report.rst",
         ),
+    log:
+        "results/logs/report.log",
+    conda:
+        REPORT_ENV
+    resources:
+        mem_mb=4000,
     params:
         title=config["report"]["title"],
         code=code_digest("render", "reportlib", "claims", "verify"),  # reportlib: what the notebook imports
-    log:
-        "results/logs/report.log",
-    resources:
-        mem_mb=4000,
-    conda:
-        REPORT_ENV
     shell:
         "PYTHONPATH=workflow python -m amprepro.render"
         " --notebook {input.notebook} --executed {output.notebook} --html {output.html}"

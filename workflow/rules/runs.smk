@@ -6,18 +6,18 @@ rule train:
     output:
         metrics="results/runs/{model}/{precision}/seed{seed}/metrics.json",
         steps="results/runs/{model}/{precision}/seed{seed}/steps.csv",
-    params:
-        spec=spec_for_cell,
-        launcher=launcher_for_cell,
-        code=code_digest("train"),
     log:
         "results/logs/runs/{model}/{precision}/seed{seed}.log",
+    conda:
+        TRAIN_ENV
     threads: 1 if not GPUS else 8
     resources:
         gpu=gpus_for_cell,
         mem_mb=32000 if GPUS else 4000,
-    conda:
-        TRAIN_ENV
+    params:
+        spec=spec_for_cell,
+        launcher=launcher_for_cell,
+        code=code_digest("train"),
     shell:
         "PYTHONPATH=workflow python -m amprepro.gpuslots --gpus {resources.gpu} -- {params.launcher} -m amprepro.train"
         " --spec {params.spec:q} --apex {input.apex} --threads {threads}"
@@ -30,15 +30,15 @@ rule peak:
         sanity="results/sanity/verdicts.json",
     output:
         peak="results/peak/peak.json",
-    params:
-        code=code_digest("peak"),
     log:
         "results/logs/peak.log",
+    conda:
+        TRAIN_ENV
     resources:
         gpu=1 if GPUS else 0,
         mem_mb=8000,
-    conda:
-        TRAIN_ENV
+    params:
+        code=code_digest("peak"),
     shell:
         "PYTHONPATH=workflow python -m amprepro.gpuslots --gpus {resources.gpu} --"
         " python -m amprepro.peak --out {output.peak} > {log} 2>&1"
@@ -55,15 +55,15 @@ rule summary:
     output:
         table="results/summary/summary.csv",
         summary="results/summary/summary.json",
+    log:
+        "results/logs/summary.log",
+    conda:
+        TRAIN_ENV
+    resources:
+        mem_mb=2000,
     params:
         preset=json.dumps(PRESET, sort_keys=True),
         code=code_digest("summary"),
-    log:
-        "results/logs/summary.log",
-    resources:
-        mem_mb=2000,
-    conda:
-        TRAIN_ENV
     shell:
         "PYTHONPATH=workflow python -m amprepro.summary"
         " --metrics {input.metrics} --env {input.env} --apex {input.apex} --peak {input.peak}"

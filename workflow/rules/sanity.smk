@@ -10,16 +10,16 @@ checkpoint sanity:
     output:
         sanity="results/sanity/sanity.json",
         verdicts="results/sanity/verdicts.json",  # the cells' gate (amprepro.runinputs)
-    params:
-        expect_gpu=bool(GPUS),
-        code=code_digest("sanity", "runinputs"),
     log:
         "results/logs/sanity.log",
+    conda:
+        TRAIN_ENV
     resources:
         gpu=1 if GPUS else 0,
         mem_mb=4000,
-    conda:
-        TRAIN_ENV
+    params:
+        expect_gpu=bool(GPUS),
+        code=code_digest("sanity", "runinputs"),
     shell:
         "PYTHONPATH=workflow python -m amprepro.gpuslots --gpus {resources.gpu} -- python -m amprepro.sanity"
         " --apex {input.apex} --expect-gpu {params.expect_gpu} --out {output.sanity} > {log} 2>&1"

@@ -25,12 +25,12 @@ rule verify_compare:
     output:
         verify=report("results/verify/verify.json", category="Verify", caption="../report/verify.rst"),
         table=report("results/verify/verify.csv", category="Verify", caption="../report/verify.rst"),
-    params:
-        code=code_digest("verify"),
     log:
         "results/logs/verify_compare.log",
     conda:
         REPORT_ENV
+    params:
+        code=code_digest("verify"),
     shell:
         "PYTHONPATH=workflow python -m amprepro.verify compare"
         " --summary {input.summary} --sanity {input.sanity} --runs-dir results/runs"
