@@ -154,11 +154,15 @@ def test_the_committed_h200_reference_under_its_own_bands():
         summary = {"cells": json.loads(json.dumps(list(run.rows.values())))}
         specs = {k: v for k, v in run.specs.items()}
         outcome = verify.compare(summary, aggregate, tolerances, specs)
-        assert outcome["failures"] == [], run.id
+        # A cell that failed in a run (llama7b/apex_o1 in the 2026-11-30 two-run lease) is left out of the aggregate
+        # and still fails the gate: those, and only those, may fail here.
+        crashed = {f"{c['model']}/{c['precision']}/seed{c['seed']}" for c in summary["cells"] if c["status"] == "failed"}
+        assert {f.split(":")[0] for f in outcome["failures"]} == crashed, run.id
     summary = {"cells": json.loads(json.dumps(list(runs[-1].rows.values())))}
     by_name = {(c["model"], c["precision"]): c for c in summary["cells"]}
     by_name["transformer", "fp32"]["throughput_per_s"] *= 1.27  # a digits model: launch-bound, not compared
-    assert verify.compare(summary, aggregate, tolerances)["failures"] == []
+    assert [f for f in verify.compare(summary, aggregate, tolerances)["failures"]
+            if f.split(":")[0] not in crashed] == []
     by_name["transformer", "fp32"]["eval_accuracy"] -= 0.03
     by_name["resnet50", "amp_fp16"]["throughput_per_s"] *= 0.85
     failures = "\n".join(verify.compare(summary, aggregate, tolerances)["failures"])
