@@ -27,7 +27,7 @@ PRESET["config_sha256"] = hashlib.sha256(json.dumps(config, sort_keys=True).enco
 CELLS = cells(RUNS)
 APEX_REQUIRED = apex_required(config["apex"]["required"], GPUS)
 check_apex_source(config["apex"], APEX_REQUIRED)  # before the apex job clears apex.json
-BUILD_THREADS = max(1, workflow.cores or 1)  # None under `snakemake --report`
+BUILD_THREADS = max(1, workflow.resource_settings.cores or 1)  # None under `snakemake --report`; workflow.cores raises
 
 
 wildcard_constraints:
