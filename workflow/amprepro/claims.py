@@ -509,7 +509,8 @@ def evaluate(claims: list[dict], summary: dict, sanity: dict | None = None, arch
     return [evaluate_claim(claim, summary, sanity, archs, data=data) for claim in claims]
 
 
-def evaluate_run(claims_path: str | Path, summary: dict, sanity: dict | None, runs_dir: str | Path | None) -> list[dict]:
+def evaluate_run(claims_path: str | Path, summary: dict, sanity: dict | None,
+                 runs_dir: str | Path | None) -> list[dict]:
     """The one evaluation of a run's claims: the CLI, verify and the report all call this, so they agree."""
     return evaluate(load_claims(claims_path), summary, sanity, model_archs(runs_dir), model_data(runs_dir))
 

@@ -87,7 +87,8 @@ def read_config_file(path: str | Path) -> dict:
     try:
         text = path.read_bytes().decode("utf-8")
     except OSError as exc:
-        raise ConfigError(f"{path}: cannot be read ({exc.strerror}). Fix: check the path and its permissions.") from None
+        raise ConfigError(f"{path}: cannot be read ({exc.strerror}). "
+                          "Fix: check the path and its permissions.") from None
     except UnicodeDecodeError as exc:
         line, column = _position(exc.object, exc.start)
         raise ConfigError(f"{path}, line {line}, column {column}: byte 0x{exc.object[exc.start]:02x} is not UTF-8. "
@@ -119,7 +120,8 @@ def _yaml_message(path: Path, exc: yaml.YAMLError) -> str:
     if "\t" in problem or "'\\t'" in problem:
         fix = "indent with spaces; YAML does not allow tabs there."
     else:
-        fix = "check the indentation, brackets and quotes on that line or the one before (a value with ': ' or ' #' needs quotes)."
+        fix = ("check the indentation, brackets and quotes on that line or the one before "
+               "(a value with ': ' or ' #' needs quotes).")
     return f"{where}: not valid YAML ({shorten(problem, 120)}). Fix: {fix}"
 
 
