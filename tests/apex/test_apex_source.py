@@ -11,7 +11,9 @@ import tarfile
 
 import pytest
 from amprepro.apexbuild import ApexError
+from amprepro.apexbuild import source as source_module
 from amprepro.apexbuild.source import export, export_marker, resolve
+from amprepro.safevalues import git_ref_problem, git_url_problem
 from amprepro.apexbuild.treehash import tree_hash
 from apex_fakes import FAKE_APEX, git, make_repo
 
@@ -201,3 +203,60 @@ def test_path_and_tarball_together_are_ambiguous(tmp_path):
 def test_no_source_at_all(tmp_path):
     with pytest.raises(ApexError, match="No apex source is configured"):
         resolve({"url": None, "path": None, "tarball": None}, tmp_path / "git")
+
+
+INJECTIONS = [
+    ("ref", "--upload-pack=touch {marker};git-upload-pack"),
+    ("url", "--upload-pack=touch {marker};git-upload-pack"),
+    ("url", "ext::sh -c touch% {marker}"),
+]
+
+
+@pytest.mark.parametrize("field, value", INJECTIONS)
+def test_a_source_value_never_runs_a_command(repo, tmp_path, field, value):
+    path, commit = repo
+    marker = tmp_path / "marker"
+    spec = {"url": f"file://{path}", "ref": "HEAD", "commit": commit[:8], field: value.format(marker=marker)}
+    with pytest.raises(ApexError, match=f"apex.source.{field} .* is not"):
+        resolve(spec, tmp_path / "git")
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("field, value", INJECTIONS)
+def test_git_itself_is_called_so_that_no_value_runs_a_command(repo, tmp_path, field, value):
+    """Behind the pattern check: `--` before the positionals, and protocol.allow=never but for https, ssh, file."""
+    path, commit = repo
+    marker = tmp_path / "marker"
+    args = {"url": f"file://{path}", "ref": "HEAD", field: value.format(marker=marker)}
+    with pytest.raises(ApexError, match="could not fetch"):
+        source_module._fetch(args["url"], args["ref"], commit, tmp_path / "clone.git")
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("ref", ["25.05", "master", "release/25.05", "refs/tags/v1.0", "379937e1", "v1.0+cu13"])
+def test_plain_refs_pass_the_pattern(ref):
+    assert git_ref_problem(ref) is None
+
+
+@pytest.mark.parametrize("ref", ["-x", "a..b", "a b", ".hidden", "x.lock", "a//b", "x/", "25.05\n", "a@{1}", ""])
+def test_refs_git_would_read_otherwise_are_refused(ref):
+    assert git_ref_problem(ref) is not None
+
+
+@pytest.mark.parametrize("url", ["https://github.com/NVIDIA/apex.git", "ssh://git@github.com/NVIDIA/apex.git",
+                                 "file:///srv/apex", "git@github.com:NVIDIA/apex.git"])
+def test_https_ssh_file_and_scp_like_urls_pass(url):
+    assert git_url_problem(url) is None
+
+
+@pytest.mark.parametrize("url", ["http://example.com/apex.git", "ext::sh -c id", "fd::3", "/srv/apex", "-u",
+                                 "ssh://-oProxyCommand=id/x", "https://host/a b", "https://host/x\n", "git@host:-x"])
+def test_other_urls_are_refused(url):
+    assert git_url_problem(url) is not None
+
+
+def test_export_refuses_a_ref_that_looks_like_an_option(repo, tmp_path):
+    path, _ = repo
+    with pytest.raises(ApexError, match="--ref .* is not a tag"):
+        export(str(path / ".git"), "--output=x", tmp_path / "out")
+    assert not (tmp_path / "out").exists()

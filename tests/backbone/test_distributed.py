@@ -40,5 +40,9 @@ def test_two_process_ddp_matches_one_process(tmp_path):
     ddp, ddp_losses = run_cell(tmp_path, 2)
     assert ddp["world_size"] == 2 and single["world_size"] == 1
     assert len(ddp_losses) == len(single_losses) == 25
+    # Both train on the global batch of 64 and do the same FLOPs per step: DDP counts every rank's share.
+    assert ddp["items_per_step"] == single["items_per_step"] == 64
+    assert ddp["flops_per_step"] == pytest.approx(single["flops_per_step"], rel=1e-6)
+    assert ddp["achieved_tflops"] is not None
     for step, (a, b) in enumerate(zip(single_losses, ddp_losses)):
         assert abs(a - b) <= TOLERANCE * abs(a), f"step {step}: one process {a}, DDP {b}"

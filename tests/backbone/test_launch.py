@@ -438,3 +438,15 @@ def test_a_job_that_outlives_its_killed_snakemake_keeps_the_lock_until_it_ends(t
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "removed the lock of an earlier run that is no longer alive" in resumed.stderr
     assert json.loads((workdir / cell).read_text())["status"] in ("ok", "skipped")
+
+
+@pytest.mark.parametrize("args", ["--configfile {file}", "--configfile={file}", "--configfiles good.yaml {file} -n"])
+def test_a_configfile_that_snakemake_would_misread_stops_make_run_first(env, tmp_path, monkeypatch, args):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "good.yaml").write_text("preset: smoke\n")
+    (tmp_path / "tpl.yaml").write_text("__use_yte__: true\npreset: smoke\n")
+    env["SNAKEMAKE_ARGS"] = args.format(file="tpl.yaml")
+    with pytest.raises(launch.SettingError, match="tpl.yaml: sets __use_yte__"):
+        launch.check_config_files(launch.user_args(env))
+    env["SNAKEMAKE_ARGS"] = args.format(file="good.yaml")
+    launch.check_config_files(launch.user_args(env))

@@ -54,3 +54,31 @@ def test_energy_is_read_from_the_gpu_this_process_runs_on():
     assert nvml_handle(nvml, "GPU-e05d", 0, "1") == "by-uuid" and nvml.calls == [("uuid", "GPU-e05d")]
     assert nvml_handle(RecordingNvml(), None, 0, None) == "by-index"
     assert nvml_handle(RecordingNvml(), None, 0, "1") is None  # cannot tell which GPU: no energy, not a wrong one
+
+
+@pytest.mark.parametrize("name, product, bf16", [
+    ("NVIDIA H200", "H200 SXM", 989.5),  # the name of the reference's GPU (reference/nvidia-h200)
+    ("NVIDIA H200 NVL", "H200 NVL", 835.5),
+    ("NVIDIA H100 80GB HBM3", "H100 SXM", 989.5),
+    ("NVIDIA H100 PCIe", "H100 PCIe", 756.5),
+    ("NVIDIA H100 NVL", "H100 NVL", 835.5),
+    ("NVIDIA A100-SXM4-80GB", "A100 SXM", 312.0),
+    ("NVIDIA A100 80GB PCIe", "A100 PCIe", 312.0),
+    ("NVIDIA L40S", "L40S", 362.05),
+    ("NVIDIA L4", "L4", 121.0),
+])
+def test_datasheet_peaks_are_keyed_by_the_exact_product(name, product, bf16):
+    from amprepro import flops
+
+    assert flops.datasheet_product(name) == product
+    assert flops.datasheet_peak(name, "amp_bf16") == bf16
+    assert product in flops.datasheet_note(name)
+
+
+@pytest.mark.parametrize("name", ["NVIDIA H200 SXM 141GB Engineering Sample", "NVIDIA GeForce RTX 4090",
+                                  "NVIDIA L40", "NVIDIA A100X", "Tesla V100S-PCIE-32GB", None])
+def test_an_unknown_product_gets_no_datasheet_peak_and_says_why(name):
+    from amprepro import flops
+
+    assert flops.datasheet_peak(name, "amp_bf16") is None
+    assert "no datasheet peak" in flops.datasheet_note(name)

@@ -380,3 +380,21 @@ def test_7b_claims_read_not_measurable_with_the_skip_reason_when_the_cells_do_no
         assert result["verdict"] == "not_measurable" and result["verdict_text"] == "not measurable here"
         assert f"llama7b/apex_o1 skipped: {why}" in result["reason"]
         assert "proxy" in result  # the gpt124m shape check is context where the 7B cells could not run
+
+
+
+@pytest.mark.parametrize("root", [SMOKE, GPU, LLM7B], ids=["smoke", "gpu", "llm7b"])
+def test_the_cli_verify_and_the_report_give_every_claim_the_same_verdict_and_reason(tmp_path, root):
+    """One evaluation (claims.evaluate_run) behind all three: e.g. the model's data decides which claims apply."""
+    from amprepro import reportlib, verify
+
+    summary, sanity = root / "summary" / "summary.json", root / "sanity" / "sanity.json"
+    claims.main(["--claims", str(CLAIMS), "--summary", str(summary), "--sanity", str(sanity),
+                 "--runs-dir", str(root / "runs"), "--json", str(tmp_path / "cli.json")])
+    cli = json.loads((tmp_path / "cli.json").read_text())["claims"]
+    verified = verify.run_verify(str(summary), str(tmp_path), str(root / "runs"), str(CLAIMS), str(sanity))["claims"]
+    report = reportlib.load(str(summary), str(root / "environment" / "environment.json"), str(sanity),
+                            str(root / "apex" / "apex.json"), str(CLAIMS), None, str(root / "runs"))["claims"]
+    assert cli and [(c["id"], c["verdict"], c["reason"]) for c in cli] == [
+        (c["id"], c["verdict"], c["reason"]) for c in report]
+    assert cli == json.loads(json.dumps(report)) == json.loads(json.dumps(verified))

@@ -509,6 +509,12 @@ def evaluate(claims: list[dict], summary: dict, sanity: dict | None = None, arch
     return [evaluate_claim(claim, summary, sanity, archs, data=data) for claim in claims]
 
 
+def evaluate_run(claims_path: str | Path, summary: dict, sanity: dict | None,
+                 runs_dir: str | Path | None) -> list[dict]:
+    """The one evaluation of a run's claims: the CLI, verify and the report all call this, so they agree."""
+    return evaluate(load_claims(claims_path), summary, sanity, model_archs(runs_dir), model_data(runs_dir))
+
+
 def counts(results: list[dict]) -> dict:
     return {verdict: sum(r["verdict"] == verdict for r in results) for verdict in VERDICT_TEXT}
 
@@ -530,10 +536,9 @@ def main(argv=None) -> None:
     parser.add_argument("--runs-dir", default="results/runs")
     parser.add_argument("--json", help="write the evaluated claims here")
     args = parser.parse_args(argv)
-    claims = load_claims(args.claims)
     summary = json.loads(Path(args.summary).read_text())
     sanity = json.loads(Path(args.sanity).read_text()) if Path(args.sanity).exists() else None
-    results = evaluate(claims, summary, sanity, model_archs(args.runs_dir))
+    results = evaluate_run(args.claims, summary, sanity, args.runs_dir)
     for line in summary_lines(results):
         print(line)
     if args.json:

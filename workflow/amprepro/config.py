@@ -1,18 +1,33 @@
-"""Resolve the run matrix: preset choice, preset + overrides merge, validation with field-naming messages."""
+"""Read and check a config, resolve the run matrix: one validation pass before any job, field-naming messages.
+
+  python -m amprepro.config check FILE [FILE ...]   # what `snakemake --configfile FILE ...` would run, run nothing
+
+Every check here happens at DAG build time, before Snakemake touches an output (docs/config.md).
+"""
 
 from __future__ import annotations
 
+import argparse
 import copy
 import json
+import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import jsonschema
 import yaml
 
-SCHEMA_PATH = Path(__file__).resolve().parent.parent / "schemas" / "config.schema.yaml"
+from amprepro.data import largest_batch
+from amprepro.safevalues import apex_problems, shorten
+
+REPO = Path(__file__).resolve().parents[2]
+SCHEMA_PATH = REPO / "workflow" / "schemas" / "config.schema.yaml"
 LLAMA_ARCHS = ("llama", "llama_tiny")  # models.LLAMA_SIZES (not imported: no torch at DAG build time)
+MAX_MESSAGE = 400  # characters of a schema message: a huge value must not print megabytes
+MAX_NODES = 100_000  # values in a config; YAML aliases can expand a small file into a huge structure
+NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?\Z")
 
 
 class ConfigError(ValueError):
@@ -66,6 +81,109 @@ def load_schema() -> dict:
     return yaml.safe_load(SCHEMA_PATH.read_text())
 
 
+def read_config_file(path: str | Path) -> dict:
+    """A config file as Snakemake would read it, without evaluating anything; ConfigError with file, line and column."""
+    path = Path(path)
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot be read ({exc.strerror}). "
+                          "Fix: check the path and its permissions.") from None
+    except UnicodeDecodeError as exc:
+        line, column = _position(exc.object, exc.start)
+        raise ConfigError(f"{path}, line {line}, column {column}: byte 0x{exc.object[exc.start]:02x} is not UTF-8. "
+                          "Fix: save the file as UTF-8.") from None
+    try:
+        loaded = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(_yaml_message(path, exc)) from None
+    if loaded is None:
+        return {}
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"{path}: holds a {type(loaded).__name__}, not keys and values. Fix: write it as "
+                          "`key: value` lines (preset:, runs:, apex:, ...), as config/config.yaml does.")
+    if "__use_yte__" in loaded:
+        raise ConfigError(f"{path}: sets __use_yte__, which makes Snakemake evaluate the file as a template with "
+                          "Python expressions. Fix: remove __use_yte__ and write plain values (docs/config.md).")
+    return loaded
+
+
+def _position(data: bytes, offset: int) -> tuple[int, int]:
+    before = data[:offset]
+    return before.count(b"\n") + 1, offset - (before.rfind(b"\n") + 1) + 1
+
+
+def _yaml_message(path: Path, exc: yaml.YAMLError) -> str:
+    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+    where = f"{path}, line {mark.line + 1}, column {mark.column + 1}" if mark else str(path)
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    if "\t" in problem or "'\\t'" in problem:
+        fix = "indent with spaces; YAML does not allow tabs there."
+    else:
+        fix = ("check the indentation, brackets and quotes on that line or the one before "
+               "(a value with ': ' or ' #' needs quotes).")
+    return f"{where}: not valid YAML ({shorten(problem, 120)}). Fix: {fix}"
+
+
+def normalized(config: dict) -> dict:
+    """The config with what YAML users write made what they meant, by the schema: `lr: 1e-3` (YAML 1.1 text) a number,
+    a section left empty ({} not null), and nested `--config` values (which Snakemake passes as text) parsed as YAML."""
+    schema = load_schema()
+    _check_size(config)
+    return _coerce(config, schema, schema)
+
+
+def _check_size(config: dict) -> None:
+    count, stack = 0, [config]
+    while stack:
+        value = stack.pop()
+        count += 1
+        if count > MAX_NODES:
+            raise ConfigError(f"Config error at config: more than {MAX_NODES} values (YAML aliases that expand?). "
+                              "Fix: write the config out plainly; a real one has a few hundred.")
+        if isinstance(value, dict):
+            stack.extend(value.values())
+        elif isinstance(value, list):
+            stack.extend(value)
+
+
+def _coerce(value, node: dict, schema: dict):
+    while "$ref" in node:
+        node = schema["$defs"][node["$ref"].rsplit("/", 1)[1]]
+    types = node.get("type", [])
+    types = [types] if isinstance(types, str) else types
+    if value is None and types == ["object"]:
+        return {}
+    if isinstance(value, dict):
+        fields, others = node.get("properties", {}), node.get("additionalProperties")
+        return {key: _coerce(item, fields.get(key, others if isinstance(others, dict) else {}), schema)
+                for key, item in value.items()}
+    if isinstance(value, list):
+        return [_coerce(item, node.get("items", {}), schema) for item in value]
+    if isinstance(value, str) and (parsed := _scalar(value)) is not value and _valid(parsed, node, schema):
+        if not _valid(value, node, schema) or parsed is None:
+            value = parsed
+    if isinstance(value, float) and value.is_integer() and "integer" in types and "number" not in types:
+        return int(value)
+    return value
+
+
+def _scalar(text: str):
+    """text as a YAML scalar (1.2-style numbers too: 1e-3); text itself when it is not one."""
+    try:
+        parsed = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+    if isinstance(parsed, str) and NUMBER.match(parsed):
+        return float(parsed)
+    return parsed if parsed is None or isinstance(parsed, (bool, int, float)) else text
+
+
+def _valid(value, node: dict, schema: dict) -> bool:
+    resolved = {"$defs": schema["$defs"], **node}
+    return jsonschema.Draft202012Validator(resolved).is_valid(value)
+
+
 def _field(error: jsonschema.ValidationError, prefix: str) -> str:
     parts = [prefix]
     for part in error.absolute_path:
@@ -85,19 +203,28 @@ def validate(instance: dict, definition: str | None, prefix: str) -> None:
         leaf = min(error.context, key=lambda e: len(list(e.absolute_path)), default=None) if error.context else None
         if leaf is not None and len(list(leaf.absolute_path)) >= len(list(error.absolute_path)):
             error = leaf
+        message = error.message if len(error.message) <= MAX_MESSAGE else error.message[:MAX_MESSAGE] + " ..."
         raise ConfigError(
-            f"Config error at {_field(error, prefix)}: {error.message}. "
+            f"Config error at {_field(error, prefix)}: {message}. "
             f"Fix that value in your config (allowed values are in {SCHEMA_PATH.name})."
         )
 
 
-def validate_config(config: dict) -> None:
+def validate_config(config: dict) -> dict:
+    """The normalized config, or ConfigError naming the first bad field. Nothing here runs or touches a file."""
+    config = normalized(config)
     validate(config, None, "config")
+    problems = apex_problems(config.get("apex") or {})
+    if problems:
+        field, problem = problems[0]
+        raise ConfigError(f"Config error at config.apex.{field}: {problem}. Fix that value in your config "
+                          "(docs/config.md says what a config value may be).")
+    return config
 
 
 def resolve_runs(config: dict, presets_dir: Path, gpus: list[str], probe: str) -> tuple[dict, dict]:
     """Return (runs, choice): the validated run matrix and which preset was used, with the reason."""
-    validate_config(config)
+    config = validate_config(config)
     choice = choose_preset(config.get("preset", "auto"), gpus, probe)
     preset_file = Path(presets_dir) / f"{choice['preset']}.yaml"
     if not preset_file.exists():
@@ -107,13 +234,51 @@ def resolve_runs(config: dict, presets_dir: Path, gpus: list[str], probe: str) -
     validate(runs, "runs_resolved", "runs")
     for model, settings in runs["models"].items():
         check_model_settings(model, settings)
+        check_batch(model, settings)
         train = deep_merge(runs["train"], settings.get("train", {}))
         if train["warmup_steps"] >= train["steps"]:
             raise ConfigError(
                 f"Config error at runs.train.warmup_steps (model {model}): {train['warmup_steps']} warm-up steps "
                 f"leave no timed step out of {train['steps']}. Fix: make warmup_steps smaller than steps."
             )
+        if not any(cell["model"] == model for cell in cells(runs)):
+            raise ConfigError(
+                f"Config error at runs.models.{model}.precisions: none of {settings.get('precisions')} is in "
+                f"runs.precisions {runs['precisions']}, so the model has no cell. Fix: add one of them to "
+                "runs.precisions or change the model's precisions."
+            )
     return runs, choice
+
+
+def check_batch(model: str, settings: dict) -> None:
+    """A batch the data can supply, split evenly over the model's GPUs: throughput counts exactly this batch."""
+    batch, gpus, most = settings["batch_size"], settings.get("gpus", 1), largest_batch(settings["data"])
+    if most is not None and batch > most:
+        raise ConfigError(
+            f"Config error at runs.models.{model}.batch_size: {batch} is more than the {most} samples of the "
+            f"{settings['data']} training split. Fix: set batch_size to at most {most}."
+        )
+    if batch % gpus:
+        raise ConfigError(
+            f"Config error at runs.models.{model}.batch_size: {batch} does not split evenly over gpus: {gpus}. "
+            f"Fix: use a multiple of {gpus} (e.g. {batch - batch % gpus or gpus})."
+        )
+
+
+def check_apex_source(apex: dict, required: bool) -> None:
+    """A required apex needs a source and its commit; found now, not by the apex job after it cleared apex.json."""
+    source = apex.get("source") or {}
+    if required and not (source.get("url") or source.get("path") or source.get("tarball")):
+        raise ConfigError(
+            "Config error at config.apex.source: apex is required here but no source is set (url, path and tarball "
+            "are all null). Fix: set apex.source.url with ref and commit (as config/config.yaml does), "
+            "apex.source.path, or apex.source.tarball with sha256; or apex.required: false."
+        )
+    if (source.get("url") or source.get("path")) and not source.get("tarball") and not source.get("commit"):
+        raise ConfigError(
+            "Config error at config.apex.source.commit: a url or path source needs the commit it must be. "
+            "Fix: set apex.source.commit (apex 25.05 is 379937e1719b8190f38f3e666e2a8d32c97e221f)."
+        )
 
 
 def check_model_settings(model: str, settings: dict) -> None:
@@ -161,3 +326,36 @@ def apex_required(setting, gpus: list[str]) -> bool:
     if setting == "auto":
         return bool(gpus)
     return bool(setting)
+
+
+def checked(files: list[str], probe=visible_gpus) -> str:
+    """What `snakemake --configfile FILES` would run, found without running anything; ConfigError otherwise."""
+    from snakemake.utils import validate as fill_defaults
+
+    config = read_config_file(REPO / "config" / "config.yaml")
+    for path in files:
+        config = deep_merge(config, read_config_file(path))
+    config = validate_config(config)
+    fill_defaults(config, str(SCHEMA_PATH))
+    gpus, why = gpus_for_jobs(config.get("gpu", "auto"), probe)
+    runs, choice = resolve_runs(config, REPO / "config" / "presets", gpus, why)
+    check_apex_source(config["apex"], apex_required(config["apex"]["required"], gpus))
+    return f"{', '.join(map(str, files))}: OK. {choice['reason']}; {len(cells(runs))} cells."
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m amprepro.config", description=__doc__.split("\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    checking = commands.add_parser("check", help="read and validate config files; nothing in them is run")
+    checking.add_argument("files", nargs="+")
+    args = parser.parse_args(argv)
+    try:
+        print(checked(args.files))
+    except ConfigError as exc:
+        print(f"ERROR: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,14 +1,28 @@
-"""Data for the runs: scikit-learn's digits (real, labelled, ships inside the package) and synthetic tensors."""
+"""Data for the runs: scikit-learn's digits (real, labelled, ships inside the package) and synthetic tensors.
+
+torch is imported where it is used: amprepro.config reads the split sizes at DAG build time.
+"""
 
 from __future__ import annotations
 
-import torch
-
 DIGITS_CLASSES = 10
+DIGITS_SAMPLES = 1797  # len(sklearn.datasets.load_digits().target); tests/backbone/test_data.py checks it
+DIGITS_TEST_FRACTION = 0.2
 
 
-def digits_split(seed: int = 0, test_fraction: float = 0.2):
+def digits_train_size() -> int:
+    """Samples in the digits training split: the largest batch a digits model can be given."""
+    return DIGITS_SAMPLES - int(DIGITS_SAMPLES * DIGITS_TEST_FRACTION)
+
+
+def largest_batch(data: str) -> int | None:
+    """The most samples one batch of this data can hold; None when any batch size can be generated."""
+    return digits_train_size() if data == "digits" else None
+
+
+def digits_split(seed: int = 0, test_fraction: float = DIGITS_TEST_FRACTION):
     """Digits as (N, 1, 8, 8) float images in [0, 1] and labels; a fixed split so all cells see the same data."""
+    import torch
     from sklearn.datasets import load_digits
 
     digits = load_digits()
@@ -23,8 +37,12 @@ def digits_split(seed: int = 0, test_fraction: float = 0.2):
 class DigitsBatches:
     """Endless shuffled mini-batches of the digits training split, reproducible from the seed."""
 
-    def __init__(self, batch_size: int, seed: int, device: torch.device):
+    def __init__(self, batch_size: int, seed: int, device):
+        import torch
+
         (self.x, self.y), (self.test_x, self.test_y) = digits_split()
+        if batch_size > len(self.y):
+            raise ValueError(f"batch_size {batch_size} is larger than the digits training split ({len(self.y)})")
         self.x, self.y = self.x.to(device), self.y.to(device)
         self.test_x, self.test_y = self.test_x.to(device), self.test_y.to(device)
         self.batch_size = batch_size
@@ -32,6 +50,8 @@ class DigitsBatches:
         self.order, self.cursor = self._shuffle(), 0
 
     def _shuffle(self):
+        import torch
+
         return torch.randperm(len(self.y), generator=self.generator)
 
     def next(self):
@@ -50,7 +70,9 @@ class SyntheticImages:
 
     num_classes = 1000
 
-    def __init__(self, batch_size: int, image_size: int, seed: int, device: torch.device):
+    def __init__(self, batch_size: int, image_size: int, seed: int, device):
+        import torch
+
         generator = torch.Generator().manual_seed(seed)
         self.x = torch.randn(batch_size, 3, image_size, image_size, generator=generator).to(device)
         self.y = torch.randint(0, self.num_classes, (batch_size,), generator=generator).to(device)
@@ -65,7 +87,9 @@ class SyntheticImages:
 class SyntheticTokens:
     """Random token ids; the target is the next token (language-model shape, no meaning)."""
 
-    def __init__(self, batch_size: int, seq_len: int, vocab_size: int, seed: int, device: torch.device):
+    def __init__(self, batch_size: int, seq_len: int, vocab_size: int, seed: int, device):
+        import torch
+
         generator = torch.Generator().manual_seed(seed)
         tokens = torch.randint(0, vocab_size, (batch_size, seq_len + 1), generator=generator).to(device)
         self.x, self.y = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()

@@ -42,6 +42,14 @@ class Dist:
         torch.distributed.all_reduce(value)
         return value / self.world
 
+    def total(self, value: float | None, device: torch.device) -> float | None:
+        """The sum of every rank's value (energy of each rank's GPU, its peak); None when any rank has none."""
+        if not self.active:
+            return value
+        pair = torch.tensor([value or 0.0, value is None], dtype=torch.float64, device=device)
+        torch.distributed.all_reduce(pair)
+        return None if pair[1] else float(pair[0])
+
     def wrap(self, model, device: torch.device, sync_batchnorm: bool):
         if not self.active:
             return model

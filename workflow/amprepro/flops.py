@@ -3,26 +3,69 @@
 from __future__ import annotations
 
 import os
+import re
 
 import torch
 
-# Dense (no sparsity) Tensor Core peaks from NVIDIA datasheets, TFLOP/s. SXM parts. fp32 is the CUDA-core figure.
+# Dense (no sparsity) peaks from NVIDIA's datasheets, TFLOP/s, per product: SXM, PCIe and NVL parts differ in clocks
+# and power. fp32 is the CUDA-core figure; tf32/fp16/bf16 are Tensor Core figures (datasheets print the sparse ones
+# with a *, twice these). None: the product has no such Tensor Core path.
 DATASHEET_TFLOPS = {
-    "H200": {"fp32": 67.0, "tf32": 494.5, "fp16": 989.5, "bf16": 989.5},
-    "H100": {"fp32": 67.0, "tf32": 494.5, "fp16": 989.5, "bf16": 989.5},
-    "A100": {"fp32": 19.5, "tf32": 156.0, "fp16": 312.0, "bf16": 312.0},
-    "V100": {"fp32": 15.7, "tf32": None, "fp16": 125.0, "bf16": None},
+    "H200 SXM": {"fp32": 67.0, "tf32": 494.5, "fp16": 989.5, "bf16": 989.5},
+    "H200 NVL": {"fp32": 60.0, "tf32": 417.5, "fp16": 835.5, "bf16": 835.5},
+    "H100 SXM": {"fp32": 67.0, "tf32": 494.5, "fp16": 989.5, "bf16": 989.5},
+    "H100 PCIe": {"fp32": 51.0, "tf32": 378.0, "fp16": 756.5, "bf16": 756.5},
+    "H100 NVL": {"fp32": 60.0, "tf32": 417.5, "fp16": 835.5, "bf16": 835.5},
+    "A100 SXM": {"fp32": 19.5, "tf32": 156.0, "fp16": 312.0, "bf16": 312.0},
+    "A100 PCIe": {"fp32": 19.5, "tf32": 156.0, "fp16": 312.0, "bf16": 312.0},
+    "L40S": {"fp32": 91.6, "tf32": 183.0, "fp16": 362.05, "bf16": 362.05},
+    "L4": {"fp32": 30.3, "tf32": 60.0, "fp16": 121.0, "bf16": 121.0},
+    "A10": {"fp32": 31.2, "tf32": 62.5, "fp16": 125.0, "bf16": 125.0},
+    "V100 SXM2": {"fp32": 15.7, "tf32": None, "fp16": 125.0, "bf16": None},
+    "V100 PCIe": {"fp32": 14.0, "tf32": None, "fp16": 112.0, "bf16": None},
 }
+# The product behind the exact name torch.cuda.get_device_name reports (whole name; "NVIDIA H200" is the SXM part).
+PRODUCT_NAMES = [
+    (r"NVIDIA H200", "H200 SXM"),
+    (r"NVIDIA H200 NVL", "H200 NVL"),
+    (r"NVIDIA H100 80GB HBM3|NVIDIA H100 SXM5 (64|80|94)GB", "H100 SXM"),
+    (r"NVIDIA H100 PCIe", "H100 PCIe"),
+    (r"NVIDIA H100 NVL", "H100 NVL"),
+    (r"NVIDIA A100-SXM4-(40|80)GB", "A100 SXM"),
+    (r"NVIDIA A100-PCIE-40GB|NVIDIA A100 80GB PCIe", "A100 PCIe"),
+    (r"NVIDIA L40S", "L40S"),
+    (r"NVIDIA L4", "L4"),
+    (r"NVIDIA A10", "A10"),
+    (r"Tesla V100-SXM2-(16|32)GB", "V100 SXM2"),
+    (r"Tesla V100-PCIE-(16|32)GB", "V100 PCIe"),
+]
 # Which matmul dtype dominates each precision's compute.
 PEAK_KIND = {"fp32": "fp32", "tf32": "tf32", "amp_fp16": "fp16", "amp_bf16": "bf16", "apex_o1": "fp16",
              "apex_o2": "fp16"}
 
 
-def datasheet_peak(gpu_name: str | None, precision: str) -> float | None:
-    for model, peaks in DATASHEET_TFLOPS.items():
-        if gpu_name and model in gpu_name:
-            return peaks[PEAK_KIND[precision]]
+def datasheet_product(gpu_name: str | None) -> str | None:
+    """The datasheet product of this exact GPU name; None for a name not in PRODUCT_NAMES (no guessing by substring)."""
+    for pattern, product in PRODUCT_NAMES:
+        if gpu_name and re.fullmatch(pattern, gpu_name.strip()):
+            return product
     return None
+
+
+def datasheet_peak(gpu_name: str | None, precision: str) -> float | None:
+    product = datasheet_product(gpu_name)
+    return DATASHEET_TFLOPS[product][PEAK_KIND[precision]] if product else None
+
+
+def datasheet_note(gpu_name: str | None) -> str:
+    """Which datasheet the peak comes from, or why there is none (the report shows it next to MFU)."""
+    if gpu_name is None:
+        return "no GPU: no datasheet peak"
+    product = datasheet_product(gpu_name)
+    if product is None:
+        return (f"no datasheet peak for {gpu_name!r}: not a product amprepro.flops knows by exact name, so no "
+                "datasheet MFU (MFU against the measured matmul peak is still given)")
+    return f"{gpu_name} is the {product}: NVIDIA datasheet, dense Tensor Core figures"
 
 
 def count_training_flops(step_fn) -> int:

@@ -66,6 +66,24 @@ def user_args(env: dict) -> list[str]:
                            "e.g. SNAKEMAKE_ARGS=\"--config 'preset=smoke'\"") from None
 
 
+def check_config_files(extra: list[str]) -> None:
+    """Read every --configfile in SNAKEMAKE_ARGS as amprepro does, before Snakemake does: Snakemake gives no line for
+    a YAML error and evaluates a file that sets __use_yte__ as a template that runs Python."""
+    from amprepro.config import ConfigError, read_config_file
+
+    index = option_index(extra, ("--configfile", "--configfiles"))
+    if index is None:
+        return
+    inline = extra[index].partition("=")[2]
+    for path in [inline] if inline else extra[index + 1:]:
+        if path.startswith("-"):
+            break
+        try:
+            read_config_file(path)
+        except ConfigError as exc:
+            raise SettingError(f"SNAKEMAKE_ARGS --configfile: {exc}") from None
+
+
 def cores_setting(env: dict) -> tuple[str, str]:
     """(value for --cores, where it came from)."""
     cores = env.get("CORES", "").strip()
@@ -306,6 +324,7 @@ def main(argv: list[str] | None = None, env: dict | None = None) -> int:
     targets = sys.argv[1:] if argv is None else argv
     try:
         command, what = snakemake_command(targets, env)
+        check_config_files(user_args(env))
         workdir = workdir_of(env)
     except SettingError as exc:
         say(str(exc))

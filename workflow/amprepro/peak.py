@@ -23,6 +23,8 @@ def measure() -> dict:
         "tflops": flops.measure_matmul_peak(device),
         "datasheet_tflops": {kind: flops.datasheet_peak(name, precision)
                              for precision, kind in flops.PEAK_KIND.items()},
+        "datasheet_product": flops.datasheet_product(name),
+        "datasheet_note": flops.datasheet_note(name),
     }
 
 

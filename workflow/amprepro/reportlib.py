@@ -47,9 +47,7 @@ def load(summary: str, environment: str, sanity: str, apex: str, claims: str | N
             "apex": read_json(apex), "runs_dir": runs_dir, "claims_path": claims, "reference_dir": reference_dir}
     data["claims"] = None
     if claims:
-        loaded = claims_mod.load_claims(claims)
-        data["claims"] = claims_mod.evaluate(loaded, data["summary"], data["sanity"], claims_mod.model_archs(runs_dir),
-                                             claims_mod.model_data(runs_dir))
+        data["claims"] = claims_mod.evaluate_run(claims, data["summary"], data["sanity"], runs_dir)
     data["verify"] = verify_mod.verify(data["summary"], reference_dir, runs_dir) if reference_dir else None
     return data
 

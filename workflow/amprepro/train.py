@@ -77,10 +77,11 @@ def cross_entropy(logits, target):
     return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), target.reshape(-1))
 
 
-def items_per_step(model_config: dict) -> tuple[int, str]:
+def items_per_step(x, model_config: dict, world: int) -> tuple[int, str]:
+    """Items one step trained on, counted from x, the batch that reached this rank's model (every rank gets as many)."""
     if model_config["data"] == "synthetic_tokens":
-        return model_config["batch_size"] * model_config.get("seq_len", 1024), "tokens"
-    return model_config["batch_size"], "samples"
+        return x.numel() * world, "tokens"
+    return x.shape[0] * world, "samples"
 
 
 def evaluate(trainer, batches) -> float | None:
@@ -316,10 +317,13 @@ def train_loop(spec, dist, device, base, model, batches, trainer, breakdown, set
         if step % 20 == 0 and dist.is_main:
             print(f"step {step:5d} loss {loss:.4f} scale {scale} {timer.seconds * 1000:.1f} ms", flush=True)
     energy_end = energy.read_joules()
-    # Counted after training, on the last batch, so counting changes neither the data order nor the timings.
-    flops_per_step, flops_method = (None, None) if dist.active else step_flops(trainer, model, x, y, dist.world)
+    energy_j = dist.total(energy_end - energy_start if None not in (energy_start, energy_end) else None, device)
+    # Counted after training, on the last batch, so counting changes neither the data order nor the timings. Every
+    # rank counts its own share (under DDP the backward's all-reduce needs them all); the global step is world times.
+    flops_per_step, flops_method = step_flops(trainer, model, x, y, dist.world)
+    gpu_name = base["hardware"]["gpu_name"]
 
-    items, unit = items_per_step(model_config)
+    items, unit = items_per_step(x, model_config, dist.world)
     stats = measure.step_stats([r["step_time_s"] for r in rows], train["warmup_steps"], items)
     checks = numerics(rows)
     collapsed = not math.isfinite(rows[-1]["loss"]) or (checks["loss_scale_min"] is not None
@@ -344,9 +348,10 @@ def train_loop(spec, dist, device, base, model, batches, trainer, breakdown, set
         "flops_per_step": flops_per_step,
         "flops_method": flops_method,
         "achieved_tflops": achieved,
-        "datasheet_peak_tflops": flops.datasheet_peak(base["hardware"]["gpu_name"], spec["precision"]),
-        "energy_j_per_item": ((energy_end - energy_start) / timed_items
-                              if energy_start is not None and energy_end is not None else None),
+        "items_per_step": items,
+        "datasheet_peak_tflops": dist.total(flops.datasheet_peak(gpu_name, spec["precision"]), device),
+        "datasheet_note": flops.datasheet_note(gpu_name),
+        "energy_j_per_item": energy_j / timed_items if energy_j is not None else None,
         **epoch_fields(model_config, stats["throughput_per_s"]),
         **settings,
         "wall_seconds": time.time() - started,

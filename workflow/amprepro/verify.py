@@ -341,8 +341,7 @@ def run_verify(summary_path: str, reference_dir: str, runs_dir: str | None, clai
         from amprepro import claims as claims_mod
 
         sanity = read_json(sanity_path) if sanity_path and Path(sanity_path).exists() else None
-        evaluated = claims_mod.evaluate(claims_mod.load_claims(claims_path), summary, sanity,
-                                        claims_mod.model_archs(runs_dir), claims_mod.model_data(runs_dir))
+        evaluated = claims_mod.evaluate_run(claims_path, summary, sanity, runs_dir)
         result["claims"] = evaluated
         result["claims_counts"] = claims_mod.counts(evaluated)
     return result

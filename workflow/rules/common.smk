@@ -11,13 +11,14 @@ from amprepro.distributed import launcher  # noqa: E402
 from amprepro.config import (  # noqa: E402
     apex_required,
     cell_spec_json,
+    check_apex_source,
     cells,
     resolve_runs,
     validate_config,
     gpus_for_jobs,
 )
 
-validate_config(config)  # first: one line naming the bad field and the fix
+config.update(validate_config(config))  # first: what YAML users write made exact, or the bad field and the fix
 validate(config, "../schemas/config.schema.yaml")  # fills in the schema's defaults
 
 GPUS, GPU_PROBE = gpus_for_jobs(config.get("gpu", "auto"))
@@ -25,7 +26,8 @@ RUNS, PRESET = resolve_runs(config, Path(workflow.basedir) / "config" / "presets
 PRESET["config_sha256"] = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()
 CELLS = cells(RUNS)
 APEX_REQUIRED = apex_required(config["apex"]["required"], GPUS)
-BUILD_THREADS = max(1, workflow.cores or 1)  # None under `snakemake --report`
+check_apex_source(config["apex"], APEX_REQUIRED)  # before the apex job clears apex.json
+BUILD_THREADS = max(1, workflow.resource_settings.cores or 1)  # None under `snakemake --report`; workflow.cores raises
 
 
 wildcard_constraints:

@@ -31,7 +31,7 @@ rule report:
     resources:
         mem_mb=4000,
     params:
-        title=config["report"]["title"],
+        title=lambda wildcards: config["report"]["title"],  # a function: Snakemake formats a plain string's braces
         code=code_digest("render", "reportlib", "claims", "verify"),  # reportlib: what the notebook imports
     shell:
         "PYTHONPATH=workflow python -m amprepro.render"

@@ -18,9 +18,13 @@ from pathlib import Path
 
 from amprepro.apexbuild.errors import ApexError
 from amprepro.apexbuild.treehash import tree_hash
+from amprepro.safevalues import apex_problems, git_ref_problem, shorten
 
 MARKER_SUFFIX = ".source.json"
 EXPORT_HINT = "python -m amprepro.apexbuild export --git-dir <apex clone> --ref <ref> --dest <dir>"
+# Only these transports, whatever the URL or the user's git config says: ext:: and friends run commands.
+GIT_PROTOCOLS = ["-c", "protocol.allow=never", "-c", "protocol.https.allow=always", "-c", "protocol.ssh.allow=always",
+                 "-c", "protocol.file.allow=always"]
 
 
 @dataclass(frozen=True)
@@ -55,7 +59,8 @@ class Source:
     def extract(self, dest: Path) -> None:
         """Write the commit's files into dest (which must not exist)."""
         if self.kind in ("git-url", "git-checkout"):
-            archive = subprocess.run(["git", "--git-dir", self._git_dir, "archive", "--format=tar", self.commit],
+            archive = subprocess.run(["git", *GIT_PROTOCOLS, "--git-dir", self._git_dir, "archive", "--format=tar",
+                                      "--end-of-options", self.commit],
                                      capture_output=True, check=True)
             _extract_tar(tarfile.open(fileobj=io.BytesIO(archive.stdout)), dest, "")
         elif self.kind == "tarball":
@@ -67,6 +72,9 @@ class Source:
 
 def resolve(spec: dict, git_cache: Path) -> Source:
     """Identify the configured source and prove it is the pinned commit; ApexError when it is not."""
+    problems = apex_problems({"source": spec})
+    if problems:
+        raise ApexError("; ".join(f"apex.{field} {problem}" for field, problem in problems) + ": fix the config.")
     path, tarball, url = spec.get("path"), spec.get("tarball"), spec.get("url")
     if path and tarball:
         raise ApexError("apex.source sets both path and tarball: keep one of them (either wins over url).")
@@ -91,7 +99,7 @@ def from_path(path: Path, spec: dict) -> Source:
 
 
 def _from_checkout(path: Path, git_dir: str, spec: dict) -> Source:
-    head = _run_git(["--git-dir", git_dir, "rev-parse", "HEAD^{commit}"]).stdout.strip()
+    head = _rev_parse(git_dir, "HEAD^{commit}")
     _check_commit(head, _required_commit(spec, f"apex.source.path {path}"), f"the git checkout {path} (HEAD)")
     notes = []
     if _run_git(["-C", str(path), "status", "--porcelain", "--untracked-files=no"]).stdout.strip():
@@ -153,7 +161,7 @@ def from_url(url: str, spec: dict, git_cache: Path) -> Source:
     repo = git_cache / (hashlib.sha256(url.encode()).hexdigest()[:16] + ".git")
     if not _has_commit(repo, wanted):
         _fetch(url, ref, wanted, repo)
-    commit = _run_git(["--git-dir", str(repo), "rev-parse", f"{wanted}^{{commit}}"]).stdout.strip()
+    commit = _rev_parse(str(repo), f"{wanted}^{{commit}}")
     return Source("git-url", url, ref, commit, f"{url} {ref} resolved to it when fetched (clone kept in {repo})",
                   _git_dir=str(repo))
 
@@ -161,23 +169,25 @@ def from_url(url: str, spec: dict, git_cache: Path) -> Source:
 def _fetch(url: str, ref: str, wanted: str, repo: Path) -> None:
     if not repo.exists():
         _run_git(["init", "--quiet", "--bare", str(repo)])
-    fetched = _run_git(["--git-dir", str(repo), "fetch", "--quiet", "--depth", "1", url, ref], check=False)
+    fetched = _run_git(["--git-dir", str(repo), "fetch", "--quiet", "--depth", "1", "--", url, ref], check=False)
     if fetched.returncode != 0:
         last = (fetched.stderr.strip().splitlines() or ["(no output)"])[-1]
         raise ApexError(
             f"git could not fetch {ref} from {url}: {last}. This machine may not reach that host. Fix: get the source "
             f"where the network allows and set apex.source.path to an export made with `{EXPORT_HINT}`, or "
             "apex.source.tarball to `git archive` output with apex.source.sha256.")
-    got = _run_git(["--git-dir", str(repo), "rev-parse", "FETCH_HEAD^{commit}"]).stdout.strip()
+    got = _rev_parse(str(repo), "FETCH_HEAD^{commit}")
     _check_commit(got, wanted, f"{url} at {ref}")
     _run_git(["--git-dir", str(repo), "update-ref", f"refs/amprepro/{got}", got])
 
 
 def export(git_dir: str, ref: str, dest: Path) -> dict:
     """Write commit `ref` of the repository at git_dir into dest, and the marker that lets a build check it later."""
-    commit = _run_git(["--git-dir", git_dir, "rev-parse", f"{ref}^{{commit}}"]).stdout.strip()
-    tree = _run_git(["--git-dir", git_dir, "rev-parse", f"{commit}^{{tree}}"]).stdout.strip()
-    listing = _run_git(["--git-dir", git_dir, "ls-tree", "-r", commit]).stdout.splitlines()
+    if problem := git_ref_problem(ref):
+        raise ApexError(f"--ref {shorten(ref)} {problem}.")
+    commit = _rev_parse(git_dir, f"{ref}^{{commit}}")
+    tree = _rev_parse(git_dir, f"{commit}^{{tree}}")
+    listing = _run_git(["--git-dir", git_dir, "ls-tree", "-r", "--end-of-options", commit]).stdout.splitlines()
     gitlinks = {line.split("\t", 1)[1]: line.split()[2] for line in listing if line.startswith("160000 ")}
     if dest.exists():
         raise ApexError(f"{dest} already exists: remove it or choose another --dest.")
@@ -202,6 +212,10 @@ def file_sha256(path: Path) -> str:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def _rev_parse(git_dir: str, revision: str) -> str:
+    return _run_git(["--git-dir", git_dir, "rev-parse", "--verify", "--end-of-options", revision]).stdout.strip()
 
 
 def _required_commit(spec: dict, where: str) -> str:
@@ -230,12 +244,13 @@ def _checkout_git_dir(path: Path) -> str | None:
 def _has_commit(repo: Path, commit: str) -> bool:
     if not repo.exists():
         return False
-    return _run_git(["--git-dir", str(repo), "cat-file", "-e", f"{commit}^{{commit}}"], check=False).returncode == 0
+    return _run_git(["--git-dir", str(repo), "cat-file", "-e", "--end-of-options", f"{commit}^{{commit}}"],
+                    check=False).returncode == 0
 
 
 def _run_git(args: list[str], check: bool = True, missing_ok: bool = False):
     try:
-        done = subprocess.run(["git", *args], capture_output=True, text=True)
+        done = subprocess.run(["git", *GIT_PROTOCOLS, *args], capture_output=True, text=True)
     except FileNotFoundError:
         if missing_ok:
             return None

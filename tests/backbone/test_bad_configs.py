@@ -1,0 +1,207 @@
+"""Configs people write, run through real Snakemake: each bad one stops before any job with its field named, no
+traceback, a bounded message and results/ untouched; each unusual-but-valid one passes. The same table goes through
+`python -m amprepro.config check`, which must agree without running anything."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from workflow_testing import REPO, copy_workflow, job_env, snakemake
+
+MARKER = "PWNED"
+LONG_NAME = "vit_b_16_channels_last_fused_adamw_compiled_batch128_seed_repeat_1"[:64]  # 64 characters
+# (id, how, value, what the message must contain). how: "file" = YAML (a dict is dumped) given with --configfile;
+# "main" = the text of config/config.yaml itself; "config" = --config arguments.
+BAD = [
+    ("preset", "file", {"preset": "fast"}, "config.preset"),
+    ("gpu", "file", {"gpu": "maybe"}, "config.gpu"),
+    ("unknown-key", "file", {"runz": {}}, "'runz' was unexpected"),
+    ("runs-list", "file", {"runs": [1]}, "config.runs"),
+    ("precision", "file", {"runs": {"precisions": ["fp8"]}}, "config.runs.precisions[0]"),
+    ("precisions-empty", "file", {"runs": {"precisions": []}}, "config.runs.precisions"),
+    ("seeds-empty", "file", {"runs": {"seeds": []}}, "config.runs.seeds"),
+    ("seed-negative", "file", {"runs": {"seeds": [-1]}}, "config.runs.seeds[0]"),
+    ("seed-2**32", "file", {"runs": {"seeds": [2**32]}}, "config.runs.seeds[0]"),
+    ("seeds-repeated", "file", {"runs": {"seeds": [0, 0]}}, "config.runs.seeds"),
+    ("seed-fraction", "file", {"runs": {"seeds": [1.5]}}, "config.runs.seeds[0]"),
+    ("seed-word", "file", {"runs": {"seeds": ["zero"]}}, "config.runs.seeds[0]"),
+    ("lr-negative", "file", {"runs": {"train": {"lr": -1}}}, "config.runs.train.lr"),
+    ("lr-zero", "file", {"runs": {"train": {"lr": 0}}}, "config.runs.train.lr"),
+    ("lr-word", "file", {"runs": {"train": {"lr": "fast"}}}, "config.runs.train.lr"),
+    ("steps-zero", "file", {"runs": {"train": {"steps": 0}}}, "config.runs.train.steps"),
+    ("steps-fraction", "file", {"runs": {"train": {"steps": 2.5}}}, "config.runs.train.steps"),
+    ("warmup-too-long", "file", {"runs": {"train": {"warmup_steps": 500}}}, "runs.train.warmup_steps"),
+    ("optimizer", "file", {"runs": {"train": {"optimizer": "lamb"}}}, "config.runs.train.optimizer"),
+    ("apex-optimizer", "file", {"runs": {"train": {"apex_optimizer": "lamb"}}}, "config.runs.train.apex_optimizer"),
+    ("weight-decay", "file", {"runs": {"train": {"weight_decay": -0.1}}}, "config.runs.train.weight_decay"),
+    ("deterministic", "file", {"runs": {"train": {"deterministic": "maybe"}}}, "config.runs.train.deterministic"),
+    ("train-unknown", "file", {"runs": {"train": {"momentum": 0.9}}}, "config.runs.train"),
+    ("batch-zero", "file", {"runs": {"models": {"cnn": {"batch_size": 0}}}}, "config.runs.models.cnn.batch_size"),
+    ("batch-beyond-digits", "file", {"runs": {"models": {"cnn": {"batch_size": 5000}}}}, "runs.models.cnn.batch_size"),
+    ("batch-digits+1", "file", {"runs": {"models": {"cnn": {"batch_size": 1439}}}}, "runs.models.cnn.batch_size"),
+    ("arch", "file", {"runs": {"models": {"cnn": {"arch": "resnet9000"}}}}, "config.runs.models.cnn.arch"),
+    ("data", "file", {"runs": {"models": {"cnn": {"data": "imagenet"}}}}, "config.runs.models.cnn.data"),
+    ("model-incomplete", "file", {"runs": {"models": {"new": {"arch": "small_cnn"}}}}, "runs.models.new"),
+    ("name-newline", "file", {"runs": {"models": {"cnn\n": {"arch": "small_cnn", "data": "digits", "batch_size": 4}}}},
+     "config.runs.models"),
+    ("name-65", "file", {"runs": {"models": {"m" * 65: {"arch": "small_cnn", "data": "digits", "batch_size": 4}}}},
+     "config.runs.models"),
+    ("name-slash", "file", {"runs": {"models": {"a/b": {"arch": "small_cnn", "data": "digits", "batch_size": 4}}}},
+     "config.runs.models"),
+    ("name-dots", "file", {"runs": {"models": {"..": {"arch": "small_cnn", "data": "digits", "batch_size": 4}}}},
+     "config.runs.models"),
+    ("name-empty", "file", {"runs": {"models": {"": {"arch": "small_cnn", "data": "digits", "batch_size": 4}}}},
+     "config.runs.models"),
+    ("gpus-zero", "file", {"runs": {"models": {"cnn": {"gpus": 0}}}}, "config.runs.models.cnn.gpus"),
+    ("batch-not-split", "file", {"runs": {"models": {"cnn": {"gpus": 3}}}}, "runs.models.cnn.batch_size"),
+    ("checkpointing-cnn", "file", {"runs": {"models": {"cnn": {"activation_checkpointing": True}}}},
+     "runs.models.cnn.activation_checkpointing"),
+    ("epoch-tokens-digits", "file", {"runs": {"models": {"cnn": {"epoch_tokens": 1000}}}}, "runs.models.cnn.epoch_tokens"),
+    ("model-without-cell", "file", {"runs": {"precisions": ["fp32"], "models": {"cnn": {"precisions": ["apex_o1"]}}}},
+     "runs.models.cnn.precisions"),
+    ("model-seed-2**32", "file", {"runs": {"models": {"cnn": {"seeds": [2**32]}}}}, "config.runs.models.cnn.seeds[0]"),
+    ("image-size", "file", {"runs": {"models": {"cnn": {"image_size": 4}}}}, "config.runs.models.cnn.image_size"),
+    ("channels-last", "file", {"runs": {"models": {"cnn": {"channels_last": "sometimes"}}}},
+     "config.runs.models.cnn.channels_last"),
+    ("apex-required", "file", {"apex": {"required": "sometimes"}}, "config.apex.required"),
+    ("apex-unknown", "file", {"apex": {"colour": "red"}}, "config.apex"),
+    ("commit-word", "file", {"apex": {"source": {"commit": "not-a-sha"}}}, "config.apex.source.commit"),
+    ("commit-newline", "file", {"apex": {"source": {"commit": "379937e1\n"}}}, "config.apex.source.commit"),
+    ("ref-upload-pack", "file", {"apex": {"source": {"ref": f"--upload-pack=touch {MARKER}"}}}, "config.apex.source.ref"),
+    ("url-upload-pack", "file", {"apex": {"source": {"url": f"--upload-pack=touch {MARKER}"}}}, "config.apex.source.url"),
+    ("url-ext", "file", {"apex": {"source": {"url": f"ext::sh -c touch% {MARKER}"}}}, "config.apex.source.url"),
+    ("url-http", "file", {"apex": {"source": {"url": "http://example.com/apex.git"}}}, "config.apex.source.url"),
+    ("path-option", "file", {"apex": {"source": {"path": "-rf"}}}, "config.apex.source.path"),
+    ("tarball-option", "file", {"apex": {"source": {"tarball": "--to-command=id", "url": None}}},
+     "config.apex.source.tarball"),
+    ("cache-dir-option", "file", {"apex": {"cache_dir": "--foo"}}, "config.apex.cache_dir"),
+    ("arch-sm", "file", {"apex": {"cuda_arch_list": "sm_90"}}, "config.apex.cuda_arch_list"),
+    ("arch-option", "file", {"apex": {"cuda_arch_list": "-9.0"}}, "config.apex.cuda_arch_list"),
+    ("sha256", "file", {"apex": {"source": {"sha256": "xyz"}}}, "config.apex.source.sha256"),
+    ("build-jobs", "file", {"apex": {"build_jobs": 0}}, "config.apex.build_jobs"),
+    ("no-apex-source", "file", {"apex": {"required": True, "source": {"url": None, "path": None, "tarball": None}}},
+     "config.apex.source"),
+    ("url-without-commit", "file", {"apex": {"source": {"commit": None}}}, "config.apex.source.commit"),
+    ("title-nul", "file", {"report": {"title": "x\0y"}}, "config.report.title"),
+    ("title-200k", "file", {"report": {"title": "t" * 200_000}}, "config.report.title"),
+    ("title-newline", "file", {"report": {"title": "line\nline"}}, "config.report.title"),
+    ("alias-bomb", "file", "a: &a [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]\n" + "".join(
+        f"{n}: &{n} [{', '.join(['*' + p] * 10)}]\n" for p, n in zip("abcdef", "bcdefg")) + "report: {title: *g}\n",
+     "at config:"),
+    ("use-yte", "main", "__use_yte__: true\npreset: smoke\n", "config/config.yaml: sets __use_yte__"),
+    ("yaml-syntax", "main", "preset: smoke\nruns:\n  seeds: [0,\n", "config/config.yaml, line 4, column 1"),
+    ("yaml-tab", "main", "preset: smoke\nruns:\n\tseeds: [0]\n", "config/config.yaml, line 3, column 1"),
+    ("latin-1", "main", b"preset: smoke\nreport:\n  title: caf\xe9\n", "config/config.yaml, line 3, column 13"),
+    ("top-level-list", "main", "- preset\n", "config/config.yaml: holds a list"),
+    ("cli-preset", "config", ["preset=fast"], "config.preset"),
+    ("cli-seed", "config", ['runs={"seeds": [-1]}'], "config.runs.seeds[0]"),
+    ("cli-lr", "config", ['runs={"train": {"lr": "abc"}}'], "config.runs.train.lr"),
+    ("cli-ref", "config", [f'apex={{"source": {{"ref": "--upload-pack=touch {MARKER}"}}}}'], "config.apex.source.ref"),
+]
+VALID = [
+    ("lr-exponent", "file", {"runs": {"train": {"lr": "1e-3"}}}),
+    ("lr-exponent-yaml", "main", None),  # config/config.yaml with `lr: 1e-3` written by hand (YAML 1.1 reads text)
+    ("runs-null", "file", {"runs": None}),
+    ("report-null", "file", {"report": None, "apex": None}),
+    ("steps-exponent", "file", {"runs": {"train": {"steps": "1.2e2"}}}),
+    ("seed-2**32-1", "file", {"runs": {"seeds": [2**32 - 1]}}),
+    ("name-64-batch-all-digits", "file",
+     {"runs": {"models": {LONG_NAME: {"arch": "small_cnn", "data": "digits", "batch_size": 1438}}}}),
+    ("ddp-even-batch", "file", {"runs": {"models": {"ddp": {"arch": "tiny_transformer", "data": "digits",
+                                                            "batch_size": 64, "gpus": 2}}}}),
+    ("title-literal", "file", {"report": {"title": "Ünï {x} {{y}} $(id) `id` \"q\" 's' <b>"}}),
+    ("scp-url", "file", {"apex": {"source": {"url": "git@github.com:NVIDIA/apex.git", "ref": "release/25.05"}}}),
+    ("cli-nested-numbers", "config", ['runs={"seeds": [0, 1], "train": {"lr": 1e-3, "steps": 50, "deterministic": true}}']),
+    ("cli-readme-apex", "config",
+     ['apex={"source": {"path": "vendor/apex-25.05", "commit": "379937e1", "url": null}}']),
+    ("cli-apex-required", "config", ['apex={"required": false}', "gpu=false"]),
+    ("json-file", "json", {"preset": "smoke", "runs": {"train": {"lr": 0.001}}}),
+]
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    """A workflow copy with results/ holding earlier outputs that no refused config may touch."""
+    root = copy_workflow(tmp_path_factory.mktemp("bad_configs") / "amprepro")
+    for path, text in [("results/apex/apex.json", '{"status": "built"}'),
+                       ("results/runs/cnn/fp32/seed0/metrics.json", '{"status": "ok"}')]:
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / path).write_text(text)
+    return root
+
+
+def snapshot(root) -> dict:
+    return {str(p.relative_to(root)): (hashlib.sha256(p.read_bytes()).hexdigest(), p.stat().st_mtime_ns)
+            for p in sorted((root / "results").rglob("*")) if p.is_file()}
+
+
+def arguments(root, case_id: str, how: str, value) -> list[str]:
+    """Snakemake's arguments for the case (written files included); config/config.yaml is restored first."""
+    main = root / "config" / "config.yaml"
+    original = (REPO / "config" / "config.yaml").read_bytes()
+    main.write_bytes(original)
+    if how == "config":
+        return ["--config", "preset=smoke", *value]
+    if how == "main":
+        text = value if value is not None else original.decode().replace("runs: {}", "runs:\n  train:\n    lr: 1e-3")
+        main.write_bytes(text if isinstance(text, bytes) else text.encode())
+        return ["--config", "preset=smoke"] if "preset" not in str(text) else []
+    extra = root / f"{case_id}.{'json' if how == 'json' else 'yaml'}"
+    if how == "json":
+        extra.write_text(json.dumps(value))
+    else:
+        extra.write_text(value if isinstance(value, str) else yaml.safe_dump({"preset": "smoke", **value}))
+    return ["--configfile", str(extra)]
+
+
+def config_files(root, args: list[str]) -> list[str]:
+    return [args[1]] if args[:1] == ["--configfile"] else []
+
+
+@pytest.mark.parametrize("case_id, how, value, field", BAD, ids=[case[0] for case in BAD])
+def test_a_bad_config_stops_before_any_job_and_names_the_field(workdir, case_id, how, value, field):
+    before = snapshot(workdir)
+    args = arguments(workdir, case_id, how, value)
+    result = snakemake(workdir, "--cores", "1", *args, "--", "results/environment/environment.json", check=False)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, output[-2000:]
+    assert field in output, output[-2000:]
+    assert "Traceback (most recent call last)" not in output, output[-3000:]
+    assert len(output) < 6000, f"{len(output)} characters of output"
+    assert snapshot(workdir) == before
+    assert not (workdir / MARKER).exists()
+
+
+@pytest.mark.parametrize("case_id, how, value, field", [c for c in BAD if c[1] != "config"],
+                         ids=[c[0] for c in BAD if c[1] != "config"])
+def test_config_check_refuses_the_same_configs_without_running_them(workdir, case_id, how, value, field):
+    args = arguments(workdir, case_id, how, value)
+    result = check(workdir, config_files(workdir, args))
+    assert result.returncode == 1, result.stdout
+    assert field in result.stderr and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert len(result.stderr) < 2000
+    assert not (workdir / MARKER).exists()
+
+
+@pytest.mark.parametrize("case_id, how, value", VALID, ids=[case[0] for case in VALID])
+def test_an_unusual_but_valid_config_passes(workdir, case_id, how, value):
+    before = snapshot(workdir)
+    args = arguments(workdir, case_id, how, value)
+    result = snakemake(workdir, "-n", "--cores", "1", *args, check=False)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    assert snapshot(workdir) == before
+    if how != "config":
+        checked = check(workdir, config_files(workdir, args))
+        assert checked.returncode == 0 and ": OK." in checked.stdout, checked.stderr
+
+
+def check(root, files: list[str]) -> subprocess.CompletedProcess:
+    env = {**job_env(), "PYTHONPATH": str(root / "workflow")}
+    return subprocess.run([sys.executable, "-m", "amprepro.config", "check", *(files or ["config/config.yaml"])],
+                          cwd=root, capture_output=True, text=True, env=env, timeout=120)
