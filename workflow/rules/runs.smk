@@ -15,6 +15,8 @@ rule train:
         gpu=single_node_gpus,
         gres=per_node_gres,
         nodes=nodes_for_cell,
+        tasks=nodes_for_cell,  # CPU jobs: --ntasks (1 task would shrink the allocation to 1 node)
+        tasks_per_gpu=0,  # GPU jobs: no --ntasks-per-gpu (the plugin would make one of `tasks`)
         cpus_per_gpu=cpus_per_gpu_for_cell,
         mem_mb=mem_mb_for_cell,
         runtime=runtime_for_cell,
