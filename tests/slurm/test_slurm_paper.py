@@ -42,7 +42,9 @@ SANITY_SHIM = """#!/usr/bin/env bash
 args=("$@")
 if [[ " $* " == *" -m amprepro.sanity "* ]]; then
   echo "sanity shim: --expect-gpu False in Slurm job $SLURM_JOB_ID" >> "{note}"
-  for i in "${{!args[@]}}"; do [ "${{args[$i]}}" = True ] && [ "${{args[$((i - 1))]}}" = --expect-gpu ] && args[$i]=False; done
+  for i in "${{!args[@]}}"; do
+    [ "${{args[$i]}}" = True ] && [ "${{args[$((i - 1))]}}" = --expect-gpu ] && args[$i]=False
+  done
 fi
 exec "{python}" "${{args[@]}}"
 """
@@ -121,7 +123,8 @@ def test_every_train_job_got_what_its_cell_asks_for(paper_run):
 
 def test_cell_resources_differ_by_cell_as_the_model_needs(paper_run):
     """Anchors that do not come from amprepro.resources: the 7B cells' time, the 2-GPU cell, the 2-node cell."""
-    by_cell = {CELL.match(r["Comment"]).group(1, 2): r for r in paper_run.records().values() if CELL.match(r["Comment"])}
+    records = paper_run.records().values()
+    by_cell = {CELL.match(r["Comment"]).group(1, 2): r for r in records if CELL.match(r["Comment"])}
     assert minutes(by_cell["llama7b", "fp32"]["TimeLimit"]) == 15  # 10 steps of 2048 tokens: 5 min + start-up
     assert minutes(by_cell["cnn", "fp32"]["TimeLimit"]) == 11
     ddp = by_cell["transformer_ddp", "fp32"]

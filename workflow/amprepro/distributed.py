@@ -96,14 +96,23 @@ def setup() -> Dist:
 # ---- the launcher ----------------------------------------------------------------------------------------------
 
 
-def slurm_nodes(env: dict) -> int:
-    """Nodes of the Slurm allocation this process runs in; 0 outside Slurm."""
-    return int(env.get("SLURM_JOB_NUM_NODES", "1")) if env.get("SLURM_JOB_ID") else 0
+def slurm_job(env: dict) -> dict[str, str]:
+    """Slurm's record of the job this process runs in (`scontrol show job`), or {} outside Slurm. Not the SLURM_*
+    variables: the Snakemake job step runs as a one-node step (srun -n1) whose variables describe that step."""
+    if not env.get("SLURM_JOB_ID"):
+        return {}
+    out = subprocess.run(["scontrol", "-o", "show", "job", env["SLURM_JOB_ID"]], capture_output=True, text=True)
+    return dict(re.findall(r"(\w+)=(\S*)", out.stdout))
 
 
-def shortfall(per_node: int, nodes: int, device: str, env: dict, cuda_count) -> tuple[str, str] | None:
+def slurm_nodes(job: dict[str, str]) -> int:
+    """Nodes of the Slurm allocation; 0 outside Slurm."""
+    return int(job.get("NumNodes", "0"))
+
+
+def shortfall(per_node: int, nodes: int, device: str, env: dict, job: dict, cuda_count) -> tuple[str, str] | None:
     """(what is missing, reason) when this job has fewer nodes or GPUs than the cell needs, else None."""
-    have_nodes = slurm_nodes(env)
+    have_nodes = slurm_nodes(job)
     if nodes > 1 and have_nodes < nodes:
         where = f"a Slurm allocation of {have_nodes} node(s)" if have_nodes else "no Slurm allocation"
         return (f"{nodes} nodes", f"this cell asks for {nodes} nodes; it runs in {where} (multi-node cells run "
@@ -120,37 +129,47 @@ def torchrun_single_node(per_node: int) -> list[str]:
     return ["torchrun", "--standalone", "--nproc_per_node", str(per_node)]
 
 
-def srun_per_node(per_node: int, nodes: int, device: str) -> list[str]:
-    """One task per node of this job's allocation, each starting one torchrun (amprepro.distributed --node).
-    --overlap: the job's own step (the Snakemake job step) holds the allocation's CPUs and GPUs already."""
+def srun_per_node(per_node: int, nodes: int, device: str, job: dict[str, str]) -> list[str]:
+    """One task per node of this job's allocation, each starting one torchrun (amprepro.distributed --node) that
+    meets the others at the allocation's first node. --overlap: the Snakemake job step holds the CPUs and GPUs."""
     gpus = ["--gpus-per-node", str(per_node)] if device == "cuda" else []
+    port = PORT_BASE + int(job["JobId"]) % PORT_SPAN
     return ["srun", "--overlap", "--kill-on-bad-exit=1", "--nodes", str(nodes), "--ntasks", str(nodes),
             "--ntasks-per-node", "1", *gpus, sys.executable, "-m", "amprepro.distributed", "--node",
-            "--per-node", str(per_node), "--nodes", str(nodes)]
+            "--per-node", str(per_node), "--nodes", str(nodes), "--master-addr", first_node_address(job["NodeList"]),
+            "--master-port", str(port)]
 
 
-def command(per_node: int, nodes: int, device: str, train_args: list[str]) -> list[str]:
+def allocation_env(env: dict, job: dict[str, str]) -> dict:
+    """The environment for srun: the whole allocation. Inside the Snakemake job step (srun -n1), the SLURM_* node
+    variables describe that one-node step, and srun would refuse a second node ("Only allocated 1 nodes")."""
+    if not job:
+        return env
+    return {**env, "SLURM_JOB_NODELIST": job["NodeList"], "SLURM_NODELIST": job["NodeList"],
+            "SLURM_JOB_NUM_NODES": job["NumNodes"], "SLURM_NNODES": job["NumNodes"]}
+
+
+def command(per_node: int, nodes: int, device: str, job: dict[str, str], train_args: list[str]) -> list[str]:
     if nodes > 1:
-        return [*srun_per_node(per_node, nodes, device), "--", *train_args]
+        return [*srun_per_node(per_node, nodes, device, job), "--", *train_args]
     if per_node > 1:
         return [*torchrun_single_node(per_node), *TRAIN, *train_args]
     return [sys.executable, *TRAIN, *train_args]
 
 
-def first_node_address(env: dict) -> str:
+def first_node_address(nodelist: str) -> str:
     """The address Slurm reaches the allocation's first node at (NodeAddr): the rendezvous host."""
-    first = subprocess.run(["scontrol", "show", "hostnames", env["SLURM_JOB_NODELIST"]], capture_output=True,
+    first = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True,
                            text=True, check=True).stdout.split()[0]
     record = subprocess.run(["scontrol", "-o", "show", "node", first], capture_output=True, text=True).stdout
     match = re.search(r"\bNodeAddr=(\S+)", record)
     return match.group(1) if match else first
 
 
-def torchrun_on_node(per_node: int, nodes: int, env: dict) -> list[str]:
-    """This node's torchrun: static rendezvous at the first node, node rank from Slurm."""
-    port = PORT_BASE + int(env["SLURM_JOB_ID"]) % PORT_SPAN
-    return ["torchrun", "--nnodes", str(nodes), "--node_rank", env["SLURM_NODEID"], "--nproc_per_node",
-            str(per_node), "--master_addr", first_node_address(env), "--master_port", str(port)]
+def torchrun_on_node(args: argparse.Namespace, env: dict) -> list[str]:
+    """This node's torchrun: static rendezvous at the first node, node rank from srun (SLURM_NODEID)."""
+    return ["torchrun", "--nnodes", str(args.nodes), "--node_rank", env["SLURM_NODEID"], "--nproc_per_node",
+            str(args.per_node), "--master_addr", args.master_addr, "--master_port", str(args.master_port)]
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -164,6 +183,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cpu",
                         help="cuda: the cell needs --per-node CUDA devices on each node")
     parser.add_argument("--node", action="store_true", help="run this node's torchrun (srun starts one per node)")
+    parser.add_argument("--master-addr", help="--node: the rendezvous host")
+    parser.add_argument("--master-port", type=int, help="--node: the rendezvous port")
     args = parser.parse_args(argv[:split])
     args.train = argv[split + 1:]
     return args
@@ -173,18 +194,19 @@ def main(argv=None) -> None:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     env = dict(os.environ)
     if args.node:
-        run = [*torchrun_on_node(args.per_node, args.nodes, env), *TRAIN, *args.train]
+        run = [*torchrun_on_node(args, env), *TRAIN, *args.train]
         os.execvp(run[0], run)
-    missing = shortfall(args.per_node, args.nodes, args.device, env, torch.cuda.device_count)
+    job = slurm_job(env) if args.nodes > 1 else {}
+    missing = shortfall(args.per_node, args.nodes, args.device, env, job, torch.cuda.device_count)
     if missing:
         from amprepro import train
 
         print(f"amprepro.distributed: not starting the cell: {missing[1]}", file=sys.stderr, flush=True)
         train.write_not_run(args.train, "machine", *missing)
         return
-    run = command(args.per_node, args.nodes, args.device, args.train)
-    print(f"amprepro.distributed: {' '.join(run[:12])} ...", file=sys.stderr, flush=True)
-    os.execvp(run[0], run)
+    run = command(args.per_node, args.nodes, args.device, job, args.train)
+    print(f"amprepro.distributed: {' '.join(run[:24])} ...", file=sys.stderr, flush=True)
+    os.execvpe(run[0], run, allocation_env(env, job))
 
 
 if __name__ == "__main__":

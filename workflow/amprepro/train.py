@@ -225,7 +225,8 @@ def not_run_record(spec: dict, apex: dict, cause: str, needs: str, reason: str) 
     from amprepro import distributed
 
     base = base_record(spec, apex, torch.device("cpu"), distributed.Dist(hosts=[]))
-    return {**base, "world_size": 0, "nodes": 0, "status": "skipped", "skip_cause": cause, "skip_needs": needs, "reason": reason}
+    return {**base, "world_size": 0, "nodes": 0, "status": "skipped", "skip_cause": cause, "skip_needs": needs,
+            "reason": reason}
 
 
 def failure_record(base: dict, exc: Exception) -> dict:
