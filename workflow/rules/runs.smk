@@ -23,7 +23,7 @@ rule train:
     params:
         spec=spec_for_cell,
         launch=launch_for_cell,
-        code=code_digest("train", "distributed"),
+        code=code_digest("train"),  # with what it imports: distributed, resources
     shell:
         "PYTHONPATH=workflow python -m amprepro.gpuslots --gpus {resources.gpu} --"
         " python -m amprepro.distributed {params.launch} -- --spec {params.spec:q} --apex {input.apex}"
