@@ -5,7 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
-SLURM_SMOKE=1 bash tools/slurm/start.sh
+# Two node daemons on this host: tests/slurm runs a two-node cell (SLURM_NODES, tools/slurm/start.sh).
+SLURM_NODES=2 SLURM_SMOKE=1 bash tools/slurm/start.sh
 
 # Belt and braces: the test is skipped when Slurm is not usable, so make sure here that it is.
 sinfo -h -o '%T %G' | grep -qE '^(idle|mixed).*gpu' || {

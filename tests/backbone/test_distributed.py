@@ -46,3 +46,38 @@ def test_two_process_ddp_matches_one_process(tmp_path):
     assert ddp["achieved_tflops"] is not None
     for step, (a, b) in enumerate(zip(single_losses, ddp_losses)):
         assert abs(a - b) <= TOLERANCE * abs(a), f"step {step}: one process {a}, DDP {b}"
+
+
+def test_the_launcher_skips_a_cell_short_of_gpus_before_any_worker_starts(tmp_path):
+    """A 2-GPU cell where torch sees none (CUDA_VISIBLE_DEVICES empty): skipped with the reason, torchrun never run."""
+    (tmp_path / "apex.json").write_text(json.dumps({"status": "skipped", "reason": "test"}))
+    shim, called = tmp_path / "bin", tmp_path / "torchrun-called"
+    shim.mkdir()
+    (shim / "torchrun").write_text(f"#!/bin/sh\ntouch {called}\n")
+    (shim / "torchrun").chmod(0o755)
+    env = {**os.environ, "PYTHONPATH": str(REPO / "workflow"), "CUDA_VISIBLE_DEVICES": "",
+           "PATH": f"{shim}{os.pathsep}{os.environ['PATH']}"}
+    out = tmp_path / "cell"
+    result = subprocess.run(
+        [sys.executable, "-m", "amprepro.distributed", "--per-node", "2", "--device", "cuda", "--",
+         "--spec", json.dumps(spec(2)), "--apex", str(tmp_path / "apex.json"),
+         "--metrics", str(out / "metrics.json"), "--steps", str(out / "steps.csv")],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert (metrics["status"], metrics["skip_cause"], metrics["skip_needs"]) == ("skipped", "machine", "2 GPUs")
+    assert metrics["reason"] == "this cell asks for 2 GPU(s) per node; torch sees 0 (CUDA_VISIBLE_DEVICES=)"
+    assert metrics["world_size"] == 0 and not called.exists()
+
+
+def test_shortfall_names_missing_nodes_and_gpus():
+    from amprepro.distributed import shortfall
+
+    two = {"NumNodes": "2"}
+    assert shortfall(2, 1, "cuda", {}, {}, lambda: 2) is None
+    assert shortfall(2, 1, "cpu", {}, {}, lambda: 0) is None  # gloo processes on the CPU need no device
+    assert shortfall(4, 2, "cuda", {}, two, lambda: 4) is None
+    assert shortfall(1, 2, "cuda", {}, {}, lambda: 1)[0] == "2 nodes"
+    assert "a Slurm allocation of 1 node(s)" in shortfall(1, 2, "cpu", {}, {"NumNodes": "1"}, lambda: 0)[1]
+    assert shortfall(4, 2, "cuda", {"CUDA_VISIBLE_DEVICES": "0,1"}, two, lambda: 2) == (
+        "4 GPUs", "this cell asks for 4 GPU(s) per node; torch sees 2 (CUDA_VISIBLE_DEVICES=0,1)")

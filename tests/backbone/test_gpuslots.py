@@ -87,9 +87,11 @@ def test_try_claim_holds_nothing_when_too_few_are_free(tmp_path):
 
 
 @pytest.mark.parametrize("gpu, expected", [
-    ("true", ["--gpus 2 -- torchrun --standalone --nproc_per_node 2 -m amprepro.train",
-              "--gpus 1 -- python -m amprepro.train", "--gpus 1 -- python -m amprepro.apex_stage"]),
-    ("false", ["--gpus 0 -- python -m amprepro.train", "--gpus 0 -- python -m amprepro.apex_stage"]),
+    ("true", ["--gpus 2 -- python -m amprepro.distributed --per-node 2 --nodes 1 --device cuda --",
+              "--gpus 1 -- python -m amprepro.distributed --per-node 1 --nodes 1 --device cuda --",
+              "--gpus 1 -- python -m amprepro.apex_stage"]),
+    ("false", ["--gpus 0 -- python -m amprepro.distributed --per-node 1 --nodes 1 --device cpu --",
+               "--gpus 0 -- python -m amprepro.apex_stage"]),
 ])
 def test_rules_run_gpu_jobs_through_gpuslots(tmp_path, gpu, expected):
     from workflow_testing import copy_workflow, snakemake

@@ -23,15 +23,6 @@ def test_a_cpu_skip_is_the_machine_and_names_what_is_missing():
     assert (metrics["status"], metrics["skip_cause"], metrics["skip_needs"]) == ("skipped", "machine", "a CUDA GPU")
 
 
-def test_more_gpus_than_visible_is_the_machine(monkeypatch):
-    monkeypatch.setattr(train, "torch_cuda_count", lambda: 1)
-    assert train.variant_unsupported({"gpus": 2}, "fp32", CUDA, NO_APEX) == (
-        "machine", "2 GPUs", "this cell asks for 2 GPUs; 1 visible")
-    assert train.skip_cause(spec(gpus=2), CUDA, {**NO_APEX, "status": "built", "has_amp": True})[0] == "machine"
-    monkeypatch.setattr(train, "torch_cuda_count", lambda: 2)
-    assert train.variant_unsupported({"gpus": 2}, "fp32", CUDA, NO_APEX) is None
-
-
 def test_apex_variants_without_apex_are_the_machine_and_compile_with_apex_is_unsupported():
     assert train.skip_cause(spec(fused_layer_norm=True), torch.device("cpu"), NO_APEX)[0] == "machine"
     assert train.variant_unsupported({"fused_layer_norm": True}, "amp_bf16", CUDA, NO_APEX)[:2] == (

@@ -313,70 +313,90 @@ def test_every_job_went_through_sbatch(runs):
     assert states.pop("FAILED") == 1 and states.pop("TIMEOUT") == 1 and set(states) == {"COMPLETED"}
 
 
-def test_profile_resources_reach_slurm(runs):
-    """The requests in profiles/slurm, unchanged, are what Slurm allocated: GPUs for the GPU rules, none elsewhere."""
+def test_cell_resources_reach_slurm(runs):
+    """What each job asks for comes from the rules (the profile gives none): the smoke preset on a login node
+    without a GPU (gpu: auto) asks for no GPU anywhere, and each train job for its cell's CPUs, memory and time."""
     by_rule = {}
     for run in (runs["first"], runs["rerun"]):
         for record in run.records().values():
             rule = record["Comment"].removeprefix("rule_").split("_wildcards_")[0]
             by_rule.setdefault(rule, []).append(record)
-    for rule in ("train", "sanity", "apex", "peak"):
-        for record in by_rule.get(rule, []):
-            assert "gpu:1" in record.get("TresPerJob", ""), f"{rule}: no GPU in {record.get('TresPerJob')}"
-    for rule in ("environment", "summary", "report"):
-        for record in by_rule[rule]:
+    for rule, records in by_rule.items():
+        for record in records:
             assert "gpu" not in record.get("TresPerJob", "") + record.get("TRES", ""), f"{rule} asked for a GPU"
-    train = by_rule["train"][0]
-    assert train["TimeLimit"] in ("02:00:00", "00:01:00"), train["TimeLimit"]  # 120 min, or cut by the shim
-    assert train["NumCPUs"] == "8" and train["MinMemoryNode"] in ("62.50G", "64000M"), train
+    for train in by_rule["train"]:
+        # smoke: 120 steps of 64 digits -> 10 min start-up + under a minute of steps (amprepro.resources)
+        assert train["TimeLimit"] in ("00:11:00", "00:01:00"), train  # or cut to 1 min by the shim
+        assert (train["NumNodes"], train["NumCPUs"], train["MinMemoryNode"]) == ("1", "1", "4000M"), train
 
 
-# ----------------------------------------------------------------------------------------------------- several GPUs
+# ----------------------------------------------------------------------------------------------------- two nodes
+MULTI_NODE_MODEL = "transformer_2n"
+MULTI_NODE = f"""runs:
+  models:
+    {MULTI_NODE_MODEL}:
+      arch: tiny_transformer
+      data: digits
+      batch_size: 64
+      gpus: 2
+      nodes: 2
+      precisions: [fp32]
+      train: {{steps: 30, warmup_steps: 5}}
+"""
+
+
+def slurm_node_names() -> list[str]:
+    out = subprocess.run(["sinfo", "-h", "-N", "-o", "%N"], capture_output=True, text=True).stdout
+    return sorted(set(out.split()))
+
+
 @pytest.fixture(scope="module")
-def two_gpu_run(runs):
-    """After the runs above, as docs/slurm.md says: give cnn 2 GPUs in the config and the same count in the
-    profile (the per-model expression), then redo one cnn cell. Slurm allocates 2 GPUs, torchrun starts 2 ranks."""
+def multi_node_run(runs):
+    """After the runs above: a model with nodes: 2, gpus: 2 (CPU here: gloo), as docs/slurm.md says. One Slurm job
+    of two nodes; srun starts one torchrun per node; a torchrun shim first on PATH notes where each one ran."""
+    if len(slurm_node_names()) < 2:
+        pytest.skip(f"the test cluster has one node ({slurm_node_names()}); start it with SLURM_NODES=2 "
+                    "(tools/slurm/start.sh; CI does)")
     slurm_dir = runs["slurm_dir"]
-    (slurm_dir / "two-gpus.yaml").write_text("runs:\n  models:\n    cnn:\n      gpus: 2\n")
-    profile = slurm_dir / "profiles/slurm/config.yaml"
-    text = profile.read_text()
-    per_rule = re.compile(r"^(  train: &gpu_job.*\n(?:    .*\n)*?    gpu: )1( .*)$", re.M)
-    assert per_rule.search(text), "profiles/slurm no longer has `gpu: 1` under set-resources: train"
-    profile.write_text(per_rule.sub(lambda m: m.group(1) + "\"{'cnn': 2}.get(wildcards.model, 1)\"" + m.group(2),
-                                    text, count=1))
-    # a torchrun first on PATH that notes what the job gave it, then runs the real one
+    (slurm_dir / "two-nodes.yaml").write_text(MULTI_NODE)
     shim_dir = slurm_dir.parent / "torchrun-shim"
     shim_dir.mkdir()
     note = slurm_dir.parent / "torchrun-calls.txt"
     (shim_dir / "torchrun").write_text(
         "#!/usr/bin/env bash\n"
-        'echo "SLURM_JOB_ID=${SLURM_JOB_ID:-} CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-} ARGS=$*"'
-        f" >> '{note}'\n"
+        'echo "SLURM_JOB_ID=${SLURM_JOB_ID:-} SLURMD_NODENAME=${SLURMD_NODENAME:-} SLURM_NODEID=${SLURM_NODEID:-}'
+        f' ARGS=$*" >> \'{note}\'\n'
         f"exec '{VENV_BIN / 'torchrun'}' \"$@\"\n")
     (shim_dir / "torchrun").chmod(0o755)
-    target = "results/runs/cnn/fp32/seed0/metrics.json"
-    run = Run(slurm_dir, [*SLURM, "--configfile", "two-gpus.yaml", "--", target], env_with(shim_dir),
-              "slurm-3-two-gpus")
+    target = f"results/runs/{MULTI_NODE_MODEL}/fp32/seed0/metrics.json"
+    run = Run(slurm_dir, [*SLURM, "--configfile", "two-nodes.yaml", "--", target], env_with(shim_dir),
+              "slurm-3-two-nodes")
     run.wait()
     run.torchrun_calls = note.read_text().splitlines() if note.exists() else []
+    run.metrics = json.loads((slurm_dir / target).read_text()) if (slurm_dir / target).exists() else None
     return run
 
 
-def test_two_gpu_cell_runs_torchrun_on_two_slurm_gpus(two_gpu_run, runs):
-    assert two_gpu_run.returncode == 0, two_gpu_run.output[-5000:]
-    submissions = two_gpu_run.submissions()
-    assert len(submissions) == 1, f"expected only the cnn/fp32 cell to run again: {sorted(submissions)}"
+def test_multi_node_cell_runs_one_torchrun_per_node_of_a_two_node_allocation(multi_node_run):
+    run = multi_node_run
+    assert run.returncode == 0, run.output[-5000:]
+    submissions = run.submissions()
+    assert len(submissions) == 1, f"expected only the two-node cell to run: {sorted(submissions)}"
     jobid = next(iter(submissions))
-    record = two_gpu_run.records()[jobid]
-    assert record["Comment"] == "rule_train_wildcards_cnn_fp32_0"
-    assert "gpu:2" in record.get("TresPerJob", ""), record.get("TresPerJob")
-    assert record["NumCPUs"] == "16", "cpus_per_gpu: 8 for each of the 2 GPUs"
-    # inside the Slurm job: one torchrun with 2 processes, and the 2 GPUs Slurm bound to the job are visible to it
-    calls = two_gpu_run.torchrun_calls
-    assert len(calls) == 1, f"torchrun calls: {calls}"
-    call = dict(re.findall(r"(\w+)=(\S*)", calls[0].split(" ARGS=")[0]))
-    assert call["SLURM_JOB_ID"] == jobid, calls[0]
-    assert len(call["CUDA_VISIBLE_DEVICES"].split(",")) == 2, calls[0]
-    assert "--nproc_per_node 2" in calls[0], calls[0]
-    metrics = json.loads((runs["slurm_dir"] / "results/runs/cnn/fp32/seed0/metrics.json").read_text())
-    assert (metrics["status"], metrics["world_size"]) == ("ok", 2), metrics.get("reason")
+    record = run.records()[jobid]
+    assert record["Comment"] == f"rule_train_wildcards_{MULTI_NODE_MODEL}_fp32_0"
+    nodes = subprocess.run(["scontrol", "show", "hostnames", record["NodeList"]], capture_output=True,
+                           text=True).stdout.split()
+    assert record["NumNodes"] == "2" and len(set(nodes)) == 2, f"Slurm's record: {record}"
+    # inside the job: srun started one torchrun on each node of the allocation, node ranks 0 and 1
+    calls = [dict(re.findall(r"(\w+)=(\S*)", call.split(" ARGS=")[0])) | {"args": call.split(" ARGS=")[1]}
+             for call in run.torchrun_calls]
+    assert len(calls) == 2, f"torchrun calls: {run.torchrun_calls}"
+    assert {c["SLURM_JOB_ID"] for c in calls} == {jobid}
+    assert sorted(c["SLURMD_NODENAME"] for c in calls) == sorted(nodes)
+    assert sorted(c["SLURM_NODEID"] for c in calls) == ["0", "1"]
+    assert all("--nnodes 2" in c["args"] and "--nproc_per_node 2" in c["args"] for c in calls), calls
+    # and the cell says so: 4 ranks over the 2 nodes (CPU here, so no GPU was used)
+    metrics = run.metrics
+    assert (metrics["status"], metrics["world_size"], metrics["nodes"]) == ("ok", 4, 2), metrics.get("reason")
+    assert sorted(set(metrics["rank_nodes"])) == sorted(nodes) and metrics["gpus_used"] == 0, metrics

@@ -15,7 +15,10 @@
 # profiles/slurm schedule unchanged. Nothing is enforced (no cgroups): jobs share the real cores.
 #
 # Knobs (environment):
-#   SLURM_FAKE_GPUS=8         fake GPUs on the node (0..16), like one 8-GPU node
+#   SLURM_FAKE_GPUS=8         fake GPUs per node (0..16 in all), like one 8-GPU node
+#   SLURM_NODES=1             node daemons on this host (1..4). 2 gives a two-node cluster on one machine:
+#                             nodes <host>-n1, <host>-n2, one slurmd each (slurmd -N, own port, spool, pid and
+#                             log file), both reached at 127.0.0.1, for multi-node cells (tests/slurm)
 #   SLURM_FAKE_GPU_TYPE=fake  gres type name; set it to the gpu_model you put in profiles/slurm (e.g. h100)
 #   SLURM_PARTITION=debug     name of the (default) partition; add SLURM_EXTRA_PARTITIONS="gpu cpu" for more
 #   SLURM_NODE_CPUS=128       CPUs the node advertises (at least the real count)
@@ -50,7 +53,7 @@ T0=$(date +%s)
 log() { echo "[slurm-start +$(($(date +%s) - T0))s] $*"; }
 die() {
   echo "[slurm-start] ERROR: $*" >&2
-  for f in "$LOGDIR/slurmctld.log" "$LOGDIR/slurmd.log" "$LOGDIR/slurmdbd.log"; do
+  for f in "$LOGDIR/slurmctld.log" "$LOGDIR"/slurmd*.log "$LOGDIR/slurmdbd.log"; do
     [ -s "$f" ] && { echo "--- last lines of $f" >&2; tail -n 25 "$f" >&2; }
   done
   exit 1
@@ -58,11 +61,14 @@ die() {
 
 if [ "$(id -u)" != 0 ]; then
   if command -v sudo >/dev/null && sudo -n true 2>/dev/null; then
-    exec sudo -n --preserve-env=SLURM_FAKE_GPUS,SLURM_FAKE_GPU_TYPE,SLURM_PARTITION,SLURM_EXTRA_PARTITIONS,SLURM_CLUSTER,SLURM_NODE_CPUS,SLURM_NODE_MEM_MB,SLURM_MIN_JOB_AGE,SLURM_WITH_DBD,SLURM_SKIP_APT,SLURM_SMOKE,SLURM_WAIT_S,SLURM_FORCE "$0" "$@"
+    exec sudo -n --preserve-env=SLURM_NODES,SLURM_FAKE_GPUS,SLURM_FAKE_GPU_TYPE,SLURM_PARTITION,SLURM_EXTRA_PARTITIONS,SLURM_CLUSTER,SLURM_NODE_CPUS,SLURM_NODE_MEM_MB,SLURM_MIN_JOB_AGE,SLURM_WITH_DBD,SLURM_SKIP_APT,SLURM_SMOKE,SLURM_WAIT_S,SLURM_FORCE "$0" "$@"
   fi
   die "run as root (or with passwordless sudo): it installs packages and starts system daemons"
 fi
+NODES="${SLURM_NODES:-1}"
+case "$NODES" in [1-4]) ;; *) die "SLURM_NODES must be 1..4 (got '$NODES')" ;; esac
 case "$FAKE_GPUS" in [0-9] | 1[0-6]) ;; *) die "SLURM_FAKE_GPUS must be 0..16 (got '$FAKE_GPUS')" ;; esac
+[ $((FAKE_GPUS * NODES)) -le 16 ] || die "SLURM_FAKE_GPUS x SLURM_NODES must be at most 16 (got $FAKE_GPUS x $NODES)"
 
 alive() { [ -s "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
 stop_pidfile() { # stop only the process whose pid is in file $1; wait up to 10 s, then SIGKILL that pid
@@ -103,6 +109,19 @@ getent passwd slurm >/dev/null || die "no 'slurm' user: the slurm-wlm packages d
 
 # ------------------------------------------------------------------ 2. the config
 NODE=$(hostname -s)
+if [ "$NODES" = 1 ]; then
+  NODE_NAMES=("$NODE")
+  SLURMD_FILES="SlurmdSpoolDir=/var/lib/slurm/slurmd
+SlurmdPidFile=/run/slurmd.pid
+SlurmdLogFile=$LOGDIR/slurmd.log"
+else
+  NODE_NAMES=()
+  for n in $(seq 1 "$NODES"); do NODE_NAMES+=("$NODE-n$n"); done
+  SLURMD_FILES="SlurmdSpoolDir=/var/lib/slurm/slurmd-%n
+SlurmdPidFile=/run/slurmd-%n.pid
+SlurmdLogFile=$LOGDIR/slurmd-%n.log"
+fi
+slurmd_pidfile() { if [ "$NODES" = 1 ]; then echo /run/slurmd.pid; else echo "/run/slurmd-$1.pid"; fi; }
 REAL_CPUS=$(nproc)
 NODE_CPUS="${SLURM_NODE_CPUS:-128}"
 [ "$NODE_CPUS" -ge "$REAL_CPUS" ] || NODE_CPUS=$REAL_CPUS
@@ -116,13 +135,17 @@ if [ "$FAKE_GPUS" -gt 0 ]; then
   # Without mknod (a container without CAP_MKNOD), fall back to the character devices every system has.
   mkdir -p "$FAKE_DEV_DIR"
   fallback=(/dev/null /dev/zero /dev/full /dev/random /dev/urandom /dev/tty /dev/ptmx)
-  for i in $(seq 0 $((FAKE_GPUS - 1))); do
-    dev="$FAKE_DEV_DIR/gpu$i"
-    if [ ! -c "$dev" ] && ! mknod -m 666 "$dev" c 1 3 2>/dev/null; then
-      [ "$i" -lt ${#fallback[@]} ] || die "mknod is not allowed here: at most ${#fallback[@]} fake GPUs (SLURM_FAKE_GPUS)"
-      dev=${fallback[$i]}
-    fi
-    GRES_LINES+="NodeName=$NODE Name=gpu Type=$GPU_TYPE File=$dev"$'\n'
+  i=0
+  for name in "${NODE_NAMES[@]}"; do
+    for _ in $(seq 1 "$FAKE_GPUS"); do
+      dev="$FAKE_DEV_DIR/gpu$i"
+      if [ ! -c "$dev" ] && ! mknod -m 666 "$dev" c 1 3 2>/dev/null; then
+        [ "$i" -lt ${#fallback[@]} ] || die "mknod is not allowed here: at most ${#fallback[@]} fake GPUs (SLURM_FAKE_GPUS)"
+        dev=${fallback[$i]}
+      fi
+      GRES_LINES+="NodeName=$name Name=gpu Type=$GPU_TYPE File=$dev"$'\n'
+      i=$((i + 1))
+    done
   done
   GRES_NODE="Gres=gpu:$GPU_TYPE:$FAKE_GPUS"
 fi
@@ -140,6 +163,15 @@ for p in $EXTRA_PARTITIONS; do
   [ "$p" = "$PARTITION" ] || PARTITION_LINES+=$'\n'"PartitionName=$p Nodes=ALL Default=NO MaxTime=INFINITE State=UP"
 done
 
+if [ "$NODES" = 1 ]; then
+  NODE_LINES="NodeName=$NODE NodeAddr=127.0.0.1 CPUs=$NODE_CPUS RealMemory=$NODE_MEM_MB $GRES_NODE State=UNKNOWN"
+else # several slurmd on this host: each its own name and port, all reached at 127.0.0.1
+  NODE_LINES=""
+  for n in $(seq 1 "$NODES"); do
+    NODE_LINES+="NodeName=$NODE-n$n NodeHostname=$NODE NodeAddr=127.0.0.1 Port=$((17000 + n)) CPUs=$NODE_CPUS RealMemory=$NODE_MEM_MB $GRES_NODE State=UNKNOWN"$'\n'
+  done
+  NODE_LINES=${NODE_LINES%$'\n'}
+fi
 NEW_CONF=$(
   cat <<EOF
 $MARKER
@@ -151,11 +183,9 @@ CredType=cred/munge
 SlurmUser=slurm
 SlurmdUser=root
 StateSaveLocation=/var/lib/slurm/slurmctld
-SlurmdSpoolDir=/var/lib/slurm/slurmd
 SlurmctldPidFile=/run/slurmctld.pid
-SlurmdPidFile=/run/slurmd.pid
 SlurmctldLogFile=$LOGDIR/slurmctld.log
-SlurmdLogFile=$LOGDIR/slurmd.log
+$SLURMD_FILES
 SlurmctldDebug=info
 SlurmdDebug=info
 ProctrackType=proctrack/linuxproc
@@ -176,7 +206,7 @@ $ACCT
 JobCompType=jobcomp/filetxt
 JobCompLoc=$LOGDIR/jobcomp.log
 GresTypes=gpu
-NodeName=$NODE NodeAddr=127.0.0.1 CPUs=$NODE_CPUS RealMemory=$NODE_MEM_MB $GRES_NODE State=UNKNOWN
+$NODE_LINES
 $PARTITION_LINES
 EOF
 )
@@ -189,6 +219,7 @@ changed=0
 if [ ! -e "$CONF" ] || [ "$(cat "$CONF")" != "$NEW_CONF" ]; then changed=1; fi
 if [ "$(cat "$GRES_CONF" 2>/dev/null || true)" != "${GRES_LINES%$'\n'}" ]; then changed=1; fi
 mkdir -p /etc/slurm /var/lib/slurm/slurmctld /var/lib/slurm/slurmd "$LOGDIR"
+for name in "${NODE_NAMES[@]}"; do mkdir -p "/var/lib/slurm/slurmd-$name"; done
 chown slurm:slurm /var/lib/slurm/slurmctld "$LOGDIR"
 if [ "$changed" = 1 ]; then
   printf '%s\n' "$NEW_CONF" >"$CONF"
@@ -257,20 +288,33 @@ if [ "$WITH_DBD" != 1 ] && alive /run/slurmdbd.pid; then
 fi
 
 # ------------------------------------------------------------------ 5. slurmctld + slurmd
-node_ok() { sinfo -h -n "$NODE" -o %T 2>/dev/null | grep -qE '^(idle|mixed|allocated)$'; }
-if [ "$changed" = 0 ] && alive /run/slurmctld.pid && alive /run/slurmd.pid && node_ok; then
+node_ok() { # every node of this config is up
+  local name
+  for name in "${NODE_NAMES[@]}"; do
+    sinfo -h -n "$name" -o %T 2>/dev/null | grep -qE '^(idle|mixed|allocated)$' || return 1
+  done
+}
+slurmds_alive() {
+  local name
+  for name in "${NODE_NAMES[@]}"; do alive "$(slurmd_pidfile "$name")" || return 1; done
+}
+if [ "$changed" = 0 ] && alive /run/slurmctld.pid && slurmds_alive && node_ok; then
   log "already running with this config: $(sinfo -h -o '%P %T %N %c CPUs %m MB %G' | head -n 1)"
 else
-  stop_pidfile /run/slurmd.pid
+  for f in /run/slurmd.pid /run/slurmd-*.pid; do [ -e "$f" ] && stop_pidfile "$f"; done
   stop_pidfile /run/slurmctld.pid
-  log "starting slurmctld + slurmd"
+  log "starting slurmctld + ${#NODE_NAMES[@]} slurmd"
   /usr/sbin/slurmctld -c || die "slurmctld did not start" # -c: start from a clean state (no old jobs/nodes)
-  /usr/sbin/slurmd || die "slurmd did not start"
+  if [ "$NODES" = 1 ]; then
+    /usr/sbin/slurmd || die "slurmd did not start"
+  else
+    for name in "${NODE_NAMES[@]}"; do /usr/sbin/slurmd -N "$name" || die "slurmd -N $name did not start"; done
+  fi
 fi
 if ! wait_for "$WAIT_S" node_ok; then
   sinfo -N -l >&2 || true
-  scontrol show node "$NODE" >&2 || true
-  die "node $NODE did not become idle within ${WAIT_S}s"
+  scontrol show node >&2 || true
+  die "nodes ${NODE_NAMES[*]} did not become idle within ${WAIT_S}s"
 fi
 log "cluster up: $(sinfo -h -o '%P %a %T %N %c CPUs %m MB %G' | tr '\n' ' ')"
 

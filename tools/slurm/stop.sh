@@ -39,6 +39,7 @@ if [ -s /run/slurmctld.pid ] && kill -0 "$(cat /run/slurmctld.pid)" 2>/dev/null;
   fi
 fi
 stop_pidfile /run/slurmd.pid slurmd
+for f in /run/slurmd-*.pid; do [ -e "$f" ] && stop_pidfile "$f" "slurmd ($(basename "$f" .pid))"; done
 stop_pidfile /run/slurmctld.pid slurmctld
 stop_pidfile /run/slurmdbd.pid slurmdbd
 # mariadbd only if start.sh started it (SLURM_WITH_DBD=1); a MariaDB of the system is left alone

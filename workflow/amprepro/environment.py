@@ -9,6 +9,7 @@ import platform
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 from amprepro.files import write_json
 
@@ -45,13 +46,18 @@ def torch_build() -> dict:
     return info
 
 
+def snakemake_env_of(interpreter_prefix: str) -> str | None:
+    """The Snakemake-created conda env this interpreter lives in, or None. Snakemake marks every env it has finished
+    creating with `<env dir>.env_setup_done` next to it, under whatever conda-prefix it used (snakemake.deployment.
+    conda.get_env_setup_done_flag_file): that marker, not the path, says who made the env."""
+    env = Path(os.path.realpath(interpreter_prefix))
+    return str(env) if env.with_name(env.name + ".env_setup_done").is_file() else None
+
+
 def isolation() -> dict:
     """Whether this job runs inside a Snakemake-created conda env or in whatever environment launched it."""
-    prefix = os.environ.get("CONDA_PREFIX")
-    in_snakemake_env = bool(prefix) and os.path.realpath(sys.prefix) == os.path.realpath(prefix) and (
-        os.sep + os.path.join(".snakemake", "conda") + os.sep in os.path.realpath(prefix) + os.sep
-        or os.environ.get("AMPREPRO_CONDA_PREFIX_ROOT", "\0") in os.path.realpath(prefix)
-    )
+    prefix = snakemake_env_of(sys.prefix)
+    in_snakemake_env = prefix is not None
     if in_snakemake_env:
         return {"mode": "conda", "isolated": True, "prefix": prefix, "message": f"Isolated conda env {prefix}."}
     return {

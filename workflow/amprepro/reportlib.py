@@ -21,6 +21,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from amprepro import claims as claims_mod  # noqa: E402
+from amprepro import summary as summary_columns  # noqa: E402
 from amprepro import verify as verify_mod  # noqa: E402
 from amprepro.files import read_json  # noqa: E402
 
@@ -53,9 +54,10 @@ def load(summary: str, environment: str, sanity: str, apex: str, claims: str | N
 
 
 def cells_frame(summary: dict) -> pd.DataFrame:
+    """Every summary column, also those no cell filled (a run where every cell was skipped has no measurements)."""
     frame = pd.DataFrame(summary["cells"])
-    for column in ("throughput_unit", "peak_allocated_bytes", "peak_rss_bytes", "first_nonfinite_step",
-                   "skipped_steps", "reason"):
+    for column in (*summary_columns.COLUMNS, "throughput_unit", "peak_allocated_bytes", "peak_rss_bytes",
+                   "first_nonfinite_step", "skipped_steps", "reason"):
         if column not in frame:
             frame[column] = None
     frame["precision"] = pd.Categorical(frame["precision"], PRECISION_ORDER, ordered=True)

@@ -112,9 +112,6 @@ def variant_unsupported(model_config: dict, precision_name: str, device, apex: d
     if model_config.get("compile") and precision_name.startswith("apex"):
         return ("unsupported", "", "torch.compile with apex.amp is unsupported (O1 patches torch functions at run "
                 "time)")
-    gpus = model_config.get("gpus", 1)
-    if gpus > 1 and device.type == "cuda" and torch_cuda_count() < gpus:
-        return "machine", f"{gpus} GPUs", f"this cell asks for {gpus} GPUs; {torch_cuda_count()} visible"
     return None
 
 
@@ -146,12 +143,6 @@ def precision_needs(name: str, device, apex: dict) -> str:
     if name.startswith("apex"):
         return "apex.amp (apex ref 25.05)" if apex.get("status") == "built" else "a built apex"
     return "compute capability >= 8.0" if name == "tf32" else "bf16 support"
-
-
-def torch_cuda_count() -> int:
-    import torch
-
-    return torch.cuda.device_count()
 
 
 def swap_layer_norms(model):
@@ -206,8 +197,7 @@ def run(spec: dict, apex: dict, threads: int, dist=None) -> tuple[dict, list[dic
     dist = dist or distributed.Dist()
     torch.set_num_threads(threads)
     device = dist.device()
-    base = {"model": spec["model"], "precision": spec["precision"], "seed": spec["seed"], "spec": spec,
-            "hardware": measure.hardware(device), "software": measure.software(apex), "world_size": dist.world}
+    base = base_record(spec, apex, device, dist)
     skip = skip_cause(spec, device, apex)
     if skip:
         cause, needs, reason = skip
@@ -218,6 +208,26 @@ def run(spec: dict, apex: dict, threads: int, dist=None) -> tuple[dict, list[dic
         if dist.active:  # torchrun stops the other ranks; a half-written DDP record would be worse than none
             raise
         return failure_record(base, exc), []
+
+
+def base_record(spec: dict, apex: dict, device, dist) -> dict:
+    """What every record of a cell says: the cell, where it ran (nodes, GPUs, the node of each rank), the software."""
+    from amprepro import measure
+
+    return {"model": spec["model"], "precision": spec["precision"], "seed": spec["seed"], "spec": spec,
+            "hardware": measure.hardware(device), "software": measure.software(apex), "world_size": dist.world,
+            "nodes": dist.nodes, "gpus_used": dist.world if device.type == "cuda" else 0, "rank_nodes": dist.hosts}
+
+
+def not_run_record(spec: dict, apex: dict, cause: str, needs: str, reason: str) -> dict:
+    """The record of a cell its launcher found it cannot start (too few GPUs or nodes): no worker ever ran."""
+    import torch
+
+    from amprepro import distributed
+
+    base = base_record(spec, apex, torch.device("cpu"), distributed.Dist(hosts=[]))
+    return {**base, "world_size": 0, "nodes": 0, "status": "skipped", "skip_cause": cause, "skip_needs": needs,
+            "reason": reason}
 
 
 def failure_record(base: dict, exc: Exception) -> dict:
@@ -359,16 +369,38 @@ def train_loop(spec, dist, device, base, model, batches, trainer, breakdown, set
     return metrics, rows
 
 
-def main(argv=None) -> None:
-    from amprepro.files import read_json, write_csv, write_json
-
+def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--spec", required=True, help="JSON of this cell's settings")
     parser.add_argument("--apex", required=True, help="results/apex/apex.json")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--metrics", required=True)
     parser.add_argument("--steps", required=True)
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def write_results(args: argparse.Namespace, metrics: dict, rows: list[dict]) -> None:
+    """Steps first, metrics last: metrics.json only exists once the run is complete."""
+    from amprepro.files import write_csv, write_json
+
+    write_csv(args.steps, rows, STEP_FIELDS)
+    write_json(args.metrics, metrics)
+    print(f"{metrics['model']}/{metrics['precision']}/seed{metrics['seed']}: {metrics['status']} "
+          f"{metrics.get('reason', '')}")
+
+
+def write_not_run(argv: list[str], cause: str, needs: str, reason: str) -> None:
+    """For the launcher (amprepro.distributed): write the cell as skipped, with the reason, without running it."""
+    from amprepro.files import read_json
+
+    args = parse_args(argv)
+    write_results(args, not_run_record(json.loads(args.spec), read_json(args.apex), cause, needs, reason), [])
+
+
+def main(argv=None) -> None:
+    from amprepro.files import read_json
+
+    args = parse_args(argv)
     spec, apex = json.loads(args.spec), read_json(args.apex)
     put_apex_on_path(apex)
     from amprepro import distributed
@@ -376,12 +408,8 @@ def main(argv=None) -> None:
     dist = distributed.setup()
     metrics, rows = run(spec, apex, args.threads, dist)
     dist.close()
-    if not dist.is_main:
-        return
-    # Steps first, metrics last: metrics.json only exists once the run is complete.
-    write_csv(args.steps, rows, STEP_FIELDS)
-    write_json(args.metrics, metrics)
-    print(f"{spec['model']}/{spec['precision']}/seed{spec['seed']}: {metrics['status']} {metrics.get('reason', '')}")
+    if dist.is_main:
+        write_results(args, metrics, rows)
 
 
 if __name__ == "__main__":

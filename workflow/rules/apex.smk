@@ -12,7 +12,9 @@ rule apex:
     threads: BUILD_THREADS
     resources:
         gpu=1 if GPUS else 0,
-        mem_mb=32000 if GPUS else 2000,  # parallel nvcc jobs take several GB each
+        cpus_per_gpu=BUILD_THREADS if GPUS else 0,  # on the CPU: its threads
+        mem_mb=4000 * BUILD_THREADS if GPUS else 2000,  # each parallel nvcc job takes 2-4 GB
+        runtime=120,
     params:
         settings=json.dumps({**config["apex"], "required": APEX_REQUIRED}, sort_keys=True),
         code=code_digest("apex_stage", "runinputs"),

@@ -6,8 +6,8 @@ from pathlib import Path
 from snakemake.utils import validate
 
 sys.path.insert(0, str(Path(workflow.basedir) / "workflow"))
+from amprepro import resources as cell_resources  # noqa: E402
 from amprepro.codedigest import code_digest  # noqa: E402
-from amprepro.distributed import launcher  # noqa: E402
 from amprepro.config import (  # noqa: E402
     apex_required,
     cell_spec_json,
@@ -28,6 +28,7 @@ CELLS = cells(RUNS)
 APEX_REQUIRED = apex_required(config["apex"]["required"], GPUS)
 check_apex_source(config["apex"], APEX_REQUIRED)  # before the apex job clears apex.json
 BUILD_THREADS = max(1, workflow.resource_settings.cores or 1)  # None under `snakemake --report`; workflow.cores raises
+RUNTIME_FACTOR = float(config["resources"]["runtime_factor"])  # nested --config values arrive as strings
 
 
 wildcard_constraints:
@@ -41,18 +42,57 @@ def run_outputs(name):
     return [f"results/runs/{c['model']}/{c['precision']}/seed{c['seed']}/{name}" for c in CELLS]
 
 
+def model_of(wildcards):
+    return RUNS["models"][wildcards.model]
+
+
 def gpus_for_cell(wildcards):
-    """GPUs the cell's job takes. On this machine (gpu: auto) never more than it has: the cell then runs on the
-    GPUs there are and writes itself as skipped with the reason, instead of Snakemake refusing the whole run."""
-    if not GPUS:
-        return 0
-    wanted = RUNS["models"][wildcards.model].get("gpus", 1)
+    """GPUs per node the cell's job takes (Slurm: --gpus, or --gres=gpu:N per node for a multi-node cell). On this
+    machine (gpu: auto) never more than it has: Snakemake would refuse the whole run; the launcher then writes the
+    cell as skipped, with the reason, before any worker starts."""
+    wanted = cell_resources.gpus_per_node(model_of(wildcards), bool(GPUS))
     return min(wanted, len(GPUS)) if config.get("gpu", "auto") == "auto" else wanted
 
 
-def launcher_for_cell(wildcards):
-    """torchrun with one process per GPU the job gets (per requested process on a CPU-only machine: gloo)."""
-    return launcher(gpus_for_cell(wildcards) if GPUS else RUNS["models"][wildcards.model].get("gpus", 1))
+def single_node_gpus(wildcards):
+    """`gpu` (--gpus=N per job, with the profile's gpu_model): single-node cells only."""
+    return gpus_for_cell(wildcards) if cell_resources.nodes(model_of(wildcards)) == 1 else 0
+
+
+def per_node_gres(wildcards):
+    """`gres` (--gres=gpu:N, per node): multi-node cells, whose GPUs Slurm must split evenly over the nodes."""
+    multi_node = cell_resources.nodes(model_of(wildcards)) > 1 and gpus_for_cell(wildcards)
+    return f"gpu:{gpus_for_cell(wildcards)}" if multi_node else ""
+
+
+def cpus_per_gpu_for_cell(wildcards):
+    return cell_resources.cpus_per_gpu(model_of(wildcards), bool(GPUS))
+
+
+def nodes_for_cell(wildcards):
+    return cell_resources.nodes(model_of(wildcards))
+
+
+def mem_mb_for_cell(wildcards):
+    return cell_resources.host_mb(model_of(wildcards), bool(GPUS))
+
+
+def runtime_for_cell(wildcards):
+    train = json.loads(spec_for_cell(wildcards))["train"]
+    return cell_resources.runtime_minutes(model_of(wildcards), train, RUNTIME_FACTOR)
+
+
+def launch_for_cell(wildcards):
+    """amprepro.distributed's arguments: processes per node, nodes, and whether they need CUDA devices."""
+    model = model_of(wildcards)
+    return [
+        "--per-node",
+        str(cell_resources.processes_per_node(model)),
+        "--nodes",
+        str(cell_resources.nodes(model)),
+        "--device",
+        "cuda" if GPUS else "cpu",
+    ]
 
 
 def spec_for_cell(wildcards):

@@ -8,6 +8,7 @@ rule environment:
         TRAIN_ENV
     resources:
         mem_mb=2000,
+        runtime=30,
     params:
         code=code_digest("environment"),
     shell:

@@ -29,7 +29,8 @@ rule report:
     conda:
         REPORT_ENV
     resources:
-        mem_mb=4000,
+        mem_mb=8000,
+        runtime=30,
     params:
         title=lambda wildcards: config["report"]["title"],  # a function: Snakemake formats a plain string's braces
         code=code_digest("render", "reportlib", "claims", "verify"),  # reportlib: what the notebook imports

@@ -10,18 +10,24 @@ rule train:
         "results/logs/runs/{model}/{precision}/seed{seed}.log",
     conda:
         TRAIN_ENV
-    threads: 1 if not GPUS else 8
+    threads: 1 if not GPUS else cell_resources.CPUS_PER_GPU
     resources:
-        gpu=gpus_for_cell,
-        mem_mb=32000 if GPUS else 4000,
+        gpu=single_node_gpus,
+        gres=per_node_gres,
+        nodes=nodes_for_cell,
+        tasks=nodes_for_cell,  # CPU jobs: --ntasks (1 task would shrink the allocation to 1 node)
+        tasks_per_gpu=0,  # GPU jobs: no --ntasks-per-gpu (the plugin would make one of `tasks`)
+        cpus_per_gpu=cpus_per_gpu_for_cell,
+        mem_mb=mem_mb_for_cell,
+        runtime=runtime_for_cell,
     params:
         spec=spec_for_cell,
-        launcher=launcher_for_cell,
-        code=code_digest("train"),
+        launch=launch_for_cell,
+        code=code_digest("train"),  # with what it imports: distributed, resources
     shell:
-        "PYTHONPATH=workflow python -m amprepro.gpuslots --gpus {resources.gpu} -- {params.launcher} -m amprepro.train"
-        " --spec {params.spec:q} --apex {input.apex} --threads {threads}"
-        " --metrics {output.metrics} --steps {output.steps} > {log} 2>&1"
+        "PYTHONPATH=workflow python -m amprepro.gpuslots --gpus {resources.gpu} --"
+        " python -m amprepro.distributed {params.launch} -- --spec {params.spec:q} --apex {input.apex}"
+        " --threads {threads} --metrics {output.metrics} --steps {output.steps} > {log} 2>&1"
 
 
 rule peak:
@@ -36,7 +42,9 @@ rule peak:
         TRAIN_ENV
     resources:
         gpu=1 if GPUS else 0,
+        cpus_per_gpu=4 if GPUS else 0,
         mem_mb=8000,
+        runtime=20,
     params:
         code=code_digest("peak"),
     shell:
@@ -61,6 +69,7 @@ rule summary:
         TRAIN_ENV
     resources:
         mem_mb=2000,
+        runtime=30,
     params:
         preset=json.dumps(PRESET, sort_keys=True),
         code=code_digest("summary"),

@@ -16,7 +16,9 @@ checkpoint sanity:
         TRAIN_ENV
     resources:
         gpu=1 if GPUS else 0,
+        cpus_per_gpu=4 if GPUS else 0,
         mem_mb=4000,
+        runtime=20,
     params:
         expect_gpu=bool(GPUS),
         code=code_digest("sanity", "runinputs"),

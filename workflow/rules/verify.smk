@@ -29,6 +29,9 @@ rule verify_compare:
         "results/logs/verify_compare.log",
     conda:
         REPORT_ENV
+    resources:
+        mem_mb=2000,
+        runtime=30,
     params:
         code=code_digest("verify"),
     shell:

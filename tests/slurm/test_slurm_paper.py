@@ -1,0 +1,145 @@
+"""The paper preset's whole DAG through `--workflow-profile profiles/slurm` on the local test cluster, with the jobs
+on (fake) GPU nodes: every job's GPUs, nodes, CPUs, memory and time limit in Slurm's own records are what its cell
+asks for (amprepro.resources), and summary and report come out.
+
+The test cluster's GPUs are gres entries without CUDA behind them (tools/slurm/start.sh). So every cell is written
+as skipped by its launcher (torch sees no CUDA device among the ones Slurm gave it) before any worker starts, which
+keeps this run short. One thing is changed for that: `sanity` would rightly stop a run whose GPU jobs have no CUDA
+(its required check cuda.is_available), so a `python` shim first on PATH runs it with --expect-gpu False, and
+notes each time it does. A model with nodes: 2 is added to the preset so that a multi-node GPU request is checked
+too (tests/slurm/test_slurm_profile.py runs a two-node cell for real, on the CPU).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from test_slurm_profile import REASON, VENV_BIN, Run, cancel_jobs_of, env_with  # noqa: F401  (REASON: the skip)
+from workflow_testing import copy_workflow
+
+from amprepro import resources
+from amprepro.config import resolve_runs
+
+pytestmark = [pytest.mark.slurm, pytest.mark.e2e, pytest.mark.skipif(REASON is not None, reason=REASON or "")]
+
+REPO = Path(__file__).resolve().parents[2]
+PAPER_RUN_TIMEOUT_S = 900
+TWO_NODE_MODEL = "transformer_ddp_2nodes"
+CONFIG = {
+    "preset": "paper",
+    "gpu": True,  # a login node without a GPU submitting to GPU nodes (docs/slurm.md)
+    "apex": {"required": False},  # no CUDA toolkit behind the fake GPUs: apex is recorded as not built
+    "runs": {"models": {TWO_NODE_MODEL: {"arch": "tiny_transformer", "data": "digits", "batch_size": 64,
+                                         "gpus": 2, "nodes": 2, "precisions": ["fp32"]}}},
+}
+SANITY_SHIM = """#!/usr/bin/env bash
+# tests/slurm/test_slurm_paper.py: the fake GPUs have no CUDA; sanity would stop the run on cuda.is_available.
+args=("$@")
+if [[ " $* " == *" -m amprepro.sanity "* ]]; then
+  echo "sanity shim: --expect-gpu False in Slurm job $SLURM_JOB_ID" >> "{note}"
+  for i in "${{!args[@]}}"; do
+    [ "${{args[$i]}}" = True ] && [ "${{args[$((i - 1))]}}" = --expect-gpu ] && args[$i]=False
+  done
+fi
+exec "{python}" "${{args[@]}}"
+"""
+CELL = re.compile(r"^rule_train_wildcards_(\w+)_(fp32|tf32|amp_fp16|amp_bf16|apex_o1|apex_o2)_(\d+)$")
+
+
+def megabytes(slurm_value: str) -> float:
+    """Slurm's memory figure (e.g. 16000M, 62.50G) in MB."""
+    number, unit = float(slurm_value[:-1]), slurm_value[-1]
+    return number * {"M": 1, "G": 1024, "T": 1024**2}[unit]
+
+
+def minutes(limit: str) -> int:
+    """Slurm's TimeLimit ([D-]HH:MM:SS) in minutes."""
+    days, _, clock = limit.rpartition("-")
+    hours, mins, secs = map(int, clock.split(":"))
+    return (int(days or 0) * 24 + hours) * 60 + mins + (secs > 0)
+
+
+@pytest.fixture(scope="module")
+def paper_run(tmp_path_factory):
+    base = tmp_path_factory.mktemp("slurm-paper")
+    workdir = copy_workflow(base / "paper")
+    (workdir / "paper-on-gpu-nodes.yaml").write_text(yaml.safe_dump(CONFIG))
+    shim_dir, note = base / "shim", base / "sanity-shim.txt"
+    shim_dir.mkdir()
+    (shim_dir / "python").write_text(SANITY_SHIM.format(note=note, python=VENV_BIN / "python"))
+    (shim_dir / "python").chmod(0o755)
+    args = ["--workflow-profile", "profiles/slurm", "--profile", "profiles/slurm-localtest",
+            "--configfile", "paper-on-gpu-nodes.yaml"]
+    run = Run(workdir, args, env_with(shim_dir), "slurm-paper")
+    try:
+        run.wait(PAPER_RUN_TIMEOUT_S)
+    finally:
+        cancel_jobs_of(workdir)
+    run.sanity_shim = note.read_text().splitlines() if note.exists() else []
+    print(f"paper preset through Slurm: {run.seconds:.0f}s, {len(run.submissions())} Slurm jobs")
+    return run
+
+
+def paper_runs() -> dict:
+    runs, _ = resolve_runs(CONFIG, REPO / "config" / "presets", ["configured GPU"], "test")
+    return runs
+
+
+def test_paper_preset_completes_through_slurm_with_summary_and_report(paper_run):
+    assert paper_run.returncode == 0, paper_run.output[-5000:]
+    summary = json.loads((paper_run.workdir / "results/summary/summary.json").read_text())
+    assert len(summary["cells"]) == 52, "the paper preset's 51 cells and the two-node one"
+    assert (paper_run.workdir / "results/report/report.html").stat().st_size > 0
+    # one sanity job (the shim sees `python -m amprepro.gpuslots ... -- python -m amprepro.sanity` and then the
+    # `python -m amprepro.sanity` gpuslots runs: both lines name the same Slurm job)
+    assert len(set(paper_run.sanity_shim)) == 1, paper_run.sanity_shim
+
+
+def test_every_train_job_got_what_its_cell_asks_for(paper_run):
+    runs, checked = paper_runs(), set()
+    for jobid, record in paper_run.records().items():
+        cell = CELL.match(record["Comment"])
+        if not cell:
+            continue
+        model_name, precision, seed = cell.groups()
+        model = runs["models"][model_name]
+        train = {**runs["train"], **model.get("train", {})}
+        gpus, nodes = resources.gpus_per_node(model, True), resources.nodes(model)
+        where = f"job {jobid} ({model_name}/{precision}): {record}"
+        assert record["NumNodes"] == str(nodes), where
+        if nodes == 1:
+            assert record.get("TresPerJob") == f"gres:gpu:{gpus}", where
+        else:
+            assert record.get("TresPerNode") == f"gres:gpu:{gpus}", where
+        assert int(record["NumCPUs"]) == resources.CPUS_PER_GPU * gpus * nodes, where
+        assert megabytes(record["MinMemoryNode"]) == resources.host_mb(model, True), where
+        assert minutes(record["TimeLimit"]) == resources.runtime_minutes(model, train, 1.0), where
+        checked.add((model_name, precision, int(seed)))
+    assert len(checked) == 52, f"{len(checked)} train jobs in Slurm's records"
+
+
+def test_cell_resources_differ_by_cell_as_the_model_needs(paper_run):
+    """Anchors that do not come from amprepro.resources: the 7B cells' time, the 2-GPU cell, the 2-node cell."""
+    records = paper_run.records().values()
+    by_cell = {CELL.match(r["Comment"]).group(1, 2): r for r in records if CELL.match(r["Comment"])}
+    assert minutes(by_cell["llama7b", "fp32"]["TimeLimit"]) == 15  # 10 steps of 2048 tokens: 5 min + start-up
+    assert minutes(by_cell["cnn", "fp32"]["TimeLimit"]) == 11
+    ddp = by_cell["transformer_ddp", "fp32"]
+    assert (ddp["TresPerJob"], ddp["NumCPUs"], megabytes(ddp["MinMemoryNode"])) == ("gres:gpu:2", "16", 16000)
+    two_nodes = by_cell[TWO_NODE_MODEL, "fp32"]
+    assert (two_nodes["NumNodes"], two_nodes["TresPerNode"], two_nodes["NumCPUs"]) == ("2", "gres:gpu:2", "32")
+
+
+def test_each_cell_saw_the_gpus_slurm_gave_it_and_was_skipped_before_any_worker(paper_run):
+    runs = paper_runs()
+    for metrics_file in (paper_run.workdir / "results/runs").glob("*/*/seed*/metrics.json"):
+        metrics = json.loads(metrics_file.read_text())
+        gpus = resources.gpus_per_node(runs["models"][metrics["model"]], True)
+        assert metrics["status"] == "skipped" and metrics["world_size"] == 0, metrics
+        visible = re.search(r"CUDA_VISIBLE_DEVICES=(\S+)\)", metrics["reason"])
+        assert visible and len(visible.group(1).split(",")) == gpus, (metrics_file, metrics["reason"])
