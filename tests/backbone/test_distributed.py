@@ -49,7 +49,7 @@ def test_two_process_ddp_matches_one_process(tmp_path):
 
 
 def test_the_launcher_skips_a_cell_short_of_gpus_before_any_worker_starts(tmp_path):
-    """A 2-GPU cell where torch sees none (CUDA_VISIBLE_DEVICES empty): skipped with the reason, torchrun never run."""
+    """A 2-GPU cell that sees none (CUDA_VISIBLE_DEVICES empty): skipped with the reason, torchrun never run."""
     (tmp_path / "apex.json").write_text(json.dumps({"status": "skipped", "reason": "test"}))
     shim, called = tmp_path / "bin", tmp_path / "torchrun-called"
     shim.mkdir()
@@ -66,7 +66,7 @@ def test_the_launcher_skips_a_cell_short_of_gpus_before_any_worker_starts(tmp_pa
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = json.loads((out / "metrics.json").read_text())
     assert (metrics["status"], metrics["skip_cause"], metrics["skip_needs"]) == ("skipped", "machine", "2 GPUs")
-    assert metrics["reason"] == "this cell asks for 2 GPU(s) per node; torch sees 0 (CUDA_VISIBLE_DEVICES=)"
+    assert metrics["reason"] == "this cell asks for 2 GPU(s) per node; this job sees 0 (CUDA_VISIBLE_DEVICES=)"
     assert metrics["world_size"] == 0 and not called.exists()
 
 
@@ -80,4 +80,23 @@ def test_shortfall_names_missing_nodes_and_gpus():
     assert shortfall(1, 2, "cuda", {}, {}, lambda: 1)[0] == "2 nodes"
     assert "a Slurm allocation of 1 node(s)" in shortfall(1, 2, "cpu", {}, {"NumNodes": "1"}, lambda: 0)[1]
     assert shortfall(4, 2, "cuda", {"CUDA_VISIBLE_DEVICES": "0,1"}, two, lambda: 2) == (
-        "4 GPUs", "this cell asks for 4 GPU(s) per node; torch sees 2 (CUDA_VISIBLE_DEVICES=0,1)")
+        "4 GPUs", "this cell asks for 4 GPU(s) per node; this job sees 2 (CUDA_VISIBLE_DEVICES=0,1)")
+
+
+@pytest.mark.parametrize("shown, seen", [(None, 2), ("", 0), ("1", 1), ("0,1", 2), ("0,7,1", 1), ("GPU-a,GPU-b", 2),
+                                         ("-1", 0)])
+def test_the_launcher_counts_the_gpus_a_worker_will_see_without_importing_torch(tmp_path, shown, seen):
+    """nvidia-smi's list narrowed by CUDA_VISIBLE_DEVICES as CUDA reads it; no `import torch` (seconds per cell)."""
+    shim = tmp_path / "bin"
+    shim.mkdir()
+    (shim / "nvidia-smi").write_text("#!/bin/sh\necho 'GPU 0: NVIDIA H200 (UUID: GPU-a)'\n"
+                                     "echo 'GPU 1: NVIDIA H200 (UUID: GPU-b)'\n")
+    (shim / "nvidia-smi").chmod(0o755)
+    env = {**os.environ, "PYTHONPATH": str(REPO / "workflow"), "PATH": f"{shim}{os.pathsep}{os.environ['PATH']}"}
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    if shown is not None:
+        env["CUDA_VISIBLE_DEVICES"] = shown
+    probe = ("import os, sys; from amprepro.distributed import cuda_devices_visible; "
+             "print(cuda_devices_visible(dict(os.environ)), 'torch' in sys.modules)")
+    result = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60)
+    assert result.stdout.split() == [str(seen), "False"], result.stderr[-2000:]

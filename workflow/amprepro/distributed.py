@@ -19,8 +19,10 @@ import socket
 import subprocess
 import sys
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 TRAIN = ["-m", "amprepro.train"]
 PORT_BASE, PORT_SPAN = 20000, 20000  # the rendezvous port: from the Slurm job id, so two jobs on a node differ
@@ -43,6 +45,8 @@ class Dist:
         return self.rank == 0
 
     def device(self) -> torch.device:
+        import torch
+
         if torch.cuda.is_available():
             torch.cuda.set_device(self.local_rank)
             return torch.device("cuda", self.local_rank)
@@ -58,6 +62,8 @@ class Dist:
     def mean(self, value: torch.Tensor) -> torch.Tensor:
         if not self.active:
             return value
+        import torch.distributed
+
         value = value.detach().clone()
         torch.distributed.all_reduce(value)
         return value / self.world
@@ -66,6 +72,8 @@ class Dist:
         """The sum of every rank's value (energy of each rank's GPU, its peak); None when any rank has none."""
         if not self.active:
             return value
+        import torch.distributed
+
         pair = torch.tensor([value or 0.0, value is None], dtype=torch.float64, device=device)
         torch.distributed.all_reduce(pair)
         return None if pair[1] else float(pair[0])
@@ -73,6 +81,8 @@ class Dist:
     def wrap(self, model, device: torch.device, sync_batchnorm: bool):
         if not self.active:
             return model
+        import torch
+
         if sync_batchnorm:
             model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
         ids = [device.index] if device.type == "cuda" else None
@@ -80,6 +90,8 @@ class Dist:
 
     def close(self) -> None:
         if self.active:
+            import torch.distributed
+
             torch.distributed.destroy_process_group()
 
 
@@ -93,6 +105,8 @@ def setup() -> Dist:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world == 1:
         return Dist()
+    import torch.distributed
+
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     torch.distributed.init_process_group(backend)
     hosts = [None] * world
@@ -118,6 +132,28 @@ def slurm_nodes(job: dict[str, str]) -> int:
     return int(job.get("NumNodes", "0"))
 
 
+def cuda_devices_visible(env: dict) -> int:
+    """The CUDA devices a worker will see, without importing torch (seconds per cell on some GPU boxes): the GPUs
+    `nvidia-smi -L` lists, narrowed by CUDA_VISIBLE_DEVICES the way CUDA reads it (up to its first invalid entry)."""
+    from amprepro.config import visible_gpus
+
+    names, how = visible_gpus()
+    if how == "no nvidia-smi on PATH":  # a container with the driver but not the tool: ask CUDA through torch
+        import torch
+
+        return torch.cuda.device_count()
+    listed = len(names)
+    shown = env.get("CUDA_VISIBLE_DEVICES")
+    if shown is None:
+        return listed
+    count = 0
+    for entry in (part.strip() for part in shown.split(",")):
+        if not ((entry.isdigit() and int(entry) < listed) or entry.startswith(("GPU-", "MIG-"))):
+            break
+        count += 1
+    return min(count, listed)
+
+
 def shortfall(per_node: int, nodes: int, device: str, env: dict, job: dict, cuda_count) -> tuple[str, str] | None:
     """(what is missing, reason) when this job has fewer nodes or GPUs than the cell needs, else None."""
     have_nodes = slurm_nodes(job)
@@ -128,7 +164,7 @@ def shortfall(per_node: int, nodes: int, device: str, env: dict, job: dict, cuda
     if device == "cuda" and (count := cuda_count()) < per_node:
         shown = env.get("CUDA_VISIBLE_DEVICES")
         return (f"{per_node} GPUs" if per_node > 1 else "a CUDA GPU",
-                f"this cell asks for {per_node} GPU(s) per node; torch sees {count} "
+                f"this cell asks for {per_node} GPU(s) per node; this job sees {count} "
                 f"(CUDA_VISIBLE_DEVICES={shown if shown is not None else 'unset'})")
     return None
 
@@ -205,7 +241,7 @@ def main(argv=None) -> None:
         run = [*torchrun_on_node(args, env), *TRAIN, *args.train]
         os.execvp(run[0], run)
     job = slurm_job(env) if args.nodes > 1 else {}
-    missing = shortfall(args.per_node, args.nodes, args.device, env, job, torch.cuda.device_count)
+    missing = shortfall(args.per_node, args.nodes, args.device, env, job, lambda: cuda_devices_visible(env))
     if missing:
         from amprepro import train
 
