@@ -1,4 +1,5 @@
-"""DDP on 2 GPUs (NCCL, through torchrun) gives the loss of 1 GPU with the same global batch.
+"""DDP on 2 GPUs (NCCL, through the pipeline's launcher and torchrun) gives the loss of 1 GPU with the same global batch,
+and counts both GPUs' energy, FLOPs and datasheet peak.
 
 Tolerance: 1e-4 relative per step, strict FP32. Only the order of the gradient reduction differs; batch norm needs
 SyncBatchNorm to see the global batch, and the control shows that without it the curves really do differ.
@@ -34,8 +35,8 @@ def losses(tmp_path: Path, arch: str, gpus: int, sync_batchnorm=False) -> tuple[
     apex = tmp_path / "apex.json"
     apex.write_text(json.dumps({"status": "skipped", "reason": "not needed"}))
     out = tmp_path / f"{arch}-{gpus}-{sync_batchnorm}"
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(gpus)]
-    command = launcher + ["-m", "amprepro.train", "--spec", json.dumps(spec(arch, gpus, sync_batchnorm)),
+    launcher = [sys.executable, "-m", "amprepro.distributed", "--per-node", str(gpus), "--device", "cuda", "--"]
+    command = launcher + ["--spec", json.dumps(spec(arch, gpus, sync_batchnorm)),
                           "--apex", str(apex), "--metrics", str(out / "metrics.json"), "--steps", str(out / "steps.csv")]
     env = {**os.environ, "PYTHONPATH": str(REPO / "workflow"), "CUDA_VISIBLE_DEVICES": ",".join(map(str, range(gpus)))}
     result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
@@ -51,9 +52,19 @@ def largest_relative_gap(a: list[float], b: list[float]) -> float:
 
 
 def test_ddp_transformer_matches_one_gpu(tmp_path):
-    _, one = losses(tmp_path, "tiny_transformer", 1)
+    single, one = losses(tmp_path, "tiny_transformer", 1)
     metrics, two = losses(tmp_path, "tiny_transformer", 2)
     assert metrics["hardware"]["device"] == "cuda"
+    assert metrics["items_per_step"] == single["items_per_step"] == 64
+    assert metrics["flops_per_step"] == pytest.approx(single["flops_per_step"], rel=1e-6)
+    if single["datasheet_peak_tflops"] is not None:  # a GPU with a datasheet entry: both GPUs' peaks
+        assert metrics["datasheet_peak_tflops"] == pytest.approx(2 * single["datasheet_peak_tflops"])
+    if single["energy_j_per_item"] is not None:  # NVML: the power drawn while timing is two GPUs', not one's
+        def watts(m):
+            return m["energy_j_per_item"] * m["items_per_step"] / m["step_time_mean_s"]
+
+        print(f"mean power while timing: 1 GPU {watts(single):.0f} W, 2 GPUs {watts(metrics):.0f} W")
+        assert watts(metrics) > 1.4 * watts(single)
     gap = largest_relative_gap(one, two)
     print(f"tiny_transformer: largest relative per-step loss gap, 2 GPUs vs 1: {gap:.2e}")
     assert gap <= TOLERANCE
