@@ -107,11 +107,13 @@ def setup() -> Dist:
         return Dist()
     import torch.distributed
 
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
-    torch.distributed.init_process_group(backend)
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if torch.cuda.is_available():  # before the first collective: NCCL puts each rank on its current device
+        torch.cuda.set_device(local_rank)
+    torch.distributed.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     hosts = [None] * world
     torch.distributed.all_gather_object(hosts, node_name())
-    return Dist(int(os.environ["RANK"]), world, int(os.environ.get("LOCAL_RANK", "0")),
+    return Dist(int(os.environ["RANK"]), world, local_rank,
                 int(os.environ.get("GROUP_WORLD_SIZE", "1")), hosts)
 
 
