@@ -265,6 +265,28 @@ def steps_by_precision(summary: dict, runs_dir: str, model: str, column: str) ->
     return out
 
 
+def breakdown_table(sub: pd.DataFrame) -> dict:
+    """One model's breakdown table: its columns (key, header), a row of text per cell, and which columns are numbers."""
+    parts = parts_here(sub)
+    epoch_title, shared = epoch_header(sub)
+    columns = [("precision", "precision"), ("seed", "seed"), ("status", "status"),
+               ("peak", "allocator peak (GiB)")] + [(c, f"{MEMORY_PARTS[c]} (GiB)") for c in parts]
+    if ESTIMATE_COLUMN in sub:
+        columns.append(("estimate", "estimate before the run (GiB)"))
+    columns += [("throughput", "throughput"), ("epoch", epoch_title), ("reason", "reason")]
+    rows = []
+    for _, row in sub.iterrows():
+        unit = row["throughput_unit"] if isinstance(row.get("throughput_unit"), str) else ""
+        rows.append({"precision": str(row["precision"]), "seed": int(row["seed"]), "status": row["status"],
+                     "row_class": f"status-{row['status']}",
+                     "peak": gib(row.get("peak_allocated_bytes")), **{c: gib(row[c]) for c in parts},
+                     "estimate": gib(row.get(ESTIMATE_COLUMN)),
+                     "throughput": (f"{row['throughput_per_s']:,.0f} {unit}".strip()
+                                    if pd.notna(row.get("throughput_per_s")) else ""),
+                     "epoch": epoch_cell(row, shared), "reason": breakdown_reason(row)})
+    return {"columns": columns, "rows": rows, "numeric": {"seed", "peak", "estimate", "throughput", "epoch", *parts}}
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # Sanity, environment, provenance
 
