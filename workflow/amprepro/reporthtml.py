@@ -2,7 +2,8 @@
 
 Each function here picks what a section shows from the data amprepro.reportlib shapes and renders that section's
 template; no markup is written in Python. Autoescape is on for every template, so no value (a claim, a reason, a
-package version) can inject markup. The CSS that styles the classes is workflow/report/nbconvert/amprepro/static/report.css.
+package version) can inject markup. The CSS that styles the classes is
+workflow/report/nbconvert/amprepro/static/report.css.
 """
 
 from __future__ import annotations
@@ -16,14 +17,21 @@ import pandas as pd
 from amprepro import claims as claims_mod
 from amprepro import verify as verify_mod
 from amprepro.reportcharts import breakdown_chart, png_bytes
-from amprepro.reportlib import BREAKDOWN_WHY, breakdown_frame, breakdown_table, fixed_share_text, hardware, results_table
-from amprepro.reportlib import shorten
+from amprepro.reportlib import (
+    BREAKDOWN_WHY,
+    breakdown_frame,
+    breakdown_table,
+    fixed_share_text,
+    hardware,
+    results_table,
+    shorten,
+)
 
 TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "report" / "templates"
 VERIFY_LABEL = {"pass": "PASS", "fail": "FAIL", "no_reference": "NO REFERENCE", "not_comparable": "NOT COMPARABLE"}
 VERDICT_BADGE = {"pass": "s-pass", "fail": "s-fail"}
-RESULTS_NUMERIC = {"seed", "throughput", "median step ms", "p90 step ms", "× fp32", "× tf32", "final loss", "eval acc",
-                   "skipped steps", "TFLOP/s", "MFU measured peak", "MFU datasheet"}
+RESULTS_NUMERIC = {"seed", "throughput", "median step ms", "p90 step ms", "× fp32", "× tf32", "final loss",
+                   "eval acc", "skipped steps", "TFLOP/s", "MFU measured peak", "MFU datasheet"}
 
 ENV = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATE_DIR), autoescape=True, trim_blocks=True,
                          lstrip_blocks=True, undefined=jinja2.StrictUndefined)
@@ -80,7 +88,8 @@ def measured_items(r: dict) -> list[dict]:
                 continue
             for model, m in b["models"].items():
                 shown = m["verdict"] == "not_measurable" or m.get("borderline")
-                items.append({"kind": "model", "label": label, "model": model, "measured": m.get("measured_text") or "—",
+                items.append({"kind": "model", "label": label, "model": model,
+                              "measured": m.get("measured_text") or "—",
                               "verdict": m["verdict"], "verdict_text": claims_mod.VERDICT_TEXT[m["verdict"]],
                               "reason": m["reason"] if shown else None})
     if r.get("proxy"):
@@ -107,14 +116,18 @@ def verify_html(result: dict | None) -> str:
                      "row_class": "row-fail" if kind == "s-fail" else "",
                      "status": f"{cell['status_here'] or '—'} / {cell['status_reference'] or '—'}",
                      "runs": cell.get("reference_runs", ""), "note": cell["note"],
-                     "checks": {check["metric"]: {"text": "n/a" if check.get("ratio") is None else f"{check['ratio']:.3f}×",
-                                                  "bold": check["ok"] is False, "allowed": check["allowed"]}
-                                for check in cell["checks"]}})
+                     "checks": {check["metric"]: ratio_check(check) for check in cell["checks"]}})
     columns = [("cell", "cell"), ("verdict", "verdict"), ("status", "status here / reference"),
                ("runs", "reference runs")]
     columns += [(m, f"{verify_mod.METRIC_LABEL.get(m, m)}: this run / reference median") for m in metrics]
     columns += [("note", "note")]
     return render("verify.html.j2", result=result, rows=rows, columns=columns, metrics=metrics)
+
+
+def ratio_check(check: dict) -> dict:
+    """One metric of one cell: this run / the reference median, in bold when out of tolerance, and its band."""
+    text = "n/a" if check.get("ratio") is None else f"{check['ratio']:.3f}×"
+    return {"text": text, "bold": check["ok"] is False, "allowed": check["allowed"]}
 
 
 def results_html(summary: dict) -> str:
