@@ -145,3 +145,22 @@ def test_the_cells_read_the_views_and_sanity_is_the_checkpoint_that_re_judges_th
     assert "results/sanity/verdicts.json" in blocks["peak"] and "results/sanity/verdicts.json" in blocks["summary"]
     assert re.search(r"^checkpoint sanity:", (RULES / "sanity.smk").read_text(), re.M)
     assert "ancient(" not in "".join(blocks.values()), "ancient() inputs hide a job's own changes (sanity.smk)"
+
+
+def test_a_template_edit_re_renders_the_report(tmp_path):
+    """The report's HTML comes from Jinja2 templates: the report rule's digest reads them, byte for byte."""
+    from amprepro import reporthtml
+
+    workflow = tmp_path / "workflow"
+    shutil.copytree(PACKAGE_DIR, workflow / "amprepro", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(reporthtml.TEMPLATE_DIR, workflow / "report" / "templates")
+    block = rule_blocks()["report"]
+    files = re.findall(r'"([\w/]+)"', re.search(r"files=\[([^]]*)\]", block).group(1))
+    assert (PACKAGE_DIR.parent / files[0]).resolve() == reporthtml.TEMPLATE_DIR
+    modules = re.findall(r'"(\w+)"', re.search(r"code=code_digest\(([^)]*)\)", block).group(1))
+    before = code_digest(*modules, files=files, package_dir=workflow / "amprepro")
+    assert code_digest(*modules, files=files, package_dir=PACKAGE_DIR) == before
+    edit(workflow / "report" / "templates" / "verify.html.j2", "Out of tolerance:", "Outside the band:")
+    assert code_digest(*modules, files=files, package_dir=workflow / "amprepro") != before
+    with pytest.raises(ValueError, match="not a file or folder"):
+        code_digest("render", files=["report/nosuch"], package_dir=workflow / "amprepro")

@@ -8,7 +8,7 @@ import re
 import pandas as pd
 import pytest
 
-from amprepro import reportlib
+from amprepro import reportcharts, reporthtml, reportlib
 from report_helpers import GPU, LLM7B
 
 CSV = LLM7B / "summary/summary.csv"
@@ -33,7 +33,7 @@ def headers(html: str) -> list[str]:
 
 
 def test_breakdown_table_splits_each_peak_into_its_parts():
-    html = reportlib.breakdown_html(str(CSV), str(RUNS))
+    html = reporthtml.breakdown_html(str(CSV), str(RUNS))
     cols = headers(html)
     rows = table_rows(html)
     assert list(rows) == ["fp32", "tf32", "amp_fp16", "amp_bf16", "apex_o1", "apex_o2"]
@@ -50,7 +50,7 @@ def test_breakdown_table_splits_each_peak_into_its_parts():
 
 
 def test_epoch_times_are_labelled_derived_with_their_token_count():
-    html = reportlib.breakdown_html(str(CSV), str(RUNS))
+    html = reporthtml.breakdown_html(str(CSV), str(RUNS))
     title = "epoch time (h), derived from tokens/s for 1,000,000,000 tokens"
     assert title in headers(html)
     rows = table_rows(html)
@@ -60,7 +60,7 @@ def test_epoch_times_are_labelled_derived_with_their_token_count():
 
 
 def test_without_a_token_count_the_epoch_time_is_left_out_and_says_why(tmp_path):
-    html = reportlib.breakdown_html(str(CSV), None)  # no metrics.json, no epoch_tokens column
+    html = reporthtml.breakdown_html(str(CSV), None)  # no metrics.json, no epoch_tokens column
     assert "for 1,000,000,000 tokens" not in html
     rows = table_rows(html)
     column = headers(html).index("epoch time (h), derived from tokens/s")
@@ -69,7 +69,7 @@ def test_without_a_token_count_the_epoch_time_is_left_out_and_says_why(tmp_path)
 
 
 def test_explanation_says_why_amp_saves_little_memory_at_this_size():
-    html = reportlib.breakdown_html(str(CSV), str(RUNS))
+    html = reporthtml.breakdown_html(str(CSV), str(RUNS))
     assert "16 bytes per parameter" in html and "activation checkpointing" in html and "master weights" in html
     fixed, peak = 16 * PARAMS / GIB, (16 * PARAMS + 6 * GIB) / GIB
     assert (f"In strict FP32 here, weights, gradients and optimizer state take {fixed:.1f} GiB of the {peak:.1f} GiB "
@@ -77,10 +77,10 @@ def test_explanation_says_why_amp_saves_little_memory_at_this_size():
 
 
 def test_breakdown_chart_is_an_embedded_png_of_stacked_parts():
-    html = reportlib.breakdown_html(str(CSV), str(RUNS))
+    html = reporthtml.breakdown_html(str(CSV), str(RUNS))
     (src,) = re.findall(r'alt="memory breakdown chart" src="data:image/png;base64,([^"]+)"', html)
     assert base64.b64decode(src).startswith(b"\x89PNG")
-    fig = reportlib.breakdown_chart(reportlib.breakdown_frame(str(CSV), str(RUNS)))
+    fig = reportcharts.breakdown_chart(reportlib.breakdown_frame(str(CSV), str(RUNS)))
     ax = fig.axes[0]
     bars = [p for p in ax.patches]
     assert len(bars) == 6 * 5  # six cells, five parts each (master weights 0 where there are none)
@@ -99,16 +99,16 @@ def test_a_skipped_7b_cell_shows_its_estimate_and_reason(tmp_path):
         frame.loc[gone, column] = None
     path = tmp_path / "summary.csv"
     frame.to_csv(path, index=False)
-    html = reportlib.breakdown_html(str(path), str(RUNS))
+    html = reporthtml.breakdown_html(str(path), str(RUNS))
     row = table_rows(html)["apex_o2"]
     assert row[2] == "skipped" and why in row[-1]
     assert row[headers(html).index("estimate before the run (GiB)")] != ""
-    fig = reportlib.breakdown_chart(reportlib.breakdown_frame(str(path), str(RUNS)))
+    fig = reportcharts.breakdown_chart(reportlib.breakdown_frame(str(path), str(RUNS)))
     assert len(fig.axes[0].patches) == 5 * 4  # five cells ran; none of them has master weights
 
 
 def test_no_breakdown_columns_say_so():
-    html = reportlib.breakdown_html(str(GPU / "summary/summary.csv"), str(GPU / "runs"))
+    html = reporthtml.breakdown_html(str(GPU / "summary/summary.csv"), str(GPU / "runs"))
     assert html.startswith("<p>No cell of this run records how its peak memory splits")
     assert "<table" not in html and "<img" not in html
 

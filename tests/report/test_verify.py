@@ -277,17 +277,17 @@ def test_make_verify_on_the_fixture(tmp_path, reference, code):
 
 
 def test_the_report_says_what_differs_and_what_is_not_comparable_here():
-    from amprepro import reportlib
+    from amprepro import reporthtml
 
     summary = with_cell(load(GPU_SUMMARY), "gpt124m", "tf32", status="skipped", skip_cause="machine",
                         reason="this cell asks for 2 GPUs; 1 visible")
     summary["versions"]["torch"] = "2.13.0+cu130"
     result = check(summary, REFERENCE_PASS)
-    html = reportlib.verify_html(result)
+    html = reporthtml.verify_html(result)
     assert "Not the reference's stack:</b> torch: 2.13.0+cu130 here; 2.11.0+cu130 (1 run) in the reference" in html
     assert html.index("Not the reference's stack") < html.index("<table")
     assert "not comparable here" in html and "the median of 1 run(s) on 1 machine(s)" in html
     assert "one run: every band is its floor" in html and "This machine: 1 GPU(s)" in html
     data = {"summary": summary, "environment": {}, "sanity": {}, "apex": {}, "verify": result}
-    glance = reportlib.glance_html(data)
+    glance = reporthtml.glance_html(data)
     assert "Not the reference's stack" in glance and "2 not comparable here" in glance

@@ -7,6 +7,9 @@ from the outputs' record, so a comment edit re-ran every cell.
 A stage's code is the modules it names and every amprepro module those import, transitively (an imported package
 counts whole: apexbuild runs some of its files as scripts). amprepro.files is left out: it decides how a result is
 written (atomically, with which mode), never what it says.
+
+Files the code reads as code, such as the report's Jinja2 templates, are named with `files=` (paths relative to the
+workflow directory, a folder counting with every file in it) and digested byte for byte.
 """
 
 from __future__ import annotations
@@ -20,13 +23,30 @@ PACKAGE = PACKAGE_DIR.name
 WRITES_ONLY = {"files"}
 
 
-def code_digest(*modules: str, package_dir: Path = PACKAGE_DIR) -> str:
-    """sha256 over the stripped syntax trees of the stage's source files, labelled so that Snakemake's "Params have
-    changed" reason says what it is."""
+def code_digest(*modules: str, files=(), package_dir: Path = PACKAGE_DIR) -> str:
+    """sha256 over the stripped syntax trees of the stage's source files and the bytes of its other code files,
+    labelled so that Snakemake's "Params have changed" reason says what it is."""
     digest = hashlib.sha256()
     for path in stage_files(modules, package_dir):
         digest.update(f"{path.relative_to(package_dir)}\0{source_tree(path)}\0".encode())
-    return f"code of {', '.join(f'{PACKAGE}.{name}' for name in modules)}: sha256 {digest.hexdigest()}"
+    for path in data_files(files, package_dir.parent):
+        digest.update(f"{path.relative_to(package_dir.parent)}\0".encode() + path.read_bytes() + b"\0")
+    names = [f"{PACKAGE}.{name}" for name in modules] + list(files)
+    return f"code of {', '.join(names)}: sha256 {digest.hexdigest()}"
+
+
+def data_files(files, workflow_dir: Path) -> list[Path]:
+    """The files named (relative to the workflow directory), a folder standing for every file below it."""
+    out = []
+    for name in files:
+        path = workflow_dir / name
+        if path.is_dir():
+            out += sorted(p for p in path.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+        elif path.is_file():
+            out.append(path)
+        else:
+            raise ValueError(f"{name} is not a file or folder of {workflow_dir}")
+    return out
 
 
 def stage_files(modules, package_dir: Path = PACKAGE_DIR) -> list[Path]:

@@ -33,7 +33,16 @@ rule report:
         runtime=30,
     params:
         title=lambda wildcards: config["report"]["title"],  # a function: Snakemake formats a plain string's braces
-        code=code_digest("render", "reportlib", "claims", "verify"),  # reportlib: what the notebook imports
+        # the report's code: render, what the notebook imports, the HTML templates
+        code=code_digest(
+            "render",
+            "reportlib",
+            "reporthtml",
+            "reportcharts",
+            "claims",
+            "verify",
+            files=["report/templates"],
+        ),
     shell:
         "PYTHONPATH=workflow python -m amprepro.render"
         " --notebook {input.notebook} --executed {output.notebook} --html {output.html}"
