@@ -23,7 +23,7 @@ from test_slurm_profile import REASON, VENV_BIN, Run, cancel_jobs_of, env_with  
 from workflow_testing import copy_workflow
 
 from amprepro import resources
-from amprepro.config import resolve_runs
+from amprepro.config import resolve_runs, validate_config
 
 pytestmark = [pytest.mark.slurm, pytest.mark.e2e, pytest.mark.skipif(REASON is not None, reason=REASON or "")]
 
@@ -86,7 +86,7 @@ def paper_run(tmp_path_factory):
 
 
 def paper_runs() -> dict:
-    runs, _ = resolve_runs(CONFIG, REPO / "config" / "presets", ["configured GPU"], "test")
+    runs, _ = resolve_runs(validate_config(CONFIG), REPO / "config" / "presets", ["configured GPU"], "test")
     return runs
 
 

@@ -21,14 +21,11 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from amprepro import claims as claims_mod  # noqa: E402
+from amprepro import precisions  # noqa: E402
 from amprepro import summary as summary_columns  # noqa: E402
 from amprepro import verify as verify_mod  # noqa: E402
 from amprepro.files import read_json  # noqa: E402
 
-PRECISION_ORDER = ["fp32", "tf32", "amp_fp16", "amp_bf16", "apex_o1", "apex_o2"]
-PRECISION_COLOR = {"fp32": "#4c566a", "tf32": "#8f9bb3", "amp_fp16": "#d1495b", "amp_bf16": "#edae49",
-                   "apex_o1": "#00798c", "apex_o2": "#30638e"}
-BASELINE_LABEL = {"fp32": "strict FP32", "tf32": "TF32"}
 VERDICT_COLOR = {"holds": "#1a7f37", "exceeds": "#175cd3", "falls_short": "#b42318"}  # as the badges in report.css
 GIB = 2**30
 esc = html.escape
@@ -60,7 +57,7 @@ def cells_frame(summary: dict) -> pd.DataFrame:
                    "first_nonfinite_step", "skipped_steps", "reason"):
         if column not in frame:
             frame[column] = None
-    frame["precision"] = pd.Categorical(frame["precision"], PRECISION_ORDER, ordered=True)
+    frame["precision"] = pd.Categorical(frame["precision"], precisions.names(), ordered=True)
     return frame.sort_values(["model", "precision", "seed"]).reset_index(drop=True)
 
 
@@ -207,15 +204,15 @@ def claims_detail_html(results: list[dict]) -> str:
         source = (f"{esc(src['title'])}<br><span class='small'>{esc(src['file'])}</span>"
                   + (f"<blockquote class='quote'>{esc(src['quote'])}</blockquote>" if src.get("quote") else ""))
         tested = (f"{esc(r['model'])} → {esc(', '.join(r['matched_models']) or '/'.join(r['models']))}<br>"
-                  f"{esc(claims_mod.PRECISION_LABEL[r['variant']])} vs "
-                  + esc(" and ".join(claims_mod.PRECISION_LABEL[b] for b in r["baselines"]))
+                  f"{esc(precisions.label(r['variant']))} vs "
+                  + esc(" and ".join(precisions.label(b) for b in r["baselines"]))
                   + f"<br><span class='small'>{esc(r['metric'])}</span>")
         per = []
         if r["verdict"] == "not_measurable":
             per.append(f"<span class='why'>{esc(r['reason'])}</span>")
         else:
             for baseline, b in r.get("by_baseline", {}).items():
-                label = esc(claims_mod.PRECISION_LABEL[baseline])
+                label = esc(precisions.label(baseline))
                 if b["verdict"] == "not_measurable":
                     per.append(f"vs {label}: {badge('v-not_measurable', 'not measurable')} "
                                f"<span class='why'>{esc(b['reason'])}</span>")
@@ -280,7 +277,7 @@ def claims_chart(results: list[dict], summary: dict):
                         fmt="o", color=color, capsize=4, label="measured: median, min–max over seeds" if y == 0 else None)
             ax.annotate(claims_mod.fmt_value(metric, m["median"]), (m["median"] * scale, y), textcoords="offset points",
                         xytext=(6, 5), fontsize=8, color=color)
-        ax.set_yticks(range(len(rows)), [f"{r['id']}\n{model} vs {BASELINE_LABEL.get(b, b)}" for r, b, model, _ in rows],
+        ax.set_yticks(range(len(rows)), [f"{r['id']}\n{model} vs {precisions.label(b)}" for r, b, model, _ in rows],
                       fontsize=7.5)
         ax.invert_yaxis()
         better = "right" if claims_mod.HIGHER_IS_BETTER[metric] else "left"
@@ -495,7 +492,7 @@ def _bars(ax, sub: pd.DataFrame, column: str, scale: float = 1.0, fmt: str = "{:
     xs = list(range(len(stats)))
     med = stats["median"] / scale
     err = [(stats["median"] - stats["min"]) / scale, (stats["max"] - stats["median"]) / scale]
-    colors = [PRECISION_COLOR.get(str(p), "#888") for p in stats["precision"]]
+    colors = [precisions.color(str(p), "#888") for p in stats["precision"]]
     ax.bar(xs, med, yerr=err, capsize=4, color=colors, error_kw={"elinewidth": 1})
     for x, value in zip(xs, med):
         ax.annotate(fmt.format(value), (x, value), textcoords="offset points", xytext=(0, 3), ha="center", fontsize=7.5)
@@ -606,7 +603,7 @@ def breakdown_frame(table: str, runs_dir: str | None = None) -> pd.DataFrame:
     if frame.empty:
         return frame
     frame["epoch_tokens"] = [_epoch_tokens(row, runs_dir) for _, row in frame.iterrows()]
-    frame["precision"] = pd.Categorical(frame["precision"], PRECISION_ORDER, ordered=True)
+    frame["precision"] = pd.Categorical(frame["precision"], precisions.names(), ordered=True)
     return frame.sort_values(["model", "precision", "seed"]).reset_index(drop=True)
 
 
@@ -747,14 +744,14 @@ def speedup_chart(summary: dict):
         else:
             stats = sub.groupby(["model", "precision"], observed=True)[column].agg(["median", "min", "max"]).reset_index()
             models = list(dict.fromkeys(stats["model"]))
-            precisions = [p for p in PRECISION_ORDER if p in set(stats["precision"].astype(str))]
-            width = 0.8 / max(len(precisions), 1)
-            for i, precision in enumerate(precisions):
+            shown = [p for p in precisions.names() if p in set(stats["precision"].astype(str))]
+            width = 0.8 / max(len(shown), 1)
+            for i, precision in enumerate(shown):
                 part = stats[stats["precision"].astype(str) == precision].set_index("model").reindex(models)
                 x = [m + i * width for m in range(len(models))]
                 ax.bar(x, part["median"], width, yerr=[part["median"] - part["min"], part["max"] - part["median"]],
-                       capsize=3, label=precision, color=PRECISION_COLOR.get(precision))
-            ax.set_xticks([m + width * (len(precisions) - 1) / 2 for m in range(len(models))], models)
+                       capsize=3, label=precision, color=precisions.color(precision))
+            ax.set_xticks([m + width * (len(shown) - 1) / 2 for m in range(len(models))], models)
             ax.axhline(1.0, color="grey", linewidth=0.8)
             ax.legend(fontsize=7.5)
         ax.set_title(f"Speedup vs {baseline} (same model and seed)")
@@ -777,7 +774,7 @@ def _steps_by_precision(summary: dict, runs_dir: str, model: str, column: str) -
     """precision -> DataFrame(step x seed) of one column of steps.csv, for the ok cells of one model."""
     frame = _ok(summary)
     out = {}
-    for precision in PRECISION_ORDER:
+    for precision in precisions.names():
         series = {}
         for _, row in frame[(frame["model"] == model) & (frame["precision"].astype(str) == precision)].iterrows():
             steps = read_steps(runs_dir, model, precision, int(row["seed"]))
@@ -797,7 +794,7 @@ def loss_curves(summary: dict, runs_dir: str):
         axes[0].set_title("Loss curves")
     for ax, model in zip(axes, models):
         for precision, table in _steps_by_precision(summary, runs_dir, model, "loss").items():
-            color = PRECISION_COLOR.get(precision)
+            color = precisions.color(precision)
             seeds = table.shape[1]
             ax.plot(table.index, table.median(axis=1), color=color, linewidth=1.8 if precision == "fp32" else 1.1,
                     label=precision + (f" ({seeds} seeds)" if seeds > 1 else ""))
@@ -821,10 +818,10 @@ def loss_scale_chart(summary: dict, runs_dir: str):
     for index, model in enumerate(dict.fromkeys(frame["model"])):
         for precision, table in _steps_by_precision(summary, runs_dir, model, "loss_scale").items():
             ax.plot(table.index, table.median(axis=1), label=f"{model} {precision}",
-                    color=PRECISION_COLOR.get(precision), linestyle=["-", "--", ":", "-."][index % 4])
+                    color=precisions.color(precision), linestyle=["-", "--", ":", "-."][index % 4])
             if table.shape[1] > 1:
                 ax.fill_between(table.index, table.min(axis=1), table.max(axis=1), alpha=0.15,
-                                color=PRECISION_COLOR.get(precision))
+                                color=precisions.color(precision))
     if ax.lines:
         ax.set_yscale("log", base=2)
         ax.legend(fontsize=7.5, ncol=2)
