@@ -11,8 +11,6 @@ import argparse
 import copy
 import json
 import re
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -21,6 +19,7 @@ import yaml
 
 from amprepro import precisions
 from amprepro.data import largest_batch
+from amprepro.gpuslots import visible_gpus
 from amprepro.safevalues import apex_problems, shorten
 
 REPO = Path(__file__).resolve().parents[2]
@@ -33,21 +32,6 @@ NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?\Z")
 
 class ConfigError(ValueError):
     """A config value is wrong; the message names the field and the fix."""
-
-
-def visible_gpus() -> tuple[list[str], str]:
-    """GPU names nvidia-smi lists, and how we found out. No torch import: this runs at DAG build time."""
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return [], "no nvidia-smi on PATH"
-    try:
-        out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=20)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return [], f"nvidia-smi failed: {exc}"
-    names = [line.split(":", 1)[1].split("(UUID")[0].strip() for line in out.stdout.splitlines() if line.startswith("GPU ")]
-    if out.returncode != 0 or not names:
-        return [], f"nvidia-smi lists no GPU (exit {out.returncode})"
-    return names, f"nvidia-smi lists {len(names)} GPU(s): {', '.join(sorted(set(names)))}"
 
 
 def gpus_for_jobs(setting, probe=visible_gpus) -> tuple[list[str], str]:

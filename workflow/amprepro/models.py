@@ -100,11 +100,6 @@ class GPT(nn.Module):
             x = block(x)
         return self.lm_head(self.ln_f(x))
 
-    def flops_per_token(self) -> float:
-        """Training FLOPs per token, nanoGPT/PaLM estimate: 6N + 12 L D T."""
-        params = sum(p.numel() for p in self.parameters()) - self.pos.weight.numel()
-        return 6 * params + 12 * self.layers * self.dim * self.seq_len
-
 
 GPT_SIZES = {"gpt": {}, "gpt_tiny": {"vocab_size": 512, "layers": 2, "heads": 4, "dim": 128}}
 
