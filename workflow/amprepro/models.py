@@ -187,7 +187,7 @@ class Llama(nn.Module):
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
 
-    def materialize(self, device) -> "Llama":
+    def materialize(self, device) -> Llama:
         """Allocate the (meta) parameters on `device` and initialise them there; rotary tables are recomputed."""
         self.to_empty(device=device)
         with torch.no_grad():

@@ -403,7 +403,7 @@ def add_run(results: str | Path, reference_dir: str | Path, note: str) -> tuple[
         raise ReferenceError(f"{runs_dir} has no metrics.json: copy the whole results directory (runs/ included).")
     table = table_path.read_bytes()
     digest = hashlib.sha256(table).hexdigest()
-    now = _dt.datetime.now(_dt.timezone.utc)
+    now = _dt.datetime.now(_dt.UTC)
     reference = Path(reference_dir) / gpu_slug(gpu)
     for existing in read_runs(reference):
         if existing.provenance.get("summary_csv_sha256") == digest:

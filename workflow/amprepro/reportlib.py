@@ -17,14 +17,14 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
+import matplotlib.pyplot as plt
+import pandas as pd
 
-from amprepro import claims as claims_mod  # noqa: E402
-from amprepro import precisions  # noqa: E402
-from amprepro import summary as summary_columns  # noqa: E402
-from amprepro import verify as verify_mod  # noqa: E402
-from amprepro.files import read_json  # noqa: E402
+from amprepro import claims as claims_mod
+from amprepro import precisions
+from amprepro import summary as summary_columns
+from amprepro import verify as verify_mod
+from amprepro.files import read_json
 
 VERDICT_COLOR = {"holds": "#1a7f37", "exceeds": "#175cd3", "falls_short": "#b42318"}  # as the badges in report.css
 GIB = 2**30
@@ -896,6 +896,6 @@ def provenance_table(data: dict) -> pd.DataFrame:
             ("cuDNN", versions.get("cudnn") or "n/a"), ("torch", versions.get("torch")),
             ("apex", f"{data['apex'].get('status')}, commit {versions.get('apex_commit') or 'not built'}"),
             ("Python", versions.get("python")), ("report rendered (UTC)",
-                                                  _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S"))]
+                                                  _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M:%S"))]
     rows += [(f"package {name}", version) for name, version in versions.get("packages", {}).items()]
     return pd.DataFrame(rows, columns=["item", "value"])

@@ -194,7 +194,7 @@ def step_flops(trainer, model, x, y, world: int) -> tuple[int | None, str]:
 def run(spec: dict, apex: dict, threads: int, dist=None) -> tuple[dict, list[dict]]:
     import torch
 
-    from amprepro import distributed, measure
+    from amprepro import distributed
 
     dist = dist or distributed.Dist()
     torch.set_num_threads(threads)
