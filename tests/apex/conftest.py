@@ -7,9 +7,10 @@ import time
 from pathlib import Path
 
 import pytest
+from apex_fakes import FAKE_APEX, Built, Echo, make_repo, settings_for
+
 from amprepro import apexbuild
 from amprepro.apexbuild import toolchain
-from apex_fakes import FAKE_APEX, Built, Echo, make_repo, settings_for
 
 
 @pytest.fixture(scope="session")

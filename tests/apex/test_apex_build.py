@@ -12,11 +12,12 @@ import time
 import zipfile
 
 import pytest
+from apex_fakes import REPO, Echo, settings_for
+
 from amprepro import apexbuild
 from amprepro.apexbuild import ApexError
 from amprepro.apexbuild.source import file_sha256
 from amprepro.apexbuild.store import Store, is_complete
-from apex_fakes import REPO, Echo, settings_for
 
 EXTENSIONS = ["apex_C", "apex_version_C"]
 

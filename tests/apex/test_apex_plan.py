@@ -6,6 +6,7 @@ import json
 import shlex
 
 import pytest
+
 from amprepro.apexbuild import patches
 from amprepro.apexbuild.build import Progress, diagnose, pip_wheel_command, plan_build
 from amprepro.apexbuild.setup_inspect import inspect_setup

@@ -10,12 +10,13 @@ import subprocess
 import tarfile
 
 import pytest
+from apex_fakes import FAKE_APEX, git, make_repo
+
 from amprepro.apexbuild import ApexError
 from amprepro.apexbuild import source as source_module
 from amprepro.apexbuild.source import export, export_marker, resolve
-from amprepro.safevalues import git_ref_problem, git_url_problem
 from amprepro.apexbuild.treehash import tree_hash
-from apex_fakes import FAKE_APEX, git, make_repo
+from amprepro.safevalues import git_ref_problem, git_url_problem
 
 OTHER_COMMIT = "0123456789abcdef0123456789abcdef01234567"
 

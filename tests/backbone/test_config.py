@@ -11,7 +11,7 @@ BASE = yaml.safe_load((Path(__file__).resolve().parents[2] / "config" / "config.
 
 def resolve(overrides=None, preset="smoke", gpus=()):
     config = cfg.deep_merge(BASE, {"preset": preset, **(overrides or {})})
-    return cfg.resolve_runs(config, PRESETS, list(gpus), "test probe")
+    return cfg.resolve_runs(cfg.validate_config(config), PRESETS, list(gpus), "test probe")
 
 
 def test_auto_picks_paper_with_a_gpu_and_smoke_without():
@@ -68,7 +68,7 @@ def test_bad_config_names_the_field(overrides, field):
     config = cfg.deep_merge(BASE, overrides)
     config["preset"] = preset
     with pytest.raises(cfg.ConfigError) as error:
-        cfg.resolve_runs(config, PRESETS, [], "test probe")
+        cfg.resolve_runs(cfg.validate_config(config), PRESETS, [], "test probe")
     assert f"at {field}:" in str(error.value), str(error.value)
     assert "Fix" in str(error.value)
 
@@ -85,7 +85,7 @@ def test_merged_preset_missing_a_key_names_it(tmp_path):
                                                          "train": {"steps": 5, "warmup_steps": 1, "lr": 0.1,
                                                                    "optimizer": "sgd"}}))
     with pytest.raises(cfg.ConfigError, match=r"at runs\.models\.cnn: 'batch_size' is a required property"):
-        cfg.resolve_runs({**BASE, "preset": "smoke"}, tmp_path, [], "test probe")
+        cfg.resolve_runs(cfg.validate_config({**BASE, "preset": "smoke"}), tmp_path, [], "test probe")
 
 
 def test_model_overrides_restrict_precisions_seeds_and_train():

@@ -37,11 +37,11 @@ class RecordingNvml:
     def __init__(self):
         self.calls = []
 
-    def nvmlDeviceGetHandleByUUID(self, uuid):  # noqa: N802 (NVML's names)
+    def nvmlDeviceGetHandleByUUID(self, uuid):
         self.calls.append(("uuid", uuid))
         return "by-uuid"
 
-    def nvmlDeviceGetHandleByIndex(self, index):  # noqa: N802
+    def nvmlDeviceGetHandleByIndex(self, index):
         self.calls.append(("index", index))
         return "by-index"
 

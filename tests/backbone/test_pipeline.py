@@ -117,6 +117,19 @@ def test_rules_are_formatted_with_snakefmt():
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
 
 
+def test_python_is_clean_with_ruff():
+    """ruff (pinned in requirements-dev.txt, rules in pyproject.toml) finds nothing in workflow/, tools/ and tests/.
+    AMPREPRO_RUFF names another ruff binary (one outside the venv, while the venv predates the pin)."""
+    import os
+    import sys
+
+    repo = Path(__file__).resolve().parents[2]
+    ruff = os.environ.get("AMPREPRO_RUFF") or str(Path(sys.executable).parent / "ruff")
+    result = subprocess.run([ruff, "check", "--no-cache", "workflow", "tools", "tests"], cwd=repo,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+
+
 def ran_rules(log: str) -> list[str]:
     """The rules a real run executed, from Snakemake's log."""
     return sorted(re.findall(r"^(?:local)?(?:rule|checkpoint) (\w+):$", log, re.M))

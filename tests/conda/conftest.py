@@ -7,7 +7,6 @@ vendor/conda-offline/venv (gitignored), made by .ci/setup/30-conda.sh or, when m
 from __future__ import annotations
 
 import pytest
-
 from conda_offline_checks import ENVS_RUN_HERE, REPO, Standin, build_channel, env_specs, install_standin, spec_name
 
 

@@ -12,17 +12,16 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from amprepro import condacheck
 from conda_offline_checks import (
     REPO,
-    Job,
     Standin,
     copy_workflow,
     isolation_problems,
     jobs_in_log,
     offline_env,
 )
+
+from amprepro import condacheck
 
 DRY_RUN = ["snakemake", "--use-conda", "--cores", "1", "-n"]
 

@@ -18,7 +18,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conda_offline_checks import (
     ENVS_RUN_HERE,
     REPO,

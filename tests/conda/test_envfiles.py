@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conda_offline_checks import REPO, spec_name
 
 ENVS = sorted((REPO / "envs").glob("*.yaml"))

@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from report_helpers import GPU, LLM7B, REFERENCE_FAIL, SMOKE, render_fixture
 
 

@@ -64,7 +64,7 @@ class _Pipe:
         to_chrome_r, self._to_chrome = os.pipe()
         self._from_chrome, from_chrome_w = os.pipe()
         command = [binary, *FLAGS, f"--user-data-dir={user_data_dir}", "--remote-debugging-pipe", "about:blank"]
-        script = 'exec "$@" 3<&{} 4>&{}'.format(to_chrome_r, from_chrome_w)
+        script = f'exec "$@" 3<&{to_chrome_r} 4>&{from_chrome_w}'
         self.process = subprocess.Popen(["bash", "-c", script, "chromium", *command], pass_fds=(to_chrome_r, from_chrome_w),
                                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         os.close(to_chrome_r)

@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from workflow_testing import copy_workflow  # noqa: F401  (re-exported for the report tests)
+from workflow_testing import copy_workflow
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = Path(__file__).resolve().parent / "fixtures"

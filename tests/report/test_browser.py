@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 
 import pytest
-
 from report_browser import chromium_binary, dump_dom, open_page
 
 BINARY = chromium_binary()

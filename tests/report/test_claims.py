@@ -7,9 +7,9 @@ import json
 
 import pytest
 import yaml
+from report_helpers import CLAIMS, GPU, LLM7B, SMOKE
 
 from amprepro import claims
-from report_helpers import CLAIMS, GPU, LLM7B, SMOKE
 
 GIB = 2**30
 

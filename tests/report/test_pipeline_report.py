@@ -8,8 +8,8 @@ import zipfile
 
 import pytest
 import yaml
-
 from report_helpers import CLAIMS, copy_workflow
+
 from workflow_testing import snakemake as run_snakemake
 
 pytestmark = pytest.mark.e2e

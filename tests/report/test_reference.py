@@ -10,10 +10,10 @@ import tarfile
 from pathlib import Path
 
 import pytest
-
-from amprepro import reference, verify
 from report_helpers import GPU, REFERENCE_PASS, SMOKE
 from test_verify import NO_SMI, load, run_cli
+
+from amprepro import reference, verify
 
 
 def results_copy(tmp_path: Path, name: str, host: str, uuids: list[str], scale: float = 1.0,

@@ -7,9 +7,9 @@ import re
 
 import pytest
 import yaml
+from report_helpers import CLAIMS
 
 from amprepro import render
-from report_helpers import CLAIMS
 
 SECTIONS = ["Claims", "Reference check", "Results", "Throughput", "Speedup against both baselines", "Peak memory",
             "Where the peak memory goes (7B)", "Loss curves: FP32 against AMP", "Loss scale", "Sanity checks", "Environment", "Provenance"]

@@ -9,9 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from report_helpers import GPU, REFERENCE_FAIL, REFERENCE_PASS, REPO, SMOKE, workflow_with_results
 
 from amprepro import reference, verify
-from report_helpers import GPU, REFERENCE_FAIL, REFERENCE_PASS, REPO, SMOKE, workflow_with_results
 
 GPU_SUMMARY = GPU / "summary/summary.json"
 
@@ -26,7 +26,8 @@ def load(path: Path) -> dict:
     return json.loads(path.read_text())
 
 
-NO_SMI = (lambda: ([], "no nvidia-smi (test)"))
+def NO_SMI():  # a probe passed where visible_gpus would be
+    return [], "no nvidia-smi (test)"
 
 
 def check(summary: dict, reference: Path, runs: Path | None = GPU / "runs") -> dict:

@@ -14,16 +14,15 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from pathlib import Path
 
 import pytest
 import yaml
-from test_slurm_profile import REASON, VENV_BIN, Run, cancel_jobs_of, env_with  # noqa: F401  (REASON: the skip)
-from workflow_testing import copy_workflow
+from test_slurm_profile import REASON, VENV_BIN, Run, cancel_jobs_of, env_with
 
 from amprepro import resources
-from amprepro.config import resolve_runs
+from amprepro.config import resolve_runs, validate_config
+from workflow_testing import copy_workflow
 
 pytestmark = [pytest.mark.slurm, pytest.mark.e2e, pytest.mark.skipif(REASON is not None, reason=REASON or "")]
 
@@ -86,7 +85,7 @@ def paper_run(tmp_path_factory):
 
 
 def paper_runs() -> dict:
-    runs, _ = resolve_runs(CONFIG, REPO / "config" / "presets", ["configured GPU"], "test")
+    runs, _ = resolve_runs(validate_config(CONFIG), REPO / "config" / "presets", ["configured GPU"], "test")
     return runs
 
 

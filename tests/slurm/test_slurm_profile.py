@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from workflow_testing import copy_workflow
 
 REPO = Path(__file__).resolve().parents[2]

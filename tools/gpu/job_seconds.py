@@ -2,7 +2,11 @@
 
     python tools/gpu/job_seconds.py make-run.log [more logs of the same run, in order]
 """
-import re,sys,datetime as dt
+import datetime as dt
+import re
+import sys
+
+
 def parse(paths):
     start={}; rows=[]
     for p in paths:

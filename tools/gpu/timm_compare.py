@@ -17,13 +17,16 @@ import subprocess
 import sys
 from pathlib import Path
 
-AMP_DTYPE = {"amp_bf16": "bfloat16", "amp_fp16": "float16"}
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "workflow"))
+from amprepro import precisions
 
 
 def timm_throughput(benchmark: Path, spec: dict, iters: int, warmup: int) -> tuple[float, dict]:
-    config = spec["model_config"]
+    config, dtype = spec["model_config"], precisions.get(spec["precision"]).autocast_dtype
+    if dtype is None:
+        raise SystemExit(f"{spec['precision']} runs no torch.autocast: timm's benchmark has nothing to compare")
     command = [sys.executable, str(benchmark), "--bench", "train", "--model", config["arch"],
-               "-b", str(config["batch_size"]), "--amp", "--amp-dtype", AMP_DTYPE[spec["precision"]],
+               "-b", str(config["batch_size"]), "--amp", "--amp-dtype", dtype,
                "--opt", spec["train"]["optimizer"].replace("_fused", ""),
                "--num-warm-iter", str(warmup), "--num-bench-iter", str(iters)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=600)

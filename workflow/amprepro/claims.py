@@ -26,9 +26,9 @@ from pathlib import Path
 import jsonschema
 import yaml
 
-PRECISIONS = ["fp32", "tf32", "amp_fp16", "amp_bf16", "apex_o1", "apex_o2"]
-PRECISION_LABEL = {"fp32": "strict FP32", "tf32": "TF32", "amp_fp16": "fp16 AMP", "amp_bf16": "bf16 AMP",
-                   "apex_o1": "apex O1", "apex_o2": "apex O2"}
+from amprepro import precisions
+from amprepro.precisions import label as precision_label
+
 VERDICT_TEXT = {"holds": "holds", "exceeds": "exceeds the claim", "falls_short": "falls short",
                 "depends_on_baseline": "depends on the baseline", "not_measurable": "not measurable here"}
 # Which side of the claimed band is better for the variant, per metric: more speed, a bigger memory saving and a
@@ -49,7 +49,7 @@ SCHEMA = {
         "claims": {"type": "array", "items": {"$ref": "#/$defs/claim"}},
     },
     "$defs": {
-        "precision": {"enum": PRECISIONS},
+        "precision": {"enum": []},  # precisions.names(), filled in by schema()
         "claim": {
             "type": "object",
             "additionalProperties": False,
@@ -117,6 +117,11 @@ SCHEMA = {
 }
 
 
+def schema() -> dict:
+    """SCHEMA with the precision enum read from the registry."""
+    return {**SCHEMA, "$defs": {**SCHEMA["$defs"], "precision": {"enum": precisions.names()}}}
+
+
 class ClaimsError(ValueError):
     """config/claims.yaml is wrong; the message names the claim and the field."""
 
@@ -141,7 +146,7 @@ def validate(data, where: str = "config/claims.yaml") -> list[dict]:
     if not isinstance(data, dict):
         raise ClaimsError(f"{where}: expected a mapping with a `claims:` list, got {type(data).__name__}.")
     claims = data.get("claims") if isinstance(data.get("claims"), list) else []
-    validator = jsonschema.Draft202012Validator(SCHEMA)
+    validator = jsonschema.Draft202012Validator(schema())
     errors = sorted(validator.iter_errors(data), key=lambda e: (-len(list(e.absolute_path)), str(e.absolute_path)))
     if errors:
         error = errors[0]
@@ -486,18 +491,18 @@ def _judge(claim: dict, summary: dict, sanity: dict | None, archs: dict, use_ove
         result["verdict"] = verdicts.pop()
         result["verdict_text"] = VERDICT_TEXT[result["verdict"]]
         if len(claim["baseline"]) > 1:
-            result["verdict_text"] += " vs " + (" and ".join(PRECISION_LABEL[b] for b in measured)
-                                                if len(measured) > 1 else PRECISION_LABEL[next(iter(measured))])
+            result["verdict_text"] += " vs " + (" and ".join(precision_label(b) for b in measured)
+                                                if len(measured) > 1 else precision_label(next(iter(measured))))
     else:
         result["verdict"] = "depends_on_baseline"
-        result["verdict_text"] = "; ".join(f"{VERDICT_TEXT[r['verdict']]} vs {PRECISION_LABEL[b]}"
+        result["verdict_text"] = "; ".join(f"{VERDICT_TEXT[r['verdict']]} vs {precision_label(b)}"
                                            for b, r in measured.items())
     parts = []
     for baseline, r in result["by_baseline"].items():
-        parts.append(f"vs {PRECISION_LABEL[baseline]}: {r['reason']}")
+        parts.append(f"vs {precision_label(baseline)}: {r['reason']}")
     result["reason"] = " | ".join(parts)
     result["measured_text"] = "; ".join(
-        f"vs {PRECISION_LABEL[b]}: " + ", ".join(
+        f"vs {precision_label(b)}: " + ", ".join(
             (f"{m} " if len(r["models"]) > 1 else "") + (mr.get("measured_text") or "n/a")
             for m, mr in r["models"].items())
         for b, r in result["by_baseline"].items())

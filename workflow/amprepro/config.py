@@ -11,15 +11,15 @@ import argparse
 import copy
 import json
 import re
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import jsonschema
 import yaml
 
+from amprepro import precisions
 from amprepro.data import largest_batch
+from amprepro.gpuslots import visible_gpus
 from amprepro.safevalues import apex_problems, shorten
 
 REPO = Path(__file__).resolve().parents[2]
@@ -32,21 +32,6 @@ NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?\Z")
 
 class ConfigError(ValueError):
     """A config value is wrong; the message names the field and the fix."""
-
-
-def visible_gpus() -> tuple[list[str], str]:
-    """GPU names nvidia-smi lists, and how we found out. No torch import: this runs at DAG build time."""
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return [], "no nvidia-smi on PATH"
-    try:
-        out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=20)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return [], f"nvidia-smi failed: {exc}"
-    names = [line.split(":", 1)[1].split("(UUID")[0].strip() for line in out.stdout.splitlines() if line.startswith("GPU ")]
-    if out.returncode != 0 or not names:
-        return [], f"nvidia-smi lists no GPU (exit {out.returncode})"
-    return names, f"nvidia-smi lists {len(names)} GPU(s): {', '.join(sorted(set(names)))}"
 
 
 def gpus_for_jobs(setting, probe=visible_gpus) -> tuple[list[str], str]:
@@ -78,7 +63,24 @@ def deep_merge(base: dict, override: dict) -> dict:
 
 
 def load_schema() -> dict:
-    return yaml.safe_load(SCHEMA_PATH.read_text())
+    """The config schema, its precision enum read from amprepro.precisions (the YAML does not repeat the list)."""
+    schema = yaml.safe_load(SCHEMA_PATH.read_text())
+    schema["$defs"]["precision"]["enum"] = precisions.names()
+    return schema
+
+
+def _filling_defaults(validator_class):
+    """The validator that also sets each absent property's schema default, as snakemake.utils.validate does."""
+    check_properties = validator_class.VALIDATORS["properties"]
+
+    def properties(validator, fields, instance, schema):
+        if isinstance(instance, dict):
+            for name, field in fields.items():
+                if "default" in field:
+                    instance.setdefault(name, copy.deepcopy(field["default"]))
+        yield from check_properties(validator, fields, instance, schema)
+
+    return jsonschema.validators.extend(validator_class, {"properties": properties})
 
 
 def read_config_file(path: str | Path) -> dict:
@@ -191,12 +193,14 @@ def _field(error: jsonschema.ValidationError, prefix: str) -> str:
     return "".join(parts)
 
 
-def validate(instance: dict, definition: str | None, prefix: str) -> None:
-    """Validate against the schema (or one of its $defs); raise ConfigError naming the first bad field."""
+def validate(instance: dict, definition: str | None, prefix: str, defaults: bool = False) -> None:
+    """Validate against the schema (or one of its $defs); raise ConfigError naming the first bad field. With defaults,
+    fill in the schema's default of each absent property on the way (instance is changed in place)."""
     schema = load_schema()
     if definition:
         schema = {"$schema": schema["$schema"], "$defs": schema["$defs"], "$ref": f"#/$defs/{definition}"}
-    validator = jsonschema.Draft202012Validator(schema)
+    validator_class = jsonschema.Draft202012Validator
+    validator = (_filling_defaults(validator_class) if defaults else validator_class)(schema)
     errors = sorted(validator.iter_errors(instance), key=lambda e: (len(list(e.absolute_path)), str(e.absolute_path)))
     if errors:
         error = errors[0]
@@ -211,9 +215,10 @@ def validate(instance: dict, definition: str | None, prefix: str) -> None:
 
 
 def validate_config(config: dict) -> dict:
-    """The normalized config, or ConfigError naming the first bad field. Nothing here runs or touches a file."""
+    """The normalized config with the schema's defaults filled in, or ConfigError naming the first bad field: the one
+    validation pass of a start. Nothing here runs or touches a file."""
     config = normalized(config)
-    validate(config, None, "config")
+    validate(config, None, "config", defaults=True)
     problems = apex_problems(config.get("apex") or {})
     if problems:
         field, problem = problems[0]
@@ -223,8 +228,8 @@ def validate_config(config: dict) -> dict:
 
 
 def resolve_runs(config: dict, presets_dir: Path, gpus: list[str], probe: str) -> tuple[dict, dict]:
-    """Return (runs, choice): the validated run matrix and which preset was used, with the reason."""
-    config = validate_config(config)
+    """Return (runs, choice): the validated run matrix and which preset was used, with the reason. config is what
+    validate_config returned."""
     choice = choose_preset(config.get("preset", "auto"), gpus, probe)
     preset_file = Path(presets_dir) / f"{choice['preset']}.yaml"
     if not preset_file.exists():
@@ -330,13 +335,10 @@ def apex_required(setting, gpus: list[str]) -> bool:
 
 def checked(files: list[str], probe=visible_gpus) -> str:
     """What `snakemake --configfile FILES` would run, found without running anything; ConfigError otherwise."""
-    from snakemake.utils import validate as fill_defaults
-
     config = read_config_file(REPO / "config" / "config.yaml")
     for path in files:
         config = deep_merge(config, read_config_file(path))
     config = validate_config(config)
-    fill_defaults(config, str(SCHEMA_PATH))
     gpus, why = gpus_for_jobs(config.get("gpu", "auto"), probe)
     runs, choice = resolve_runs(config, REPO / "config" / "presets", gpus, why)
     check_apex_source(config["apex"], apex_required(config["apex"]["required"], gpus))

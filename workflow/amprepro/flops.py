@@ -7,6 +7,8 @@ import re
 
 import torch
 
+from amprepro import precisions
+
 # Dense (no sparsity) peaks from NVIDIA's datasheets, TFLOP/s, per product: SXM, PCIe and NVL parts differ in clocks
 # and power. fp32 is the CUDA-core figure; tf32/fp16/bf16 are Tensor Core figures (datasheets print the sparse ones
 # with a *, twice these). None: the product has no such Tensor Core path.
@@ -39,9 +41,6 @@ PRODUCT_NAMES = [
     (r"Tesla V100-SXM2-(16|32)GB", "V100 SXM2"),
     (r"Tesla V100-PCIE-(16|32)GB", "V100 PCIe"),
 ]
-# Which matmul dtype dominates each precision's compute.
-PEAK_KIND = {"fp32": "fp32", "tf32": "tf32", "amp_fp16": "fp16", "amp_bf16": "bf16", "apex_o1": "fp16",
-             "apex_o2": "fp16"}
 
 
 def datasheet_product(gpu_name: str | None) -> str | None:
@@ -54,7 +53,7 @@ def datasheet_product(gpu_name: str | None) -> str | None:
 
 def datasheet_peak(gpu_name: str | None, precision: str) -> float | None:
     product = datasheet_product(gpu_name)
-    return DATASHEET_TFLOPS[product][PEAK_KIND[precision]] if product else None
+    return DATASHEET_TFLOPS[product][precisions.get(precision).peak_kind] if product else None
 
 
 def datasheet_note(gpu_name: str | None) -> str:

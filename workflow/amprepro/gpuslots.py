@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import fcntl
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -32,15 +33,27 @@ def lock_dir() -> Path:
     return path
 
 
+def visible_gpus() -> tuple[list[str], str]:
+    """GPU names `nvidia-smi -L` lists, and how we found out: the one GPU listing (the DAG build, verify, the slots).
+    No torch import: this runs at DAG build time."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return [], "no nvidia-smi on PATH"
+    try:
+        out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return [], f"nvidia-smi failed: {exc}"
+    names = [line.split(":", 1)[1].split("(UUID")[0].strip() for line in out.stdout.splitlines() if line.startswith("GPU ")]
+    if out.returncode != 0 or not names:
+        return [], f"nvidia-smi lists no GPU (exit {out.returncode})"
+    return names, f"nvidia-smi lists {len(names)} GPU(s): {', '.join(sorted(set(names)))}"
+
+
 def gpu_count() -> int:
     """GPUs to share out: AMPREPRO_GPU_COUNT when set (to keep some back), else what `nvidia-smi -L` lists."""
     if os.environ.get("AMPREPRO_GPU_COUNT"):
         return int(os.environ["AMPREPRO_GPU_COUNT"])
-    try:
-        listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return 0
-    return sum(line.startswith("GPU ") for line in listing.stdout.splitlines()) if listing.returncode == 0 else 0
+    return len(visible_gpus()[0])
 
 
 def try_claim(wanted: int, count: int, locks: Path) -> list[tuple[int, int]] | None:

@@ -1,6 +1,6 @@
 """GPU memory of a training cell: estimated before allocating (skip what cannot fit) and split after the first step.
 
-Bytes per parameter, with an AdamW-type optimizer (two FP32 moments, 8 bytes):
+Bytes per parameter (amprepro.precisions holds the figures), with an AdamW-type optimizer (two FP32 moments, 8 bytes):
 - fp32, tf32: 4 weights + 4 gradients + 8 optimizer state.
 - amp_fp16, amp_bf16 (torch.amp): the same, plus a 2-byte cast of each matmul weight that autocast caches for the
   forward (freed when the forward's autocast region ends, before the gradients exist: counting both makes the estimate
@@ -16,26 +16,19 @@ Bytes per parameter, with an AdamW-type optimizer (two FP32 moments, 8 bytes):
 
 from __future__ import annotations
 
-# (weights, gradients incl. master gradients, optimizer state, master weights, cast cache per matmul weight)
-BYTES_PER_PARAMETER = {
-    "fp32": (4, 4, 8, 0, 0),
-    "tf32": (4, 4, 8, 0, 0),
-    "amp_fp16": (4, 4, 8, 0, 2),
-    "amp_bf16": (4, 4, 8, 0, 2),
-    "apex_o1": (4, 4, 8, 0, 2),
-    "apex_o2": (2, 2 + 4, 8, 4, 0),
-}
+from amprepro import precisions
+
 GIB = 2**30
 
 
 def compute_bytes(precision: str) -> int:
     """Bytes per element of the matmul inputs and outputs under this precision."""
-    return 4 if precision in ("fp32", "tf32") else 2
+    return precisions.get(precision).compute_bytes
 
 
 def residual_bytes(precision: str) -> int:
     """The residual stream stays FP32 under autocast (FP32 embedding + half-precision branch promotes); O2 is FP16."""
-    return 2 if precision == "apex_o2" else 4
+    return precisions.get(precision).residual_bytes
 
 
 def llama_activation_bytes(model, batch_size: int, seq_len: int, precision: str) -> int:
@@ -53,7 +46,7 @@ def llama_activation_bytes(model, batch_size: int, seq_len: int, precision: str)
 
 def estimate(parameters: int, matmul_parameters: int, precision: str, activations: int,
              free_bytes: int | None) -> dict:
-    weights, grads, state, master, cast = BYTES_PER_PARAMETER[precision]
+    weights, grads, state, master, cast = precisions.get(precision).bytes_per_parameter
     parts = {
         "weights_bytes": weights * parameters,
         "gradients_bytes": grads * parameters,

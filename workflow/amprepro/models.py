@@ -100,11 +100,6 @@ class GPT(nn.Module):
             x = block(x)
         return self.lm_head(self.ln_f(x))
 
-    def flops_per_token(self) -> float:
-        """Training FLOPs per token, nanoGPT/PaLM estimate: 6N + 12 L D T."""
-        params = sum(p.numel() for p in self.parameters()) - self.pos.weight.numel()
-        return 6 * params + 12 * self.layers * self.dim * self.seq_len
-
 
 GPT_SIZES = {"gpt": {}, "gpt_tiny": {"vocab_size": 512, "layers": 2, "heads": 4, "dim": 128}}
 
@@ -192,7 +187,7 @@ class Llama(nn.Module):
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
 
-    def materialize(self, device) -> "Llama":
+    def materialize(self, device) -> Llama:
         """Allocate the (meta) parameters on `device` and initialise them there; rotary tables are recomputed."""
         self.to_empty(device=device)
         with torch.no_grad():

@@ -10,7 +10,7 @@ from amprepro.files import write_json
 def measure() -> dict:
     import torch
 
-    from amprepro import flops
+    from amprepro import flops, precisions
 
     if not torch.cuda.is_available():
         return {"status": "skipped", "reason": "no CUDA GPU: MFU is reported for GPUs only", "tflops": {}}
@@ -21,8 +21,7 @@ def measure() -> dict:
         "gpu": name,
         "method": "8192^3 matmul, 3 warm-up then 10 timed, CUDA events",
         "tflops": flops.measure_matmul_peak(device),
-        "datasheet_tflops": {kind: flops.datasheet_peak(name, precision)
-                             for precision, kind in flops.PEAK_KIND.items()},
+        "datasheet_tflops": {p.peak_kind: flops.datasheet_peak(name, p.name) for p in precisions.REGISTRY.values()},
         "datasheet_product": flops.datasheet_product(name),
         "datasheet_note": flops.datasheet_note(name),
     }

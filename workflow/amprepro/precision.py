@@ -6,8 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-NATIVE_AMP_DTYPES = {"amp_fp16": torch.float16, "amp_bf16": torch.bfloat16}
-APEX_OPT_LEVELS = {"apex_o1": "O1", "apex_o2": "O2"}
+from amprepro import precisions
 
 
 @dataclass
@@ -23,17 +22,17 @@ class StepResult:
 
 def unsupported_reason(precision: str, device: torch.device, apex: dict) -> str | None:
     """Why this machine or build cannot run the precision; None when it can."""
-    on_cuda = device.type == "cuda"
-    if precision == "tf32":
+    on_cuda, spec = device.type == "cuda", precisions.get(precision)
+    if spec.tf32:
         if not on_cuda:
             return "TF32 is a Tensor Core mode of NVIDIA GPUs (compute capability >= 8.0); no CUDA GPU here"
         if torch.cuda.get_device_capability(device)[0] < 8:
             return f"TF32 needs compute capability >= 8.0; this GPU is {torch.cuda.get_device_capability(device)}"
-    if precision == "amp_fp16" and not on_cuda:
+    if spec.grad_scaler and not on_cuda:
         return "fp16 AMP with GradScaler is the CUDA recipe the articles measure; no CUDA GPU here"
-    if precision == "amp_bf16" and on_cuda and not torch.cuda.is_bf16_supported():
+    if spec.autocast_dtype == "bfloat16" and on_cuda and not torch.cuda.is_bf16_supported():
         return "this GPU does not support bf16 (needs compute capability >= 8.0)"
-    if precision in APEX_OPT_LEVELS:
+    if spec.needs_apex:
         if not on_cuda:
             return "apex.amp runs on CUDA GPUs only; no CUDA GPU here"
         if apex.get("status") != "built":
@@ -45,12 +44,10 @@ def unsupported_reason(precision: str, device: torch.device, apex: dict) -> str 
 
 def configure_tf32(precision: str) -> dict:
     """Strict fp32 turns TF32 off for matmul and cuDNN; tf32 turns both on; AMP keeps PyTorch's defaults."""
-    if precision == "fp32":
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = False
-    elif precision == "tf32":
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
+    tf32 = precisions.get(precision).tf32
+    if tf32 is not None:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        torch.backends.cudnn.allow_tf32 = tf32
     return {"matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32,
             "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32}
 
@@ -61,13 +58,14 @@ class Trainer:
     def __init__(self, precision: str, model, optimizer, loss_fn, device: torch.device, wrap=None,
                  recomputes: bool = False):
         self.precision, self.device, self.loss_fn = precision, device, loss_fn
-        self.dtype = NATIVE_AMP_DTYPES.get(precision)
-        self.scaler = torch.amp.GradScaler(device.type) if precision == "amp_fp16" else None
+        spec = precisions.get(precision)
+        self.dtype = getattr(torch, spec.autocast_dtype) if spec.autocast_dtype else None
+        self.scaler = torch.amp.GradScaler(device.type) if spec.grad_scaler else None
         self.amp, self.apex_cast_cache = None, None
-        if precision in APEX_OPT_LEVELS:
+        if spec.needs_apex:
             from apex import amp
 
-            model, optimizer = amp.initialize(model, optimizer, opt_level=APEX_OPT_LEVELS[precision], verbosity=0)
+            model, optimizer = amp.initialize(model, optimizer, opt_level=spec.apex_opt_level, verbosity=0)
             self.amp = amp
             self.apex_cast_cache = self._apex_cast_cache(recomputes)
         # DDP wraps after amp.initialize, as apex requires.

@@ -20,7 +20,6 @@ import io
 import json
 import re
 import statistics
-import subprocess
 import tarfile
 from collections import Counter
 from dataclasses import dataclass, field
@@ -30,6 +29,7 @@ import jsonschema
 import yaml
 
 from amprepro.files import read_json, write_json
+from amprepro.gitinfo import head_commit
 
 RUN_ID = re.compile(r"^\d{4}-\d{2}-\d{2}-[0-9a-f]{8}$")
 SOFTWARE_KEYS = ("torch", "cuda", "cudnn", "apex_commit")  # a change here can move every number
@@ -384,14 +384,6 @@ def steps_archive(runs_dir: Path) -> tuple[bytes, int]:
     return raw[:4] + b"\0\0\0\0" + raw[8:], count  # zero gzip's header timestamp (bytes 4-7)
 
 
-def _git_head() -> str | None:
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
-    except OSError:
-        return None
-    return out.stdout.strip() if out.returncode == 0 else None
-
-
 def add_run(results: str | Path, reference_dir: str | Path, note: str) -> tuple[Path, dict]:
     """Copy a finished GPU run into reference/<gpu-slug>/runs/<run-id>/ and rebuild the aggregate."""
     results = Path(results)
@@ -411,7 +403,7 @@ def add_run(results: str | Path, reference_dir: str | Path, note: str) -> tuple[
         raise ReferenceError(f"{runs_dir} has no metrics.json: copy the whole results directory (runs/ included).")
     table = table_path.read_bytes()
     digest = hashlib.sha256(table).hexdigest()
-    now = _dt.datetime.now(_dt.timezone.utc)
+    now = _dt.datetime.now(_dt.UTC)
     reference = Path(reference_dir) / gpu_slug(gpu)
     for existing in read_runs(reference):
         if existing.provenance.get("summary_csv_sha256") == digest:
@@ -426,7 +418,7 @@ def add_run(results: str | Path, reference_dir: str | Path, note: str) -> tuple[
         "python": versions.get("python"), "isolation": versions.get("isolation"),
         "packages": versions.get("packages", {}), "preset": summary.get("preset", {}),
         "machine": machine_identity(metrics, environment),
-        "pipeline_commit": _git_head(),
+        "pipeline_commit": head_commit(),
         "pipeline_commit_source": "HEAD of the checkout that added the run (the results do not record the commit "
                                   "they were made at; the note should say it if it differs)",
         "created_utc": now.strftime("%Y-%m-%dT%H:%M:%SZ"), "summary_csv_sha256": digest, "note": note,

@@ -1,7 +1,7 @@
 """The report's charts: each a titled matplotlib figure with units and min-max error bars over seeds.
 
 The notebook embeds them with amprepro.reporthtml.figure_html (a base64 PNG, so the report opens offline). The data
-they plot is shaped in amprepro.reportlib; the colours of the precisions are reportlib's too.
+they plot is shaped in amprepro.reportlib; the colours of the precisions are the registry's (amprepro.precisions).
 """
 
 from __future__ import annotations
@@ -11,18 +11,16 @@ import io
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
+import matplotlib.pyplot as plt
+import pandas as pd
 
-from amprepro import claims as claims_mod  # noqa: E402
-from amprepro import verify as verify_mod  # noqa: E402
-from amprepro.reportlib import (  # noqa: E402
-    BASELINE_LABEL,
+from amprepro import claims as claims_mod
+from amprepro import precisions
+from amprepro import verify as verify_mod
+from amprepro.reportlib import (
     ESTIMATE_COLUMN,
     GIB,
     MEMORY_PARTS,
-    PRECISION_COLOR,
-    PRECISION_ORDER,
     cells_frame,
     ok_cells,
     parts_here,
@@ -82,7 +80,7 @@ def claims_chart(results: list[dict], summary: dict):
                         fmt="o", color=color, capsize=4, label="measured: median, min–max over seeds" if y == 0 else None)
             ax.annotate(claims_mod.fmt_value(metric, m["median"]), (m["median"] * scale, y), textcoords="offset points",
                         xytext=(6, 5), fontsize=8, color=color)
-        ax.set_yticks(range(len(rows)), [f"{r['id']}\n{model} vs {BASELINE_LABEL.get(b, b)}" for r, b, model, _ in rows],
+        ax.set_yticks(range(len(rows)), [f"{r['id']}\n{model} vs {precisions.label(b)}" for r, b, model, _ in rows],
                       fontsize=7.5)
         ax.invert_yaxis()
         better = "right" if claims_mod.HIGHER_IS_BETTER[metric] else "left"
@@ -140,7 +138,7 @@ def _bars(ax, sub: pd.DataFrame, column: str, scale: float = 1.0, fmt: str = "{:
     xs = list(range(len(stats)))
     med = stats["median"] / scale
     err = [(stats["median"] - stats["min"]) / scale, (stats["max"] - stats["median"]) / scale]
-    colors = [PRECISION_COLOR.get(str(p), "#888") for p in stats["precision"]]
+    colors = [precisions.color(str(p), "#888") for p in stats["precision"]]
     ax.bar(xs, med, yerr=err, capsize=4, color=colors, error_kw={"elinewidth": 1})
     for x, value in zip(xs, med):
         ax.annotate(fmt.format(value), (x, value), textcoords="offset points", xytext=(0, 3), ha="center", fontsize=7.5)
@@ -255,14 +253,14 @@ def speedup_chart(summary: dict):
         else:
             stats = sub.groupby(["model", "precision"], observed=True)[column].agg(["median", "min", "max"]).reset_index()
             models = list(dict.fromkeys(stats["model"]))
-            precisions = [p for p in PRECISION_ORDER if p in set(stats["precision"].astype(str))]
-            width = 0.8 / max(len(precisions), 1)
-            for i, precision in enumerate(precisions):
+            shown = [p for p in precisions.names() if p in set(stats["precision"].astype(str))]
+            width = 0.8 / max(len(shown), 1)
+            for i, precision in enumerate(shown):
                 part = stats[stats["precision"].astype(str) == precision].set_index("model").reindex(models)
                 x = [m + i * width for m in range(len(models))]
                 ax.bar(x, part["median"], width, yerr=[part["median"] - part["min"], part["max"] - part["median"]],
-                       capsize=3, label=precision, color=PRECISION_COLOR.get(precision))
-            ax.set_xticks([m + width * (len(precisions) - 1) / 2 for m in range(len(models))], models)
+                       capsize=3, label=precision, color=precisions.color(precision))
+            ax.set_xticks([m + width * (len(shown) - 1) / 2 for m in range(len(models))], models)
             ax.axhline(1.0, color="grey", linewidth=0.8)
             ax.legend(fontsize=7.5)
         ax.set_title(f"Speedup vs {baseline} (same model and seed)")
@@ -282,7 +280,7 @@ def loss_curves(summary: dict, runs_dir: str):
         axes[0].set_title("Loss curves")
     for ax, model in zip(axes, models):
         for precision, table in steps_by_precision(summary, runs_dir, model, "loss").items():
-            color = PRECISION_COLOR.get(precision)
+            color = precisions.color(precision)
             seeds = table.shape[1]
             ax.plot(table.index, table.median(axis=1), color=color, linewidth=1.8 if precision == "fp32" else 1.1,
                     label=precision + (f" ({seeds} seeds)" if seeds > 1 else ""))
@@ -306,10 +304,10 @@ def loss_scale_chart(summary: dict, runs_dir: str):
     for index, model in enumerate(dict.fromkeys(frame["model"])):
         for precision, table in steps_by_precision(summary, runs_dir, model, "loss_scale").items():
             ax.plot(table.index, table.median(axis=1), label=f"{model} {precision}",
-                    color=PRECISION_COLOR.get(precision), linestyle=["-", "--", ":", "-."][index % 4])
+                    color=precisions.color(precision), linestyle=["-", "--", ":", "-."][index % 4])
             if table.shape[1] > 1:
                 ax.fill_between(table.index, table.min(axis=1), table.max(axis=1), alpha=0.15,
-                                color=PRECISION_COLOR.get(precision))
+                                color=precisions.color(precision))
     if ax.lines:
         ax.set_yscale("log", base=2)
         ax.legend(fontsize=7.5, ncol=2)

@@ -15,6 +15,7 @@ import jinja2
 import pandas as pd
 
 from amprepro import claims as claims_mod
+from amprepro import precisions
 from amprepro import verify as verify_mod
 from amprepro.reportcharts import breakdown_chart, png_bytes
 from amprepro.reportlib import (
@@ -35,9 +36,9 @@ RESULTS_NUMERIC = {"seed", "throughput", "median step ms", "p90 step ms", "× fp
 
 ENV = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATE_DIR), autoescape=True, trim_blocks=True,
                          lstrip_blocks=True, undefined=jinja2.StrictUndefined)
-ENV.globals.update(VERIFY_LABEL=VERIFY_LABEL, LABEL=claims_mod.PRECISION_LABEL)
+ENV.globals.update(VERIFY_LABEL=VERIFY_LABEL)
 ENV.filters["blank"] = lambda value: "" if value is None else value
-ENV.filters["precision_label"] = lambda name: claims_mod.PRECISION_LABEL[name]
+ENV.filters["precision_label"] = precisions.label
 
 
 def render(template: str, **context) -> str:
@@ -82,7 +83,7 @@ def measured_items(r: dict) -> list[dict]:
         items.append({"kind": "why", "text": r["reason"]})
     else:
         for baseline, b in r.get("by_baseline", {}).items():
-            label = claims_mod.PRECISION_LABEL[baseline]
+            label = precisions.label(baseline)
             if b["verdict"] == "not_measurable":
                 items.append({"kind": "baseline_not_measurable", "label": label, "reason": b["reason"]})
                 continue

@@ -14,14 +14,11 @@ from pathlib import Path
 import pandas as pd
 
 from amprepro import claims as claims_mod
+from amprepro import precisions
 from amprepro import summary as summary_columns
 from amprepro import verify as verify_mod
 from amprepro.files import read_json
 
-PRECISION_ORDER = ["fp32", "tf32", "amp_fp16", "amp_bf16", "apex_o1", "apex_o2"]
-PRECISION_COLOR = {"fp32": "#4c566a", "tf32": "#8f9bb3", "amp_fp16": "#d1495b", "amp_bf16": "#edae49",
-                   "apex_o1": "#00798c", "apex_o2": "#30638e"}
-BASELINE_LABEL = {"fp32": "strict FP32", "tf32": "TF32"}
 GIB = 2**30
 
 
@@ -48,7 +45,7 @@ def cells_frame(summary: dict) -> pd.DataFrame:
                    "first_nonfinite_step", "skipped_steps", "reason"):
         if column not in frame:
             frame[column] = None
-    frame["precision"] = pd.Categorical(frame["precision"], PRECISION_ORDER, ordered=True)
+    frame["precision"] = pd.Categorical(frame["precision"], precisions.names(), ordered=True)
     return frame.sort_values(["model", "precision", "seed"]).reset_index(drop=True)
 
 
@@ -187,7 +184,7 @@ def breakdown_frame(table: str, runs_dir: str | None = None) -> pd.DataFrame:
     if frame.empty:
         return frame
     frame["epoch_tokens"] = [_epoch_tokens(row, runs_dir) for _, row in frame.iterrows()]
-    frame["precision"] = pd.Categorical(frame["precision"], PRECISION_ORDER, ordered=True)
+    frame["precision"] = pd.Categorical(frame["precision"], precisions.names(), ordered=True)
     return frame.sort_values(["model", "precision", "seed"]).reset_index(drop=True)
 
 
@@ -254,7 +251,7 @@ def steps_by_precision(summary: dict, runs_dir: str, model: str, column: str) ->
     """precision -> DataFrame(step x seed) of one column of steps.csv, for the ok cells of one model."""
     frame = ok_cells(summary)
     out = {}
-    for precision in PRECISION_ORDER:
+    for precision in precisions.names():
         series = {}
         for _, row in frame[(frame["model"] == model) & (frame["precision"].astype(str) == precision)].iterrows():
             steps = read_steps(runs_dir, model, precision, int(row["seed"]))
@@ -338,6 +335,6 @@ def provenance_table(data: dict) -> pd.DataFrame:
             ("cuDNN", versions.get("cudnn") or "n/a"), ("torch", versions.get("torch")),
             ("apex", f"{data['apex'].get('status')}, commit {versions.get('apex_commit') or 'not built'}"),
             ("Python", versions.get("python")), ("report rendered (UTC)",
-                                                  _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S"))]
+                                                  _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M:%S"))]
     rows += [(f"package {name}", version) for name, version in versions.get("packages", {}).items()]
     return pd.DataFrame(rows, columns=["item", "value"])

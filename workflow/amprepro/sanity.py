@@ -103,7 +103,7 @@ def apex_checks(apex: dict) -> list[dict]:
         sys.path.insert(0, apex["site_dir"])
     results = []
     try:
-        import apex as apex_pkg  # noqa: F401
+        import apex as apex_pkg
 
         results.append(check("apex import", "pass", f"apex at {apex_pkg.__file__}", required=required))
     except Exception as exc:
@@ -113,9 +113,8 @@ def apex_checks(apex: dict) -> list[dict]:
         results.append(check(f"apex extension {name}", "pass" if ok else "fail", ext.get("error") or "importable",
                              "rebuild apex with --cuda_ext (a Python-only build has no fused kernels)", required))
     try:
-        from apex.optimizers import FusedAdam  # noqa: F401
-
         import amp_C  # noqa: F401
+        from apex.optimizers import FusedAdam  # noqa: F401
 
         results.append(check("FusedAdam available", "pass", "apex.optimizers.FusedAdam with amp_C", required=required))
     except Exception as exc:

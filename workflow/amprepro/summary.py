@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from amprepro import precisions
 from amprepro.files import read_json, write_csv, write_json
 
 COLUMNS = [
@@ -60,13 +61,11 @@ def add_memory(rows: list[dict], metrics: list[dict]) -> list[dict]:
 def add_mfu(rows: list[dict], metrics: list[dict], peak: dict) -> list[dict]:
     """MFU against the matmul peak measured in this pipeline run and against the datasheet (summed over the cell's
     GPUs in metrics.json), both stated."""
-    from amprepro.flops import PEAK_KIND
-
     for row, m in zip(rows, metrics):
         achieved = m.get("achieved_tflops")
         row["achieved_tflops"] = achieved
         row["energy_j_per_item"] = m.get("energy_j_per_item")
-        measured = peak.get("tflops", {}).get(PEAK_KIND[row["precision"]])
+        measured = peak.get("tflops", {}).get(precisions.get(row["precision"]).peak_kind)
         gpus = m.get("world_size") or 1  # peak.json is one GPU's; a data-parallel cell computes on all of them
         row["mfu_vs_measured_peak"] = ratio(achieved, measured and measured * gpus)
         row["mfu_vs_datasheet"] = ratio(achieved, m.get("datasheet_peak_tflops"))

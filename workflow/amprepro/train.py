@@ -14,6 +14,8 @@ import random
 import sys
 import time
 
+from amprepro import precisions
+
 STEP_FIELDS = ["step", "loss", "loss_scale", "skipped", "step_time_s"]
 
 
@@ -60,7 +62,7 @@ def make_optimizer(name: str, params, lr: float, weight_decay: float, device):
 
 def cell_optimizer(train: dict, precision_name: str) -> str:
     """The optimizer this cell uses: train.apex_optimizer for the apex cells where it is set, else train.optimizer."""
-    if precision_name.startswith("apex") and train.get("apex_optimizer"):
+    if precisions.get(precision_name).needs_apex and train.get("apex_optimizer"):
         return train["apex_optimizer"]
     return train["optimizer"]
 
@@ -109,7 +111,7 @@ def variant_unsupported(model_config: dict, precision_name: str, device, apex: d
     """(skip_cause, what is missing, reason) for a model variant this machine or build cannot run, or None."""
     if model_config.get("fused_layer_norm") and apex.get("status") != "built":
         return "machine", "a built apex", "fused_layer_norm needs apex's FusedLayerNorm: apex is not built"
-    if model_config.get("compile") and precision_name.startswith("apex"):
+    if model_config.get("compile") and precisions.get(precision_name).needs_apex:
         return ("unsupported", "", "torch.compile with apex.amp is unsupported (O1 patches torch functions at run "
                 "time)")
     return None
@@ -140,9 +142,9 @@ def precision_needs(name: str, device, apex: dict) -> str:
     """The capability precision.unsupported_reason found missing, in a few words (its reason says more)."""
     if device.type != "cuda":
         return "a CUDA GPU"
-    if name.startswith("apex"):
+    if precisions.get(name).needs_apex:
         return "apex.amp (apex ref 25.05)" if apex.get("status") == "built" else "a built apex"
-    return "compute capability >= 8.0" if name == "tf32" else "bf16 support"
+    return "compute capability >= 8.0" if precisions.get(name).tf32 else "bf16 support"
 
 
 def swap_layer_norms(model):
@@ -192,7 +194,7 @@ def step_flops(trainer, model, x, y, world: int) -> tuple[int | None, str]:
 def run(spec: dict, apex: dict, threads: int, dist=None) -> tuple[dict, list[dict]]:
     import torch
 
-    from amprepro import distributed, measure
+    from amprepro import distributed
 
     dist = dist or distributed.Dist()
     torch.set_num_threads(threads)

@@ -234,7 +234,7 @@ def comparison_warnings(cells: list[dict], counts: dict) -> list[str]:
 
 def machine_here(summary: dict, runs_dir: str | Path | None, probe=None) -> dict:
     """This machine's GPU count: what nvidia-smi lists where verify runs, else what the cells saw."""
-    from amprepro.config import visible_gpus
+    from amprepro.gpuslots import visible_gpus
 
     names, how = (probe or visible_gpus)()
     metrics = [m for _, m in ref_mod.cell_metrics(Path(runs_dir))] if runs_dir and Path(runs_dir).is_dir() else []

@@ -3,8 +3,6 @@ import json
 import sys
 from pathlib import Path
 
-from snakemake.utils import validate
-
 sys.path.insert(0, str(Path(workflow.basedir) / "workflow"))
 from amprepro import resources as cell_resources  # noqa: E402
 from amprepro.codedigest import code_digest  # noqa: E402
@@ -18,8 +16,7 @@ from amprepro.config import (  # noqa: E402
     gpus_for_jobs,
 )
 
-config.update(validate_config(config))  # first: what YAML users write made exact, or the bad field and the fix
-validate(config, "../schemas/config.schema.yaml")  # fills in the schema's defaults
+config.update(validate_config(config))  # the one validation pass: values made exact, defaults filled, or the fix
 
 GPUS, GPU_PROBE = gpus_for_jobs(config.get("gpu", "auto"))
 RUNS, PRESET = resolve_runs(config, Path(workflow.basedir) / "config" / "presets", GPUS, GPU_PROBE)
