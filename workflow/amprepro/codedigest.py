@@ -15,6 +15,7 @@ workflow directory, a folder counting with every file in it) and digested byte f
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
 from pathlib import Path
 
@@ -73,8 +74,29 @@ def module_paths(name: str, package_dir: Path = PACKAGE_DIR) -> list[Path]:
 
 def imported_modules(path: Path) -> set[str]:
     """Names (below the package) of the amprepro modules a file imports, wherever the import statement is."""
+    return set(_file_facts(path, _stamp(path))[0])
+
+
+def source_tree(path: Path) -> str:
+    """The file's syntax tree without docstrings; comments and layout never reach the tree."""
+    return _file_facts(path, _stamp(path))[1]
+
+
+def _stamp(path: Path) -> tuple[int, int]:
+    stat = path.stat()
+    return stat.st_mtime_ns, stat.st_size
+
+
+@functools.lru_cache(maxsize=512)
+def _file_facts(path: Path, stamp: tuple[int, int]) -> tuple[frozenset[str], str]:
+    """One parse per file and version: every rule's digest at DAG build time reads the same modules."""
+    tree = parse(path)
+    return frozenset(_imports(tree)), _stripped_dump(tree)
+
+
+def _imports(tree: ast.Module) -> set[str]:
     names = set()
-    for node in ast.walk(parse(path)):
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             names |= {alias.name.split(".", 1)[1] for alias in node.names if alias.name.startswith(f"{PACKAGE}.")}
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
@@ -89,9 +111,7 @@ def parse(path: Path) -> ast.Module:
     return ast.parse(path.read_text(), filename=str(path))
 
 
-def source_tree(path: Path) -> str:
-    """The file's syntax tree without docstrings; comments and layout never reach the tree."""
-    tree = parse(path)
+def _stripped_dump(tree: ast.Module) -> str:
     for node in ast.walk(tree):
         if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and has_docstring(node):
             node.body = node.body[1:] or [ast.Pass()]
