@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import queue
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import yaml
@@ -125,15 +127,45 @@ VALID = [
 ]
 
 
-@pytest.fixture(scope="module")
-def workdir(tmp_path_factory):
+WORKERS = 3  # Snakemake runs at once, each in its own workflow copy: the table is most of this file's time
+
+
+def workflow_with_results(root):
     """A workflow copy with results/ holding earlier outputs that no refused config may touch."""
-    root = copy_workflow(tmp_path_factory.mktemp("bad_configs") / "amprepro")
+    copy_workflow(root)
     for path, text in [("results/apex/apex.json", '{"status": "built"}'),
                        ("results/runs/cnn/fp32/seed0/metrics.json", '{"status": "ok"}')]:
         (root / path).parent.mkdir(parents=True, exist_ok=True)
         (root / path).write_text(text)
     return root
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    return workflow_with_results(tmp_path_factory.mktemp("bad_configs") / "amprepro")
+
+
+@pytest.fixture(scope="module")
+def bad_runs(tmp_path_factory) -> dict:
+    """Every bad case through real Snakemake: its output, and whether results/ changed or the marker appeared."""
+    free = queue.SimpleQueue()
+    for index in range(WORKERS):
+        free.put(workflow_with_results(tmp_path_factory.mktemp(f"bad_configs_{index}") / "amprepro"))
+
+    def run(case):
+        case_id, how, value, _ = case
+        root = free.get()
+        try:
+            before = snapshot(root)
+            args = arguments(root, case_id, how, value)
+            result = snakemake(root, "--cores", "1", *args, "--", "results/environment/environment.json",
+                               check=False)
+            return case_id, (result, snapshot(root) == before, (root / MARKER).exists())
+        finally:
+            free.put(root)
+
+    with ThreadPoolExecutor(WORKERS) as pool:
+        return dict(pool.map(run, BAD))
 
 
 def snapshot(root) -> dict:
@@ -165,17 +197,15 @@ def config_files(root, args: list[str]) -> list[str]:
 
 
 @pytest.mark.parametrize("case_id, how, value, field", BAD, ids=[case[0] for case in BAD])
-def test_a_bad_config_stops_before_any_job_and_names_the_field(workdir, case_id, how, value, field):
-    before = snapshot(workdir)
-    args = arguments(workdir, case_id, how, value)
-    result = snakemake(workdir, "--cores", "1", *args, "--", "results/environment/environment.json", check=False)
+def test_a_bad_config_stops_before_any_job_and_names_the_field(bad_runs, case_id, how, value, field):
+    result, results_untouched, marker = bad_runs[case_id]
     output = result.stdout + result.stderr
     assert result.returncode != 0, output[-2000:]
     assert field in output, output[-2000:]
     assert "Traceback (most recent call last)" not in output, output[-3000:]
     assert len(output) < 6000, f"{len(output)} characters of output"
-    assert snapshot(workdir) == before
-    assert not (workdir / MARKER).exists()
+    assert results_untouched
+    assert not marker
 
 
 @pytest.mark.parametrize("case_id, how, value, field", [c for c in BAD if c[1] != "config"],
