@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+from collections.abc import Callable
 from pathlib import Path
 
 import jsonschema
@@ -28,6 +29,7 @@ import yaml
 
 from amprepro import precisions
 from amprepro.precisions import label as precision_label
+from amprepro.schemaerrors import bounded_message, field_name, first_error
 
 VERDICT_TEXT = {"holds": "holds", "exceeds": "exceeds the claim", "falls_short": "falls short",
                 "depends_on_baseline": "depends on the baseline", "not_measurable": "not measurable here"}
@@ -130,15 +132,14 @@ class ClaimsError(ValueError):
 # Loading and validation
 
 
-def _path_text(error: jsonschema.ValidationError, claims: list) -> str:
-    parts, text = list(error.absolute_path), ""
-    for i, part in enumerate(parts):
-        text += f"[{part}]" if isinstance(part, int) else f".{part}"
-        if i == 1 and parts[0] == "claims" and isinstance(part, int) and part < len(claims):
-            claim_id = claims[part].get("id") if isinstance(claims[part], dict) else None
-            if claim_id:
-                text += f" (id {claim_id!r})"
-    return text.lstrip(".") or "(top level)"
+def _claim_id_label(claims: list) -> Callable[[list], str]:
+    """Labels claims[i] with its id, so that the message names the claim as the file's reader knows it."""
+    def label(path: list) -> str:
+        if len(path) == 2 and path[0] == "claims" and isinstance(path[1], int) and path[1] < len(claims):
+            claim_id = claims[path[1]].get("id") if isinstance(claims[path[1]], dict) else None
+            return f" (id {claim_id!r})" if claim_id else ""
+        return ""
+    return label
 
 
 def validate(data, where: str = "config/claims.yaml") -> list[dict]:
@@ -147,13 +148,10 @@ def validate(data, where: str = "config/claims.yaml") -> list[dict]:
         raise ClaimsError(f"{where}: expected a mapping with a `claims:` list, got {type(data).__name__}.")
     claims = data.get("claims") if isinstance(data.get("claims"), list) else []
     validator = jsonschema.Draft202012Validator(schema())
-    errors = sorted(validator.iter_errors(data), key=lambda e: (-len(list(e.absolute_path)), str(e.absolute_path)))
-    if errors:
-        error = errors[0]
-        if error.context:  # oneOf: report the branch that got furthest
-            error = max(error.context, key=lambda e: len(list(e.absolute_path)))
-        raise ClaimsError(f"{where}: claim field {_path_text(error, claims)}: {error.message}. "
-                          "Fix that field (docs/report.md lists the claim fields).")
+    error = first_error(validator, data)
+    if error is not None:
+        raise ClaimsError(f"{where}: claim field {field_name(error, label=_claim_id_label(claims))}: "
+                          f"{bounded_message(error)}. Fix that field (docs/report.md lists the claim fields).")
     seen = {}
     for index, claim in enumerate(claims):
         field = f"claims[{index}] (id {claim['id']!r})"

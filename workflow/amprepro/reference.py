@@ -30,6 +30,7 @@ import yaml
 
 from amprepro.files import read_json, write_json
 from amprepro.gitinfo import head_commit
+from amprepro.schemaerrors import bounded_message, field_name, first_error
 
 RUN_ID = re.compile(r"^\d{4}-\d{2}-\d{2}-[0-9a-f]{8}$")
 SOFTWARE_KEYS = ("torch", "cuda", "cudnn", "apex_commit")  # a change here can move every number
@@ -134,12 +135,10 @@ def load_tolerances(reference_dir: Path, slug: str | None) -> dict:
         if not path.exists():
             continue
         data = yaml.safe_load(path.read_text()) or {}
-        errors = sorted(jsonschema.Draft202012Validator(TOLERANCE_SCHEMA).iter_errors(data),
-                        key=lambda e: -len(list(e.absolute_path)))
-        if errors:
-            where = ".".join(str(p) for p in errors[0].absolute_path) or "(top level)"
-            raise ReferenceError(f"{path}: field {where}: {errors[0].message}; each metric takes "
-                              "{rel_floor: F, k: K} or {abs_floor: F, k: K}, or null.")
+        error = first_error(jsonschema.Draft202012Validator(TOLERANCE_SCHEMA), data)
+        if error is not None:
+            raise ReferenceError(f"{path}: field {field_name(error)}: {bounded_message(error)}; each metric takes "
+                                 "{rel_floor: F, k: K} or {abs_floor: F, k: K}, or null.")
         merged["metrics"].update(data.get("metrics") or {})
         merged["overrides"] += data.get("overrides") or []
         sources.append(str(path))
