@@ -163,13 +163,19 @@ def _no_data(ax, text: str):
     ax.set_yticks([])
 
 
-def throughput_chart(summary: dict):
-    frame = ok_cells(summary)
+def _axes_per_model_or_none(frame, title: str):
+    """(models, fig, axes): one axis per model in frame, or one axis saying that no cell ran."""
     models = list(dict.fromkeys(frame["model"]))
     fig, axes = _per_model_axes(models)
     if not models:
         _no_data(axes[0], "no cell ran")
-        axes[0].set_title("Training throughput")
+        axes[0].set_title(title)
+    return models, fig, axes
+
+
+def throughput_chart(summary: dict):
+    frame = ok_cells(summary)
+    models, fig, axes = _axes_per_model_or_none(frame, "Training throughput")
     for ax, model in zip(axes, models):
         sub = frame[frame["model"] == model]
         _bars(ax, sub, "throughput_per_s", fmt="{:,.0f}")
@@ -188,11 +194,7 @@ def memory_chart(summary: dict):
     frame = ok_cells(summary)
     on_gpu = bool(frame["peak_allocated_bytes"].notna().any()) if not frame.empty else False
     column = "peak_allocated_bytes" if on_gpu else "peak_rss_bytes"
-    models = list(dict.fromkeys(frame["model"]))
-    fig, axes = _per_model_axes(models)
-    if not models:
-        _no_data(axes[0], "no cell ran")
-        axes[0].set_title("Peak memory")
+    models, fig, axes = _axes_per_model_or_none(frame, "Peak memory")
     for ax, model in zip(axes, models):
         sub = frame[(frame["model"] == model) & frame[column].notna()]
         if sub.empty:
