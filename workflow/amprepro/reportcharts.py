@@ -17,6 +17,7 @@ import pandas as pd
 from amprepro import claims as claims_mod
 from amprepro import precisions
 from amprepro import verify as verify_mod
+from amprepro.claimmetrics import HIGHER_IS_BETTER, claimed_band, fmt_value
 from amprepro.reportlib import (
     ESTIMATE_COLUMN,
     GIB,
@@ -70,7 +71,7 @@ def claims_chart(results: list[dict], summary: dict):
         label, scale = unit[metric]
         rows = [p for p in points if p[0]["metric"] == metric]
         for y, (r, baseline, model, m) in enumerate(rows):
-            low, high = claims_mod.claimed_band(r)
+            low, high = claimed_band(r)
             finite_low = low if low != float("-inf") else min(m["min"], high) - abs(high) * 0.25 - 0.05
             finite_high = high if high != float("inf") else max(m["max"], low) + abs(low) * 0.25 + 0.05
             ax.barh(y, (finite_high - finite_low) * scale, left=finite_low * scale, height=0.6, color="#b7dfc2",
@@ -78,12 +79,12 @@ def claims_chart(results: list[dict], summary: dict):
             color = VERDICT_COLOR.get(m["verdict"], "#475467")
             ax.errorbar(m["median"] * scale, y, xerr=[[(m["median"] - m["min"]) * scale], [(m["max"] - m["median"]) * scale]],
                         fmt="o", color=color, capsize=4, label="measured: median, min–max over seeds" if y == 0 else None)
-            ax.annotate(claims_mod.fmt_value(metric, m["median"]), (m["median"] * scale, y), textcoords="offset points",
+            ax.annotate(fmt_value(metric, m["median"]), (m["median"] * scale, y), textcoords="offset points",
                         xytext=(6, 5), fontsize=8, color=color)
         ax.set_yticks(range(len(rows)), [f"{r['id']}\n{model} vs {precisions.label(b)}" for r, b, model, _ in rows],
                       fontsize=7.5)
         ax.invert_yaxis()
-        better = "right" if claims_mod.HIGHER_IS_BETTER[metric] else "left"
+        better = "right" if HIGHER_IS_BETTER[metric] else "left"
         ax.set_xlabel(f"{label}; {better} of the band = better than claimed (blue: exceeds, red: falls short)")
         ax.set_title(f"Claims ({metric.replace('_', ' ')}): measured against the claimed band")
         ax.legend(fontsize=7.5, loc="lower right")
