@@ -13,7 +13,7 @@ import pytest
 from report_helpers import GPU, REFERENCE_PASS, SMOKE
 from test_verify import NO_SMI, load, run_cli
 
-from amprepro import reference, verify
+from amprepro import cellcompare, reference, verify
 
 
 def results_copy(tmp_path: Path, name: str, host: str, uuids: list[str], scale: float = 1.0,
@@ -187,10 +187,10 @@ def test_a_cell_every_reference_run_failed_is_nothing_to_compare_a_failure_here_
     cell = reference.aggregate_cell("m/apex_o1/0", [run("a", "failed"), run("b", "failed")])
     assert cell["n_runs"] == 0 and cell["status"] == "failed" and len(cell["excluded_runs"]) == 2
     fixed = {"model": "m", "precision": "apex_o1", "seed": 0, "status": "ok", "throughput_per_s": 5100.0}
-    verdict = verify.compare_cell("m/apex_o1/seed0", fixed, cell, {}, spec, spec)
+    verdict = cellcompare.compare_cell("m/apex_o1/seed0", fixed, cell, {}, spec, spec)
     assert verdict["verdict"] == "not_in_reference" and "every reference run failed" in verdict["note"]
     still_broken = {**fixed, "status": "failed", "throughput_per_s": None}
-    assert verify.compare_cell("m/apex_o1/seed0", still_broken, cell, {}, spec, spec)["verdict"] == "fail"
+    assert cellcompare.compare_cell("m/apex_o1/seed0", still_broken, cell, {}, spec, spec)["verdict"] == "fail"
     # One run failed, one ran: the cell is the run that ran.
     cell = reference.aggregate_cell("m/apex_o1/0", [run("a", "failed"), run("b", "ok")])
     assert cell["status"] == "ok" and cell["n_runs"] == 1

@@ -16,7 +16,7 @@ import pandas as pd
 
 from amprepro import claims as claims_mod
 from amprepro import precisions
-from amprepro import verify as verify_mod
+from amprepro.cellcompare import METRIC_LABEL
 from amprepro.claimmetrics import HIGHER_IS_BETTER, claimed_band, fmt_value
 from amprepro.reportlib import (
     ESTIMATE_COLUMN,
@@ -119,7 +119,7 @@ def verify_chart(result: dict | None):
         ax.axhline(1.0, color="grey", linewidth=0.8)
         ax.set_xticks(xs, labels, rotation=70, ha="right", fontsize=6.5)
         ax.set_ylabel("ratio (×)")
-        ax.set_title(f"{verify_mod.METRIC_LABEL.get(metric, metric)}: this run / reference median, per cell "
+        ax.set_title(f"{METRIC_LABEL.get(metric, metric)}: this run / reference median, per cell "
                      "(red = out of tolerance)")
         ax.legend(fontsize=7.5, loc="best")
     fig.tight_layout()
