@@ -13,7 +13,7 @@ import pytest
 from report_helpers import GPU, REFERENCE_PASS, SMOKE
 from test_verify import NO_SMI, load, run_cli
 
-from amprepro import cellcompare, reference, verify
+from amprepro import cellcompare, promote, reference, verify
 
 
 def results_copy(tmp_path: Path, name: str, host: str, uuids: list[str], scale: float = 1.0,
@@ -42,12 +42,12 @@ def results_copy(tmp_path: Path, name: str, host: str, uuids: list[str], scale: 
 
 def test_promote_refuses_what_is_not_a_gpu_run_and_adds_one(tmp_path):
     with pytest.raises(reference.ReferenceError, match="without a GPU"):
-        reference.add_run(SMOKE, tmp_path, "smoke")
+        promote.add_run(SMOKE, tmp_path, "smoke")
     with pytest.raises(reference.ReferenceError, match="--note is empty"):
-        reference.add_run(GPU, tmp_path, " ")
+        promote.add_run(GPU, tmp_path, " ")
     with pytest.raises(reference.ReferenceError, match="has no summary/summary.json"):
-        reference.add_run(tmp_path / "nowhere", tmp_path, "x")
-    folder, built = reference.add_run(GPU, tmp_path, "fixture run")
+        promote.add_run(tmp_path / "nowhere", tmp_path, "x")
+    folder, built = promote.add_run(GPU, tmp_path, "fixture run")
     assert folder.parent == tmp_path / "nvidia-h200/runs" and reference.RUN_ID.match(folder.name)
     assert (folder / "summary.csv").read_bytes() == (GPU / "summary/summary.csv").read_bytes()
     provenance = load(folder / "provenance.json")
@@ -65,8 +65,8 @@ def test_promote_refuses_what_is_not_a_gpu_run_and_adds_one(tmp_path):
     for check in (ch for c in result["cells"] for ch in c["checks"]):
         assert check["ratio"] == pytest.approx(1.0)
     with pytest.raises(reference.ReferenceError, match="already in the reference"):
-        reference.add_run(GPU, tmp_path, "again")
-    assert reference.steps_archive(GPU / "runs")[0] == (folder / "steps.tar.gz").read_bytes()  # byte-identical
+        promote.add_run(GPU, tmp_path, "again")
+    assert promote.steps_archive(GPU / "runs")[0] == (folder / "steps.tar.gz").read_bytes()  # byte-identical
 
 
 def test_three_runs_on_two_machines_give_median_spread_and_a_band_from_it(tmp_path):
@@ -101,7 +101,7 @@ def test_three_runs_on_two_machines_give_median_spread_and_a_band_from_it(tmp_pa
 
 def test_a_machine_skip_in_a_reference_run_is_left_out_of_that_cell(tmp_path):
     ref = tmp_path / "reference"
-    reference.add_run(results_copy(tmp_path, "a", "a", ["GPU-a"]), ref, "a")
+    promote.add_run(results_copy(tmp_path, "a", "a", ["GPU-a"]), ref, "a")
     one_gpu = results_copy(tmp_path, "b", "b", ["GPU-b"], scale=1.01)
     rows = list(csv.DictReader(io.StringIO((one_gpu / "summary/summary.csv").read_text())))
     for row in rows:
@@ -113,7 +113,7 @@ def test_a_machine_skip_in_a_reference_run_is_left_out_of_that_cell(tmp_path):
     writer.writeheader()
     writer.writerows(rows)
     (one_gpu / "summary/summary.csv").write_text(out.getvalue())
-    _, built = reference.add_run(one_gpu, ref, "b")
+    _, built = promote.add_run(one_gpu, ref, "b")
     cell = built["cells"]["gpt124m/tf32/0"]
     assert cell["status"] == "ok" and cell["n_runs"] == 1 and len(cell["excluded_runs"]) == 1
     assert "not comparable on that machine" in next(iter(cell["excluded_runs"].values()))

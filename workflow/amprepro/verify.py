@@ -27,6 +27,7 @@ import json
 import sys
 from pathlib import Path
 
+from amprepro import promote
 from amprepro import reference as ref_mod
 from amprepro.cellcompare import compare
 from amprepro.files import read_json, write_csv, write_json
@@ -73,8 +74,8 @@ def machine_here(summary: dict, runs_dir: str | Path | None, probe=None) -> dict
     from amprepro.gpuslots import visible_gpus
 
     names, how = (probe or visible_gpus)()
-    metrics = [m for _, m in ref_mod.cell_metrics(Path(runs_dir))] if runs_dir and Path(runs_dir).is_dir() else []
-    seen = ref_mod.machine_identity(metrics, {})["gpu_count"] if metrics else None
+    metrics = [m for _, m in promote.cell_metrics(Path(runs_dir))] if runs_dir and Path(runs_dir).is_dir() else []
+    seen = promote.machine_identity(metrics, {})["gpu_count"] if metrics else None
     if names:
         return {"gpu_count": len(names), "source": how, "gpus_seen_by_cells": seen}
     if seen:
@@ -259,7 +260,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     try:
         if args.command == "promote":
-            folder, built = ref_mod.add_run(args.results, args.reference_dir, args.note)
+            folder, built = promote.add_run(args.results, args.reference_dir, args.note)
             print(f"reference run added: {folder}; {folder.parent.parent}/aggregate.json now holds {built['n_runs']} "
                   f"run(s) on {built['n_machines']} machine(s). Review and commit {folder.parent.parent}/.")
             return 0
