@@ -70,7 +70,7 @@ def claims_chart(results: list[dict], summary: dict):
     for ax, metric in zip(axes[:, 0], metrics):
         label, scale = unit[metric]
         rows = [p for p in points if p[0]["metric"] == metric]
-        for y, (r, baseline, model, m) in enumerate(rows):
+        for y, (r, _baseline, _model, m) in enumerate(rows):
             low, high = claimed_band(r)
             finite_low = low if low != float("-inf") else min(m["min"], high) - abs(high) * 0.25 - 0.05
             finite_high = high if high != float("inf") else max(m["max"], low) + abs(low) * 0.25 + 0.05
