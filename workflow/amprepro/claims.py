@@ -228,12 +228,12 @@ def _judge(claim: dict, summary: dict, sanity: dict | None, archs: dict, use_ove
     models = [m for m in models if m.lower() in named or any(k[:2] == (m, claim["variant"]) for k in cells)]
     result["matched_models"] = models
     generic = bool(named & {"any", "benchmark"})
-    if models or generic:  # a missing named model is the first thing to say; a generic claim needs the hardware
-        if "tensor_cores" in claim.get("requires", []):
-            ok, detail = tensor_cores(sanity, summary)
-            if not ok:
-                return not_measurable(f"needs a Tensor Core GPU (compute capability ≥ 7.0); {detail}: "
-                                      f"{run_context(summary)}")
+    # a missing named model is the first thing to say; a generic claim needs the hardware
+    if (models or generic) and "tensor_cores" in claim.get("requires", []):
+        ok, detail = tensor_cores(sanity, summary)
+        if not ok:
+            return not_measurable(f"needs a Tensor Core GPU (compute capability ≥ 7.0); {detail}: "
+                                  f"{run_context(summary)}")
     if not models:
         here = ", ".join(present) or "none"
         return not_measurable(f"no {claim['model']} cell ran ({'/'.join(claim['models'])}): "

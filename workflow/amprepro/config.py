@@ -162,9 +162,9 @@ def _coerce(value, node: dict, schema: dict):
                 for key, item in value.items()}
     if isinstance(value, list):
         return [_coerce(item, node.get("items", {}), schema) for item in value]
-    if isinstance(value, str) and (parsed := _scalar(value)) is not value and _valid(parsed, node, schema):
-        if not _valid(value, node, schema) or parsed is None:
-            value = parsed
+    if (isinstance(value, str) and (parsed := _scalar(value)) is not value and _valid(parsed, node, schema)
+            and (not _valid(value, node, schema) or parsed is None)):
+        value = parsed
     if isinstance(value, float) and value.is_integer() and "integer" in types and "number" not in types:
         return int(value)
     return value
