@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import hashlib
 import importlib.metadata
 import io
@@ -122,21 +123,13 @@ def tree(root: Path) -> dict[str, Path]:
     return {p.relative_to(root).as_posix(): p for p in sorted(root.rglob("*")) if p.is_symlink() or p.is_file()}
 
 
-class _zstd_tar:
+@contextlib.contextmanager
+def _zstd_tar(path: Path):
     """tarfile writing through a zstd stream: `with _zstd_tar(path) as tar: tar.add(...)`."""
-
-    def __init__(self, path: Path):
-        self.handle = open(path, "wb")
-        self.stream = zstandard.ZstdCompressor(level=3, threads=-1).stream_writer(self.handle)
-        self.tar = tarfile.open(fileobj=self.stream, mode="w|", format=tarfile.PAX_FORMAT)
-
-    def __enter__(self):
-        return self.tar
-
-    def __exit__(self, *exc):
-        self.tar.close()
-        self.stream.close()
-        self.handle.close()
+    with (open(path, "wb") as handle,
+          zstandard.ZstdCompressor(level=3, threads=-1).stream_writer(handle) as stream,
+          tarfile.open(fileobj=stream, mode="w|", format=tarfile.PAX_FORMAT) as tar):
+        yield tar
 
 
 # ---------------------------------------------------------------------------------------------------------- python
