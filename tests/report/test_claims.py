@@ -146,9 +146,9 @@ def test_memory_reduction_about_forty_percent():
 def test_at_least_with_tolerance_edges():
     base = [cell("m", "fp32", throughput=100)]
     just = claims.evaluate_claim(claim(baseline=["fp32"], claimed={"at_least": 1.30}, tolerance=0.02),
-                                 summary(base + [cell("m", "amp_fp16", throughput=128)]), TENSOR_CORES)
+                                 summary([*base, cell("m", "amp_fp16", throughput=128)]), TENSOR_CORES)
     under = claims.evaluate_claim(claim(baseline=["fp32"], claimed={"at_least": 1.30}, tolerance=0.02),
-                                  summary(base + [cell("m", "amp_fp16", throughput=127.9)]), TENSOR_CORES)
+                                  summary([*base, cell("m", "amp_fp16", throughput=127.9)]), TENSOR_CORES)
     assert just["verdict"] == "holds" and under["verdict"] == "falls_short"
     assert "below the claimed band" in under["reason"]
 

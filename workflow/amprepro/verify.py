@@ -93,7 +93,7 @@ def _same(key: str, here, reference) -> bool:
 def stack_differences(summary: dict, machine: dict, aggregate: dict) -> list[dict]:
     """Where this run's software (torch, CUDA, cuDNN, apex) or machine (driver, GPU count) is not the reference's."""
     versions = summary.get("versions", {})
-    here = {**{k: versions.get(k) for k in ref_mod.SOFTWARE_KEYS + ("driver",)}, "gpu_count": machine["gpu_count"]}
+    here = {**{k: versions.get(k) for k in (*ref_mod.SOFTWARE_KEYS, "driver")}, "gpu_count": machine["gpu_count"]}
     differences = []
     for key, value in here.items():
         seen: dict = {}
