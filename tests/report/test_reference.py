@@ -109,7 +109,7 @@ def test_a_machine_skip_in_a_reference_run_is_left_out_of_that_cell(tmp_path):
             row.update(status="skipped", skip_cause="machine", reason="this cell asks for 2 GPUs; 1 visible",
                        throughput_per_s="")
     out = io.StringIO()
-    writer = csv.DictWriter(out, fieldnames=[*list(rows[0]), "skip_cause"])
+    writer = csv.DictWriter(out, fieldnames=[*rows[0], "skip_cause"])
     writer.writeheader()
     writer.writerows(rows)
     (one_gpu / "summary/summary.csv").write_text(out.getvalue())
