@@ -100,7 +100,8 @@ def compare_cell(name: str, row_here: dict | None, row_ref: dict | None, rules: 
     cell = {"model": (row_here or row_ref)["model"], "precision": (row_here or row_ref)["precision"],
             "seed": int((row_here or row_ref)["seed"]), "cell": name,
             "status_here": row_here and row_here["status"], "status_reference": row_ref and row_ref["status"],
-            "reference_runs": (row_ref or {}).get("n_runs", 0), "reference_machines": (row_ref or {}).get("n_machines", 0),
+            "reference_runs": (row_ref or {}).get("n_runs", 0),
+            "reference_machines": (row_ref or {}).get("n_machines", 0),
             "checks": [], "verdict": "pass", "note": ""}
     if row_ref is None:
         return {**cell, "verdict": "not_in_reference", "note": "the reference has no such cell"}
@@ -108,9 +109,11 @@ def compare_cell(name: str, row_here: dict | None, row_ref: dict | None, rules: 
         return {**cell, "verdict": "not_run_here", "note": "in the reference, not in this run's matrix"}
     if not row_ref.get("n_runs") and row_ref.get("status") == "failed":
         if row_here["status"] == "failed":  # raised here too: still a bug, whatever the reference says
-            return {**cell, "verdict": "fail", "note": f"failed here and in every reference run: {row_here.get('reason')}"}
+            return {**cell, "verdict": "fail",
+                    "note": f"failed here and in every reference run: {row_here.get('reason')}"}
         return {**cell, "verdict": "not_in_reference",
-                "note": f"every reference run failed this cell, so there is nothing to compare: {row_ref.get('reason')}"}
+                "note": "every reference run failed this cell, so there is nothing to compare: "
+                        f"{row_ref.get('reason')}"}
     if spec_here and spec_ref and spec_here != spec_ref:
         return {**cell, "verdict": "not_comparable", "note": "settings differ: " + "; ".join(_spec_diff(spec_here,
                                                                                                        spec_ref))}

@@ -125,7 +125,8 @@ def validate(data, where: str = "config/claims.yaml") -> list[dict]:
     for index, claim in enumerate(claims):
         field = f"claims[{index}] (id {claim['id']!r})"
         if claim["id"] in seen:
-            raise ClaimsError(f"{where}: claim field {field}.id: duplicate id, also used by claims[{seen[claim['id']]}].")
+            raise ClaimsError(f"{where}: claim field {field}.id: duplicate id, "
+                              f"also used by claims[{seen[claim['id']]}].")
         seen[claim["id"]] = index
         claim["baseline"] = [claim["baseline"]] if isinstance(claim["baseline"], str) else list(claim["baseline"])
         if claim["variant"] in claim["baseline"]:

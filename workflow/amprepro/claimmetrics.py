@@ -73,9 +73,11 @@ def claimed_text(claim: dict) -> str:
     if "about" in c:
         return f"about {fmt_value(metric, c['about'])} (accepted {fmt_range(metric, low, high)})"
     if "at_least" in c:
-        return f"at least {fmt_value(metric, c['at_least'])}" + (f" (accepted from {fmt_value(metric, low)})" if tol else "")
+        return (f"at least {fmt_value(metric, c['at_least'])}"
+                + (f" (accepted from {fmt_value(metric, low)})" if tol else ""))
     if "at_most" in c:
-        return f"at most {fmt_value(metric, c['at_most'])}" + (f" (accepted to {fmt_value(metric, high)})" if tol else "")
+        return (f"at most {fmt_value(metric, c['at_most'])}"
+                + (f" (accepted to {fmt_value(metric, high)})" if tol else ""))
     return (f"{fmt_range(metric, *c['between'])}"
             + (f" (accepted {fmt_range(metric, low, high)})" if tol else ""))
 

@@ -153,7 +153,8 @@ def evaluate_model(claim: dict, cells: dict, model: str, baseline: str) -> dict:
 def measured_text(metric: str, stats: dict) -> str:
     text = fmt_value(metric, stats["median"])
     if stats["n_seeds"] > 1:
-        text += f" (min–max {fmt_value(metric, stats['min'])} to {fmt_value(metric, stats['max'])}, {stats['n_seeds']} seeds)"
+        text += (f" (min–max {fmt_value(metric, stats['min'])} to {fmt_value(metric, stats['max'])}, "
+                 f"{stats['n_seeds']} seeds)")
     else:
         text += " (1 seed)"
     return text

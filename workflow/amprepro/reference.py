@@ -4,7 +4,8 @@
     reference/<gpu-slug>/runs/<run-id>/provenance.json  GPU, driver, CUDA, cuDNN, torch, apex, machine, note, settings
     reference/<gpu-slug>/runs/<run-id>/steps.tar.gz     every cell's steps.csv (absent where the run did not keep them;
                                                          its provenance says so under "steps")
-    reference/<gpu-slug>/aggregate.json                 per cell: median, min, max, n runs, n machines (what verify reads)
+    reference/<gpu-slug>/aggregate.json                 per cell: median, min, max, n runs, n machines
+                                                         (what verify reads)
 
 A run id is the date the run was recorded and the first 8 hex digits of its summary.csv's sha256. A machine is named by
 its host name and the UUIDs of the GPUs its cells ran on: runs of several processes on one machine are several runs
@@ -98,7 +99,8 @@ _RULE = {
     "properties": {
         "rel_floor": {"type": "number", "exclusiveMinimum": 0, "maximum": 1,
                       "description": "smallest half-width, relative to the reference median"},
-        "abs_floor": {"type": "number", "exclusiveMinimum": 0, "description": "smallest half-width, in the metric's unit"},
+        "abs_floor": {"type": "number", "exclusiveMinimum": 0,
+                      "description": "smallest half-width, in the metric's unit"},
         "k": {"type": "number", "minimum": 0, "description": "half-width = max(floor, k x the runs' observed range)"},
     },
 }
@@ -325,5 +327,6 @@ def load_aggregate(reference: Path) -> dict:
     recorded = {run_id: run.get("summary_csv_sha256") for run_id, run in data.get("runs", {}).items()}
     if on_disk != recorded:
         raise ReferenceError(f"{path} does not match {reference}/runs/ (a run was added, removed or edited since it "
-                             f"was built): rebuild it with `python -m amprepro.verify rebuild --reference {reference}`.")
+                             "was built): rebuild it with "
+                             f"`python -m amprepro.verify rebuild --reference {reference}`.")
     return data

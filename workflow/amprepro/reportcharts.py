@@ -53,7 +53,8 @@ def claims_chart(results: list[dict], summary: dict):
             for model, m in b["models"].items():
                 if m.get("median") is not None:
                     points.append((r, baseline, model, m))
-    metrics = [mt for mt in ("speedup", "memory_reduction", "accuracy_delta") if any(p[0]["metric"] == mt for p in points)]
+    metrics = [mt for mt in ("speedup", "memory_reduction", "accuracy_delta")
+               if any(p[0]["metric"] == mt for p in points)]
     if not metrics:
         fig, ax = plt.subplots(figsize=(9, 1.8))
         ax.axis("off")
@@ -77,8 +78,9 @@ def claims_chart(results: list[dict], summary: dict):
             ax.barh(y, (finite_high - finite_low) * scale, left=finite_low * scale, height=0.6, color="#b7dfc2",
                     alpha=0.7, label="claimed (with tolerance)" if y == 0 else None)
             color = VERDICT_COLOR.get(m["verdict"], "#475467")
-            ax.errorbar(m["median"] * scale, y, xerr=[[(m["median"] - m["min"]) * scale], [(m["max"] - m["median"]) * scale]],
-                        fmt="o", color=color, capsize=4, label="measured: median, min–max over seeds" if y == 0 else None)
+            spread = [[(m["median"] - m["min"]) * scale], [(m["max"] - m["median"]) * scale]]
+            ax.errorbar(m["median"] * scale, y, xerr=spread, fmt="o", color=color, capsize=4,
+                        label="measured: median, min–max over seeds" if y == 0 else None)
             ax.annotate(fmt_value(metric, m["median"]), (m["median"] * scale, y), textcoords="offset points",
                         xytext=(6, 5), fontsize=8, color=color)
         ax.set_yticks(range(len(rows)), [f"{r['id']}\n{model} vs {precisions.label(b)}" for r, b, model, _ in rows],
@@ -254,7 +256,8 @@ def speedup_chart(summary: dict):
             _no_data(ax, f"no {baseline} baseline ran here" if frame[column].isna().all()
                      else f"nothing but the {baseline} baseline ran here")
         else:
-            stats = sub.groupby(["model", "precision"], observed=True)[column].agg(["median", "min", "max"]).reset_index()
+            by_cell = sub.groupby(["model", "precision"], observed=True)[column]
+            stats = by_cell.agg(["median", "min", "max"]).reset_index()
             models = list(dict.fromkeys(stats["model"]))
             shown = [p for p in precisions.names() if p in set(stats["precision"].astype(str))]
             width = 0.8 / max(len(shown), 1)

@@ -85,7 +85,8 @@ def machine_here(summary: dict, runs_dir: str | Path | None, probe=None) -> dict
 
 
 def _same(key: str, here, reference) -> bool:
-    if key == "apex_commit" and isinstance(here, str) and isinstance(reference, str) and min(len(here), len(reference)) >= 7:
+    if (key == "apex_commit" and isinstance(here, str) and isinstance(reference, str)
+            and min(len(here), len(reference)) >= 7):
         return here.startswith(reference) or reference.startswith(here)  # a short and a full hash of one commit
     return here == reference
 
@@ -246,7 +247,8 @@ def parse_args(argv):
     cmp_.add_argument("--strict", action="store_true", help="exit 1 when a cell is out of tolerance")
     gate = sub.add_parser("gate", help="print verify.json's outcome; exit 1 when a cell is out of tolerance")
     gate.add_argument("--verify", default="results/verify/verify.json")
-    pro = sub.add_parser("promote", help="add a finished GPU run to reference/<gpu-slug>/runs/ and rebuild the aggregate")
+    pro = sub.add_parser("promote",
+                         help="add a finished GPU run to reference/<gpu-slug>/runs/ and rebuild the aggregate")
     pro.add_argument("results", nargs="?", default="results",
                      help="the run's results directory (summary/, runs/, environment/); default results")
     pro.add_argument("--note", required=True, help="who ran it, on which machine (kind, lease), anything unusual")
