@@ -1,4 +1,5 @@
-"""A skipped cell says whether the machine is why (verify: not comparable here) or something else (verify: a failure)."""
+"""A skipped cell says whether the machine is why (verify: not comparable here) or something else (verify: a
+failure)."""
 
 from types import SimpleNamespace
 

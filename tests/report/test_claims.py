@@ -109,7 +109,8 @@ def test_a_user_claim_in_the_same_form_is_evaluated(tmp_path):
 
 
 def test_holds_against_one_baseline_and_not_the_other_is_reported_as_such():
-    cells = [cell("m", "fp32", throughput=100), cell("m", "tf32", throughput=200), cell("m", "amp_fp16", throughput=250)]
+    cells = [cell("m", "fp32", throughput=100), cell("m", "tf32", throughput=200),
+             cell("m", "amp_fp16", throughput=250)]
     result = claims.evaluate_claim(claim(claimed={"between": [2.0, 3.0]}, tolerance=0), summary(cells), TENSOR_CORES)
     # 250/100 = 2.5 in [2, 3]; 250/200 = 1.25 not
     assert result["verdict"] == "depends_on_baseline"

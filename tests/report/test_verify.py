@@ -106,7 +106,8 @@ def test_changed_settings_make_a_cell_not_comparable():
     here = {k: json.loads(json.dumps(v)) for k, v in verify.cell_specs(GPU / "runs").items()}
     here["resnet50/fp32/0"]["model_config"]["batch_size"] = 128
     aggregate = reference.load_aggregate(REFERENCE_PASS / "nvidia-h200")
-    result = cellcompare.compare(load(GPU_SUMMARY), aggregate, reference.load_tolerances(REFERENCE_PASS, "nvidia-h200"), here)
+    tolerances = reference.load_tolerances(REFERENCE_PASS, "nvidia-h200")
+    result = cellcompare.compare(load(GPU_SUMMARY), aggregate, tolerances, here)
     (cell,) = [c for c in result["cells"] if c["cell"] == "resnet50/fp32/seed0"]
     assert cell["verdict"] == "not_comparable"
     assert "model_config.batch_size 256 in the reference, 128 here" in cell["note"]
@@ -121,7 +122,8 @@ def test_tolerance_overrides_and_bad_tolerance_file(tmp_path):
         "rel_floor": 0.08, "k": 2}
     digits = reference.band_for(tolerances, {"model": "transformer", "precision": "fp32", "seed": 0})
     assert "throughput_per_s" not in digits and digits["eval_accuracy"] == {"abs_floor": 0.02, "k": 2}
-    for bad, field in [("{ratio: [0.9, 1.1]}", "metrics.throughput_per_s"), ("{rel_floor: 0.1}", "metrics.throughput_per_s"),
+    for bad, field in [("{ratio: [0.9, 1.1]}", "metrics.throughput_per_s"),
+                       ("{rel_floor: 0.1}", "metrics.throughput_per_s"),
                        ("{rel_floor: 0.1, abs_floor: 1, k: 2}", "metrics.throughput_per_s")]:
         (tmp_path / "tolerances.yaml").write_text(f"metrics:\n  throughput_per_s: {bad}\n")
         with pytest.raises(verify.VerifyError, match=f"field {field}.*rel_floor: F, k: K"):
@@ -157,7 +159,8 @@ def test_the_committed_h200_reference_under_its_own_bands():
         outcome = cellcompare.compare(summary, aggregate, tolerances, specs)
         # A cell that failed in a run (llama7b/apex_o1 in the 2026-11-30 two-run lease) is left out of the aggregate
         # and still fails the gate: those, and only those, may fail here.
-        crashed = {f"{c['model']}/{c['precision']}/seed{c['seed']}" for c in summary["cells"] if c["status"] == "failed"}
+        crashed = {f"{c['model']}/{c['precision']}/seed{c['seed']}"
+                   for c in summary["cells"] if c["status"] == "failed"}
         assert {f.split(":")[0] for f in outcome["failures"]} == crashed, run.id
     whole = max(reversed(runs), key=lambda run: len(run.rows))  # the newest run of the whole preset (one is 7B only)
     summary = {"cells": json.loads(json.dumps(list(whole.rows.values())))}

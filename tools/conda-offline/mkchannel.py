@@ -47,8 +47,9 @@ SUBDIR = "linux-64"
 CONDA_NAMES = {"torch": "pytorch", "matplotlib": "matplotlib-base", "nbconvert": "nbconvert-core",
                "jupyter-client": "jupyter_client", "jupyter-core": "jupyter_core",
                "typing-extensions": "typing_extensions", "stack-data": "stack_data", "pure-eval": "pure_eval"}
-PROBE_MODULE = '''"""Test instrumentation of the offline test channel's python (tools/conda-offline/mkchannel.py --probe).
-When AMPREPRO_PROBE_LOG is set, every interpreter start appends one JSON line: which python, which env, which command."""
+PROBE_MODULE = '''"""Test instrumentation of the offline test channel's python
+(tools/conda-offline/mkchannel.py --probe). When AMPREPRO_PROBE_LOG is set, every interpreter start appends one JSON
+line: which python, which env, which command."""
 import json, os, sys
 _log = os.environ.get("AMPREPRO_PROBE_LOG")
 if _log:
@@ -158,8 +159,8 @@ def stage_python(source: Path, stage: Path, probe: bool) -> tuple[str, str]:
         if is_elf(path):
             rpath = subprocess.run([patchelf, "--print-rpath", str(path)], capture_output=True, text=True).stdout
             if str(source) in rpath:
-                subprocess.check_call([patchelf, "--set-rpath", f"$ORIGIN/{os.path.relpath(stage / 'lib', path.parent)}",
-                                       str(path)])
+                rpath_here = f"$ORIGIN/{os.path.relpath(stage / 'lib', path.parent)}"
+                subprocess.check_call([patchelf, "--set-rpath", rpath_here, str(path)])
             continue
         data = path.read_bytes()
         if old in data and b"\0" not in data:
