@@ -91,7 +91,8 @@ def test_merged_preset_missing_a_key_names_it(tmp_path):
 def test_model_overrides_restrict_precisions_seeds_and_train():
     runs, _ = resolve({"runs": {"models": {"cnn": {"precisions": ["fp32"], "seeds": [3, 4], "train": {"steps": 19}}}}})
     cnn_cells = [c for c in cfg.cells(runs) if c["model"] == "cnn"]
-    assert cnn_cells == [{"model": "cnn", "precision": "fp32", "seed": 3}, {"model": "cnn", "precision": "fp32", "seed": 4}]
+    assert cnn_cells == [{"model": "cnn", "precision": "fp32", "seed": 3},
+                         {"model": "cnn", "precision": "fp32", "seed": 4}]
     spec = cfg.cell_spec(runs, "cnn", "fp32", 3)
     assert spec["train"]["steps"] == 19 and spec["train"]["lr"] == runs["train"]["lr"]
     assert "precisions" not in spec["model_config"] and "train" not in spec["model_config"]
@@ -101,7 +102,8 @@ def test_paper_preset_is_valid_and_has_every_precision_for_the_three_models():
     runs, _ = resolve(preset="paper")
     cells = cfg.cells(runs)
     for model in ("resnet50", "vit_b_16", "gpt124m"):
-        assert {c["precision"] for c in cells if c["model"] == model} == set(cfg.load_schema()["$defs"]["precision"]["enum"])
+        every_precision = set(cfg.load_schema()["$defs"]["precision"]["enum"])
+        assert {c["precision"] for c in cells if c["model"] == model} == every_precision
 
 
 def test_gpu_setting_overrides_the_local_probe():

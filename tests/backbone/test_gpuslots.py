@@ -27,7 +27,7 @@ def slots(gpus, command, env, **kwargs):
 
 def hold(env, gpus=1, seconds=30):
     """A job that prints its GPUs, then keeps them for a while."""
-    script = "import os, time; print(os.environ['CUDA_VISIBLE_DEVICES'], flush=True); time.sleep(%d)" % seconds
+    script = f"import os, time; print(os.environ['CUDA_VISIBLE_DEVICES'], flush=True); time.sleep({seconds:d})"
     job = slots(gpus, [sys.executable, "-c", script], env)
     return job, job.stdout.readline().strip()
 

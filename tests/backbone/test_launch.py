@@ -375,7 +375,7 @@ def test_make_run_finishes_after_sigkill_at_every_stage_keeping_what_was_done(tm
     for attempt, (stage, started, output) in enumerate(kill_points):
         output_file = tmp_path / f"attempt{attempt}.log"
         run = start_make_run(workdir, SMOKE, output_file)
-        wait_for(lambda: started() or run.poll() is not None, 240, f"{stage} to start")
+        wait_for(lambda started=started, run=run: started() or run.poll() is not None, 240, f"{stage} to start")
         assert run.poll() is None, f"the run ended before {stage} started:\n{output_file.read_text()[-3000:]}"
         kill_group(run)
         log = output_file.read_text()

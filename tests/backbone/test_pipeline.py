@@ -38,7 +38,8 @@ def test_smoke_preset_runs_every_cell_and_renders_the_report(smoke_run):
     assert summary["preset"]["preset"] == "smoke"
     assert len(summary["cells"]) == 2 * 6
     for cell in summary["cells"]:
-        metrics = json.loads((workdir / f"results/runs/{cell['model']}/{cell['precision']}/seed0/metrics.json").read_text())
+        cell_dir = workdir / f"results/runs/{cell['model']}/{cell['precision']}/seed0"
+        metrics = json.loads((cell_dir / "metrics.json").read_text())
         assert metrics["status"] in ("ok", "skipped"), metrics
         if metrics["status"] == "skipped":
             assert metrics["reason"]
@@ -172,7 +173,8 @@ def test_apex_and_sanity_run_again_with_the_same_outcome_rerun_no_cell(smoke_run
 
 
 def test_report_without_cores_gets_past_the_workflow(workflow_copy):
-    """`snakemake --report report.zip` sets no --cores: the workflow must still load (it then needs finished results)."""
+    """`snakemake --report report.zip` sets no --cores: the workflow must still load (it then needs finished
+    results)."""
     result = snakemake(workflow_copy, "--report", "report.zip", check=False)
     output = result.stdout + result.stderr
     assert "total number of cores" not in output and "common.smk" not in output, output[-2000:]

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from amprepro import claims, flops, memory, precisions, reportlib
+from amprepro import claimfile, flops, memory, precisions, reportlib
 from amprepro import config as cfg
 
 REPO = Path(__file__).resolve().parents[2]
@@ -25,7 +25,7 @@ def test_the_schema_yaml_lists_no_precision_and_the_loader_fills_in_the_registry
     raw = yaml.safe_load((REPO / "workflow" / "schemas" / "config.schema.yaml").read_text())
     assert "enum" not in raw["$defs"]["precision"]
     assert cfg.load_schema()["$defs"]["precision"]["enum"] == precisions.names()
-    assert claims.schema()["$defs"]["precision"]["enum"] == precisions.names()
+    assert claimfile.schema()["$defs"]["precision"]["enum"] == precisions.names()
 
 
 def test_a_new_entry_needs_no_other_edit(fp8):
@@ -35,9 +35,9 @@ def test_a_new_entry_needs_no_other_edit(fp8):
     runs, _ = cfg.resolve_runs(config, REPO / "config" / "presets", [], "test probe")
     assert {c["precision"] for c in cfg.cells(runs)} == {"fp32", fp8}
 
-    assert claims.schema()["$defs"]["precision"]["enum"][-1] == fp8
+    assert claimfile.schema()["$defs"]["precision"]["enum"][-1] == fp8
     claim = dict(yaml.safe_load((REPO / "config" / "claims.yaml").read_text())["claims"][0], variant=fp8)
-    assert claims.validate({"claims": [claim]})[0]["variant"] == fp8
+    assert claimfile.validate({"claims": [claim]})[0]["variant"] == fp8
 
     frame = reportlib.cells_frame({"cells": [{"model": "m", "precision": fp8, "seed": 0},
                                              {"model": "m", "precision": "fp32", "seed": 0}]})

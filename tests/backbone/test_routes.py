@@ -61,7 +61,8 @@ def preset_models(preset_name: str) -> list[dict]:
 
 def needs_of(model: dict) -> set[str]:
     needs = {"torch", models.ARCH_PACKAGES.get(model["arch"]), DATA_NEEDS[model["data"]],
-             OPTIMIZER_NEEDS.get(model["train"]["optimizer"]), OPTIMIZER_NEEDS.get(model["train"].get("apex_optimizer"))}
+             OPTIMIZER_NEEDS.get(model["train"]["optimizer"]),
+             OPTIMIZER_NEEDS.get(model["train"].get("apex_optimizer"))}
     needs |= {PRECISION_NEEDS.get(precision) for precision in model["precisions"]}
     needs |= {SETTING_NEEDS[key] for key, value in model.items() if value and SETTING_NEEDS[key]}
     return needs - {None}

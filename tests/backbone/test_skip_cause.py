@@ -1,11 +1,12 @@
-"""A skipped cell says whether the machine is why (verify: not comparable here) or something else (verify: a failure)."""
+"""A skipped cell says whether the machine is why (verify: not comparable here) or something else (verify: a
+failure)."""
 
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from amprepro import models, train
+from amprepro import cellsupport, models, train
 
 NO_APEX = {"status": "skipped", "reason": "no apex source configured"}
 CUDA = SimpleNamespace(type="cuda")  # the checks below read only the device type (and the counts they are given)
@@ -24,16 +25,16 @@ def test_a_cpu_skip_is_the_machine_and_names_what_is_missing():
 
 
 def test_apex_variants_without_apex_are_the_machine_and_compile_with_apex_is_unsupported():
-    assert train.skip_cause(spec(fused_layer_norm=True), torch.device("cpu"), NO_APEX)[0] == "machine"
-    assert train.variant_unsupported({"fused_layer_norm": True}, "amp_bf16", CUDA, NO_APEX)[:2] == (
+    assert cellsupport.skip_cause(spec(fused_layer_norm=True), torch.device("cpu"), NO_APEX)[0] == "machine"
+    assert cellsupport.variant_unsupported({"fused_layer_norm": True}, "amp_bf16", CUDA, NO_APEX)[:2] == (
         "machine", "a built apex")
-    assert train.variant_unsupported({"compile": True}, "apex_o1", CUDA, NO_APEX)[0] == "unsupported"
-    assert train.skip_cause(spec(optimizer="apex_fused_adam"), torch.device("cpu"), NO_APEX)[0] == "machine"
+    assert cellsupport.variant_unsupported({"compile": True}, "apex_o1", CUDA, NO_APEX)[0] == "unsupported"
+    assert cellsupport.skip_cause(spec(optimizer="apex_fused_adam"), torch.device("cpu"), NO_APEX)[0] == "machine"
 
 
 def test_a_missing_package_is_not_the_machine(monkeypatch):
     monkeypatch.setattr(models, "unavailable_reason", lambda arch: f"{arch} comes from torchvision; install it")
-    cause, _, reason = train.skip_cause(spec(), torch.device("cpu"), NO_APEX)
+    cause, _, reason = cellsupport.skip_cause(spec(), torch.device("cpu"), NO_APEX)
     assert cause == "software" and "install" in reason
     metrics, _ = train.run(spec(), NO_APEX, threads=1)
     assert metrics["skip_cause"] == "software"

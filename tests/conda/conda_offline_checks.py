@@ -45,7 +45,8 @@ class Standin:
 def _run(command: list[str], **kwargs) -> None:
     done = subprocess.run(command, capture_output=True, text=True, **kwargs)
     if done.returncode != 0:
-        raise AssertionError(f"{' '.join(command)} failed ({done.returncode}):\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
+        raise AssertionError(f"{' '.join(command)} failed ({done.returncode}):\n"
+                             f"{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
 
 
 def install_standin(base: Path) -> Standin:

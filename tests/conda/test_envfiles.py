@@ -86,7 +86,8 @@ def test_rules_take_their_env_from_conda_check():
 def test_pin_files_come_from_snakedeploy_not_from_hand():
     for pin in (REPO / "envs").glob("*.pin.txt"):
         lines = pin.read_text().splitlines()
-        assert pin.name.endswith(".linux-64.pin.txt") and (pin.parent / pin.name.replace(".linux-64.pin.txt", ".yaml")).exists()
+        assert pin.name.endswith(".linux-64.pin.txt")
+        assert (pin.parent / pin.name.replace(".linux-64.pin.txt", ".yaml")).exists()
         assert "@EXPLICIT" in lines
         urls = [line for line in lines if line and not line.startswith(("#", "@"))]
         assert urls and all(re.match(r"https://conda\.anaconda\.org/conda-forge/(linux-64|noarch)/\S+#[0-9a-f]{32}$", u)

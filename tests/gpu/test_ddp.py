@@ -1,5 +1,5 @@
-"""DDP on 2 GPUs (NCCL, through the pipeline's launcher and torchrun) gives the loss of 1 GPU with the same global batch,
-and counts both GPUs' energy, FLOPs and datasheet peak.
+"""DDP on 2 GPUs (NCCL, through the pipeline's launcher and torchrun) gives the loss of 1 GPU with the same global
+batch, and counts both GPUs' energy, FLOPs and datasheet peak.
 
 Tolerance: 1e-4 relative per step, strict FP32. Only the order of the gradient reduction differs; batch norm needs
 SyncBatchNorm to see the global batch, and the control shows that without it the curves really do differ.
@@ -36,8 +36,8 @@ def losses(tmp_path: Path, arch: str, gpus: int, sync_batchnorm=False) -> tuple[
     apex.write_text(json.dumps({"status": "skipped", "reason": "not needed"}))
     out = tmp_path / f"{arch}-{gpus}-{sync_batchnorm}"
     launcher = [sys.executable, "-m", "amprepro.distributed", "--per-node", str(gpus), "--device", "cuda", "--"]
-    command = launcher + ["--spec", json.dumps(spec(arch, gpus, sync_batchnorm)),
-                          "--apex", str(apex), "--metrics", str(out / "metrics.json"), "--steps", str(out / "steps.csv")]
+    command = [*launcher, "--spec", json.dumps(spec(arch, gpus, sync_batchnorm)),
+               "--apex", str(apex), "--metrics", str(out / "metrics.json"), "--steps", str(out / "steps.csv")]
     env = {**os.environ, "PYTHONPATH": str(REPO / "workflow"), "CUDA_VISIBLE_DEVICES": ",".join(map(str, range(gpus)))}
     result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -49,7 +49,8 @@ class PageReport:
         """Everything a console would show as an error or warning."""
         out = [f"console.{c['type']}: {c['text']}" for c in self.console if c["type"] in ("error", "warning", "assert")]
         out += [f"exception: {e}" for e in self.exceptions]
-        out += [f"log {e['level']} ({e['source']}): {e['text']}" for e in self.log if e["level"] in ("error", "warning")]
+        out += [f"log {e['level']} ({e['source']}): {e['text']}"
+                for e in self.log if e["level"] in ("error", "warning")]
         out += [f"failed load: {f}" for f in self.failed]
         return out
 
@@ -65,7 +66,8 @@ class _Pipe:
         self._from_chrome, from_chrome_w = os.pipe()
         command = [binary, *FLAGS, f"--user-data-dir={user_data_dir}", "--remote-debugging-pipe", "about:blank"]
         script = f'exec "$@" 3<&{to_chrome_r} 4>&{from_chrome_w}'
-        self.process = subprocess.Popen(["bash", "-c", script, "chromium", *command], pass_fds=(to_chrome_r, from_chrome_w),
+        self.process = subprocess.Popen(["bash", "-c", script, "chromium", *command],
+                                        pass_fds=(to_chrome_r, from_chrome_w),
                                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         os.close(to_chrome_r)
         os.close(from_chrome_w)

@@ -1,6 +1,7 @@
 """Helpers for the report tests: fixture paths, rendering a fixture into HTML, a throwaway workflow copy.
 
-A module of its own (not conftest.py) so that `from conftest import ...` in tests/backbone keeps meaning tests/conftest.py.
+A module of its own (not conftest.py) so that `from conftest import ...` in tests/backbone keeps meaning
+tests/conftest.py.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ import pytest
 import yaml
 from report_helpers import CLAIMS, GPU, LLM7B, SMOKE
 
-from amprepro import claims
+from amprepro import claimfile, claimmetrics, claims
 
 GIB = 2**30
 
@@ -32,7 +32,7 @@ def claim(**overrides):
             "models": ["m"], "metric": "speedup", "baseline": ["fp32", "tf32"], "variant": "amp_fp16",
             "claimed": {"about": 2.0}, "tolerance": 0.2}
     base.update(overrides)
-    return claims.validate({"claims": [base]})[0]
+    return claimfile.validate({"claims": [base]})[0]
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -40,7 +40,7 @@ def claim(**overrides):
 
 
 def test_repository_claims_file_is_valid_and_covers_the_seed_claims():
-    loaded = claims.load_claims(CLAIMS)
+    loaded = claimfile.load_claims(CLAIMS)
     ids = {c["id"] for c in loaded}
     assert {"vit-apex-o1-memory", "vit-apex-o1-speed", "resnet50-apex-memory", "resnet50-apex-speed",
             "fp16-tensor-core-throughput", "amp-memory-40-60", "llm7b-epoch-time", "llm7b-peak-memory"} <= ids
@@ -75,8 +75,8 @@ def test_a_bad_claim_names_the_field(mutate, message):
             "metric": "speedup", "baseline": ["fp32"], "variant": "amp_fp16", "claimed": {"about": 2.0},
             "tolerance": 0.2}
     mutate(data)
-    with pytest.raises(claims.ClaimsError) as info:
-        claims.validate({"claims": [data]}, "my-claims.yaml")
+    with pytest.raises(claimfile.ClaimsError) as info:
+        claimfile.validate({"claims": [data]}, "my-claims.yaml")
     assert str(info.value).startswith("my-claims.yaml: claim field ")
     assert message in str(info.value)
 
@@ -84,12 +84,12 @@ def test_a_bad_claim_names_the_field(mutate, message):
 def test_duplicate_ids_and_bad_yaml_are_refused(tmp_path):
     good = yaml.safe_load(CLAIMS.read_text())
     good["claims"].append(copy.deepcopy(good["claims"][0]))
-    with pytest.raises(claims.ClaimsError, match="duplicate id"):
-        claims.validate(good)
+    with pytest.raises(claimfile.ClaimsError, match="duplicate id"):
+        claimfile.validate(good)
     path = tmp_path / "claims.yaml"
     path.write_text("claims: [\n")
-    with pytest.raises(claims.ClaimsError, match="not valid YAML"):
-        claims.load_claims(path)
+    with pytest.raises(claimfile.ClaimsError, match="not valid YAML"):
+        claimfile.load_claims(path)
 
 
 def test_a_user_claim_in_the_same_form_is_evaluated(tmp_path):
@@ -98,7 +98,7 @@ def test_a_user_claim_in_the_same_form_is_evaluated(tmp_path):
         "id": "my-bf16", "source": {"file": "my-notes.md", "title": "Our lab"}, "statement": "bf16 is 1.5x",
         "model": "ResNet-50", "models": ["resnet50"], "metric": "speedup", "baseline": "tf32", "variant": "amp_bf16",
         "claimed": {"at_least": 1.5}, "tolerance": 0}]}))
-    (result,) = claims.evaluate(claims.load_claims(path), json.loads((GPU / "summary/summary.json").read_text()))
+    (result,) = claims.evaluate(claimfile.load_claims(path), json.loads((GPU / "summary/summary.json").read_text()))
     # fixture: resnet50 bf16 2407 / tf32 2198 = 1.095 < 1.5
     assert result["verdict"] == "falls_short"
     assert result["by_baseline"]["tf32"]["models"]["resnet50"]["median"] == pytest.approx(2407 / 2198, rel=0.01)
@@ -109,7 +109,8 @@ def test_a_user_claim_in_the_same_form_is_evaluated(tmp_path):
 
 
 def test_holds_against_one_baseline_and_not_the_other_is_reported_as_such():
-    cells = [cell("m", "fp32", throughput=100), cell("m", "tf32", throughput=200), cell("m", "amp_fp16", throughput=250)]
+    cells = [cell("m", "fp32", throughput=100), cell("m", "tf32", throughput=200),
+             cell("m", "amp_fp16", throughput=250)]
     result = claims.evaluate_claim(claim(claimed={"between": [2.0, 3.0]}, tolerance=0), summary(cells), TENSOR_CORES)
     # 250/100 = 2.5 in [2, 3]; 250/200 = 1.25 not
     assert result["verdict"] == "depends_on_baseline"
@@ -146,9 +147,9 @@ def test_memory_reduction_about_forty_percent():
 def test_at_least_with_tolerance_edges():
     base = [cell("m", "fp32", throughput=100)]
     just = claims.evaluate_claim(claim(baseline=["fp32"], claimed={"at_least": 1.30}, tolerance=0.02),
-                                 summary(base + [cell("m", "amp_fp16", throughput=128)]), TENSOR_CORES)
+                                 summary([*base, cell("m", "amp_fp16", throughput=128)]), TENSOR_CORES)
     under = claims.evaluate_claim(claim(baseline=["fp32"], claimed={"at_least": 1.30}, tolerance=0.02),
-                                  summary(base + [cell("m", "amp_fp16", throughput=127.9)]), TENSOR_CORES)
+                                  summary([*base, cell("m", "amp_fp16", throughput=127.9)]), TENSOR_CORES)
     assert just["verdict"] == "holds" and under["verdict"] == "falls_short"
     assert "below the claimed band" in under["reason"]
 
@@ -170,7 +171,7 @@ def test_generic_claim_evaluates_every_model_that_ran_both_cells():
 def test_generic_fp16_claim_on_cpu_needs_a_tensor_core_gpu():
     smoke = json.loads((SMOKE / "summary/summary.json").read_text())
     sanity = json.loads((SMOKE / "sanity/sanity.json").read_text())
-    by_id = {c["id"]: c for c in claims.load_claims(CLAIMS)}
+    by_id = {c["id"]: c for c in claimfile.load_claims(CLAIMS)}
     data = {"cnn": "digits", "transformer": "digits"}  # what the smoke run's cells train on
     result = claims.evaluate_claim(by_id["fp16-tensor-core-throughput"], smoke, sanity, data=data)
     assert result["verdict"] == "not_measurable"
@@ -180,7 +181,7 @@ def test_generic_fp16_claim_on_cpu_needs_a_tensor_core_gpu():
 
 def test_named_model_missing_says_which_cell_and_why():
     smoke = json.loads((SMOKE / "summary/summary.json").read_text())
-    by_id = {c["id"]: c for c in claims.load_claims(CLAIMS)}
+    by_id = {c["id"]: c for c in claimfile.load_claims(CLAIMS)}
     result = claims.evaluate_claim(by_id["vit-apex-o1-speed"], smoke)
     assert result["verdict"] == "not_measurable"
     assert result["reason"].startswith("no ViT-Base cell ran (vit_b_16): smoke preset on CPU")
@@ -213,7 +214,7 @@ def test_memory_claim_on_cpu_rss_is_not_measurable():
 def test_a_claim_this_run_cannot_judge_keeps_its_proxy_as_context_only():
     gpu = json.loads((GPU / "summary/summary.json").read_text())  # no llama7b cell in this fixture
     sanity = json.loads((GPU / "sanity/sanity.json").read_text())
-    by_id = {c["id"]: c for c in claims.load_claims(CLAIMS)}
+    by_id = {c["id"]: c for c in claimfile.load_claims(CLAIMS)}
     result = claims.evaluate_claim(by_id["llm7b-epoch-time"], gpu, sanity)
     assert result["verdict"] == "not_measurable"
     assert result["reason"].startswith("no 7B language model (pre-training) cell ran (llama7b)")
@@ -226,7 +227,7 @@ def test_a_claim_this_run_cannot_judge_keeps_its_proxy_as_context_only():
 def test_gpu_fixture_verdicts_match_hand_computed_values():
     gpu = json.loads((GPU / "summary/summary.json").read_text())
     sanity = json.loads((GPU / "sanity/sanity.json").read_text())
-    results = {r["id"]: r for r in claims.evaluate(claims.load_claims(CLAIMS), gpu, sanity)}
+    results = {r["id"]: r for r in claims.evaluate(claimfile.load_claims(CLAIMS), gpu, sanity)}
     # ViT apex O1: memory 1 - 9.40/15.18 = 0.381 (in 0.35-0.45); speed 2330/402 = 5.80 (no), 2330/1248 = 1.87 (yes)
     assert results["vit-apex-o1-memory"]["verdict"] == "holds"
     assert results["vit-apex-o1-speed"]["verdict"] == "depends_on_baseline"
@@ -296,19 +297,19 @@ def test_variants_of_an_arch_count_only_where_they_ran_the_claims_precision():
     ("memory_reduction", {"at_most": 0.10}, 0.0, 0.25, "exceeds"),
 ])
 def test_a_miss_says_which_way(metric, claimed, tolerance, value, verdict):
-    assert claims.verdict_for(claim(metric=metric, claimed=claimed, tolerance=tolerance), value) == verdict
+    assert claimmetrics.verdict_for(claim(metric=metric, claimed=claimed, tolerance=tolerance), value) == verdict
 
 
 def test_verdict_direction_follows_the_metric():
     """A metric where lower were better would turn the sides round (all three metrics here are higher-is-better)."""
     c = claim(metric="speedup", claimed={"about": 2.0}, tolerance=0.1)
-    assert claims.verdict_for(c, 3.0) == "exceeds"
-    original = claims.HIGHER_IS_BETTER["speedup"]
+    assert claimmetrics.verdict_for(c, 3.0) == "exceeds"
+    original = claimmetrics.HIGHER_IS_BETTER["speedup"]
     try:
-        claims.HIGHER_IS_BETTER["speedup"] = False
-        assert claims.verdict_for(c, 3.0) == "falls_short" and claims.verdict_for(c, 1.0) == "exceeds"
+        claimmetrics.HIGHER_IS_BETTER["speedup"] = False
+        assert claimmetrics.verdict_for(c, 3.0) == "falls_short" and claimmetrics.verdict_for(c, 1.0) == "exceeds"
     finally:
-        claims.HIGHER_IS_BETTER["speedup"] = original
+        claimmetrics.HIGHER_IS_BETTER["speedup"] = original
 
 
 def test_a_bigger_saving_than_claimed_exceeds_the_claim_and_is_counted_so():
@@ -351,7 +352,7 @@ def llm7b_summary():
 
 def test_7b_claims_get_verdicts_on_the_7b_cells():
     sanity = json.loads((LLM7B / "sanity/sanity.json").read_text())
-    by_id = {c["id"]: c for c in claims.load_claims(CLAIMS)}
+    by_id = {c["id"]: c for c in claimfile.load_claims(CLAIMS)}
     speed = claims.evaluate_claim(by_id["llm7b-epoch-time"], llm7b_summary(), sanity)
     # fixture llama7b tokens/s: apex_o1 3050 / fp32 720 = 4.24 (above 1.36-1.66), / tf32 2050 = 1.49 (in it)
     assert speed["by_baseline"]["fp32"]["models"]["llama7b"]["median"] == pytest.approx(3050 / 720)
@@ -375,7 +376,7 @@ def test_7b_claims_read_not_measurable_with_the_skip_reason_when_the_cells_do_no
             row.update(status="skipped", reason=why, throughput_per_s=None, peak_allocated_bytes=None)
     sanity = json.loads((LLM7B / "sanity/sanity.json").read_text())
     for claim_id in ("llm7b-epoch-time", "llm7b-peak-memory"):
-        by_id = {c["id"]: c for c in claims.load_claims(CLAIMS)}
+        by_id = {c["id"]: c for c in claimfile.load_claims(CLAIMS)}
         result = claims.evaluate_claim(by_id[claim_id], data, sanity)
         assert result["verdict"] == "not_measurable" and result["verdict_text"] == "not measurable here"
         assert f"llama7b/apex_o1 skipped: {why}" in result["reason"]

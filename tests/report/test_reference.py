@@ -13,7 +13,7 @@ import pytest
 from report_helpers import GPU, REFERENCE_PASS, SMOKE
 from test_verify import NO_SMI, load, run_cli
 
-from amprepro import reference, verify
+from amprepro import cellcompare, promote, reference, verify
 
 
 def results_copy(tmp_path: Path, name: str, host: str, uuids: list[str], scale: float = 1.0,
@@ -42,12 +42,12 @@ def results_copy(tmp_path: Path, name: str, host: str, uuids: list[str], scale: 
 
 def test_promote_refuses_what_is_not_a_gpu_run_and_adds_one(tmp_path):
     with pytest.raises(reference.ReferenceError, match="without a GPU"):
-        reference.add_run(SMOKE, tmp_path, "smoke")
+        promote.add_run(SMOKE, tmp_path, "smoke")
     with pytest.raises(reference.ReferenceError, match="--note is empty"):
-        reference.add_run(GPU, tmp_path, " ")
+        promote.add_run(GPU, tmp_path, " ")
     with pytest.raises(reference.ReferenceError, match="has no summary/summary.json"):
-        reference.add_run(tmp_path / "nowhere", tmp_path, "x")
-    folder, built = reference.add_run(GPU, tmp_path, "fixture run")
+        promote.add_run(tmp_path / "nowhere", tmp_path, "x")
+    folder, built = promote.add_run(GPU, tmp_path, "fixture run")
     assert folder.parent == tmp_path / "nvidia-h200/runs" and reference.RUN_ID.match(folder.name)
     assert (folder / "summary.csv").read_bytes() == (GPU / "summary/summary.csv").read_bytes()
     provenance = load(folder / "provenance.json")
@@ -65,8 +65,8 @@ def test_promote_refuses_what_is_not_a_gpu_run_and_adds_one(tmp_path):
     for check in (ch for c in result["cells"] for ch in c["checks"]):
         assert check["ratio"] == pytest.approx(1.0)
     with pytest.raises(reference.ReferenceError, match="already in the reference"):
-        reference.add_run(GPU, tmp_path, "again")
-    assert reference.steps_archive(GPU / "runs")[0] == (folder / "steps.tar.gz").read_bytes()  # byte-identical
+        promote.add_run(GPU, tmp_path, "again")
+    assert promote.steps_archive(GPU / "runs")[0] == (folder / "steps.tar.gz").read_bytes()  # byte-identical
 
 
 def test_three_runs_on_two_machines_give_median_spread_and_a_band_from_it(tmp_path):
@@ -101,7 +101,7 @@ def test_three_runs_on_two_machines_give_median_spread_and_a_band_from_it(tmp_pa
 
 def test_a_machine_skip_in_a_reference_run_is_left_out_of_that_cell(tmp_path):
     ref = tmp_path / "reference"
-    reference.add_run(results_copy(tmp_path, "a", "a", ["GPU-a"]), ref, "a")
+    promote.add_run(results_copy(tmp_path, "a", "a", ["GPU-a"]), ref, "a")
     one_gpu = results_copy(tmp_path, "b", "b", ["GPU-b"], scale=1.01)
     rows = list(csv.DictReader(io.StringIO((one_gpu / "summary/summary.csv").read_text())))
     for row in rows:
@@ -109,11 +109,11 @@ def test_a_machine_skip_in_a_reference_run_is_left_out_of_that_cell(tmp_path):
             row.update(status="skipped", skip_cause="machine", reason="this cell asks for 2 GPUs; 1 visible",
                        throughput_per_s="")
     out = io.StringIO()
-    writer = csv.DictWriter(out, fieldnames=list(rows[0]) + ["skip_cause"])
+    writer = csv.DictWriter(out, fieldnames=[*rows[0], "skip_cause"])
     writer.writeheader()
     writer.writerows(rows)
     (one_gpu / "summary/summary.csv").write_text(out.getvalue())
-    _, built = reference.add_run(one_gpu, ref, "b")
+    _, built = promote.add_run(one_gpu, ref, "b")
     cell = built["cells"]["gpt124m/tf32/0"]
     assert cell["status"] == "ok" and cell["n_runs"] == 1 and len(cell["excluded_runs"]) == 1
     assert "not comparable on that machine" in next(iter(cell["excluded_runs"].values()))
@@ -187,10 +187,10 @@ def test_a_cell_every_reference_run_failed_is_nothing_to_compare_a_failure_here_
     cell = reference.aggregate_cell("m/apex_o1/0", [run("a", "failed"), run("b", "failed")])
     assert cell["n_runs"] == 0 and cell["status"] == "failed" and len(cell["excluded_runs"]) == 2
     fixed = {"model": "m", "precision": "apex_o1", "seed": 0, "status": "ok", "throughput_per_s": 5100.0}
-    verdict = verify.compare_cell("m/apex_o1/seed0", fixed, cell, {}, spec, spec)
+    verdict = cellcompare.compare_cell("m/apex_o1/seed0", fixed, cell, {}, spec, spec)
     assert verdict["verdict"] == "not_in_reference" and "every reference run failed" in verdict["note"]
     still_broken = {**fixed, "status": "failed", "throughput_per_s": None}
-    assert verify.compare_cell("m/apex_o1/seed0", still_broken, cell, {}, spec, spec)["verdict"] == "fail"
+    assert cellcompare.compare_cell("m/apex_o1/seed0", still_broken, cell, {}, spec, spec)["verdict"] == "fail"
     # One run failed, one ran: the cell is the run that ran.
     cell = reference.aggregate_cell("m/apex_o1/0", [run("a", "failed"), run("b", "ok")])
     assert cell["status"] == "ok" and cell["n_runs"] == 1

@@ -12,7 +12,8 @@ from report_helpers import CLAIMS
 from amprepro import render
 
 SECTIONS = ["Claims", "Reference check", "Results", "Throughput", "Speedup against both baselines", "Peak memory",
-            "Where the peak memory goes (7B)", "Loss curves: FP32 against AMP", "Loss scale", "Sanity checks", "Environment", "Provenance"]
+            "Where the peak memory goes (7B)", "Loss curves: FP32 against AMP", "Loss scale", "Sanity checks",
+            "Environment", "Provenance"]
 VERDICTS = ("holds", "exceeds the claim", "falls short", "not measurable here", "depends on the baseline")
 IMG = re.compile(r"<img\b[^>]*>")
 ATTR = re.compile(r'(\w+)="([^"]*)"')

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from report_helpers import GPU, REFERENCE_FAIL, REFERENCE_PASS, REPO, SMOKE, workflow_with_results
 
-from amprepro import reference, verify
+from amprepro import cellcompare, reference, verify
 
 GPU_SUMMARY = GPU / "summary/summary.json"
 
@@ -106,7 +106,8 @@ def test_changed_settings_make_a_cell_not_comparable():
     here = {k: json.loads(json.dumps(v)) for k, v in verify.cell_specs(GPU / "runs").items()}
     here["resnet50/fp32/0"]["model_config"]["batch_size"] = 128
     aggregate = reference.load_aggregate(REFERENCE_PASS / "nvidia-h200")
-    result = verify.compare(load(GPU_SUMMARY), aggregate, reference.load_tolerances(REFERENCE_PASS, "nvidia-h200"), here)
+    tolerances = reference.load_tolerances(REFERENCE_PASS, "nvidia-h200")
+    result = cellcompare.compare(load(GPU_SUMMARY), aggregate, tolerances, here)
     (cell,) = [c for c in result["cells"] if c["cell"] == "resnet50/fp32/seed0"]
     assert cell["verdict"] == "not_comparable"
     assert "model_config.batch_size 256 in the reference, 128 here" in cell["note"]
@@ -121,7 +122,8 @@ def test_tolerance_overrides_and_bad_tolerance_file(tmp_path):
         "rel_floor": 0.08, "k": 2}
     digits = reference.band_for(tolerances, {"model": "transformer", "precision": "fp32", "seed": 0})
     assert "throughput_per_s" not in digits and digits["eval_accuracy"] == {"abs_floor": 0.02, "k": 2}
-    for bad, field in [("{ratio: [0.9, 1.1]}", "metrics.throughput_per_s"), ("{rel_floor: 0.1}", "metrics.throughput_per_s"),
+    for bad, field in [("{ratio: [0.9, 1.1]}", "metrics.throughput_per_s"),
+                       ("{rel_floor: 0.1}", "metrics.throughput_per_s"),
                        ("{rel_floor: 0.1, abs_floor: 1, k: 2}", "metrics.throughput_per_s")]:
         (tmp_path / "tolerances.yaml").write_text(f"metrics:\n  throughput_per_s: {bad}\n")
         with pytest.raises(verify.VerifyError, match=f"field {field}.*rel_floor: F, k: K"):
@@ -138,9 +140,9 @@ def test_band_is_the_floor_for_one_run_and_k_times_the_spread_beyond_it():
     assert noisy["half_width"] == pytest.approx(0.20) and noisy["from"] == "spread" and "3 runs" in noisy["why"]
     accuracy = reference.band({"abs_floor": 0.02, "k": 2}, {"median": 0.9, "min": 0.88, "max": 0.9, "n": 2})
     assert accuracy["half_width"] == pytest.approx(0.04) and accuracy["kind"] == "absolute"
-    assert verify.check_metric("throughput_per_s", rule, 85.0, {"median": 100.0, "min": 95.0, "max": 105.0,
+    assert cellcompare.check_metric("throughput_per_s", rule, 85.0, {"median": 100.0, "min": 95.0, "max": 105.0,
                                                                  "n": 3})["ok"] is True
-    assert verify.check_metric("throughput_per_s", rule, 85.0, {"median": 100.0, "min": 99.0, "max": 101.0,
+    assert cellcompare.check_metric("throughput_per_s", rule, 85.0, {"median": 100.0, "min": 99.0, "max": 101.0,
                                                                  "n": 3})["ok"] is False
 
 
@@ -154,21 +156,22 @@ def test_the_committed_h200_reference_under_its_own_bands():
     for run in runs:
         summary = {"cells": json.loads(json.dumps(list(run.rows.values())))}
         specs = {k: v for k, v in run.specs.items()}
-        outcome = verify.compare(summary, aggregate, tolerances, specs)
+        outcome = cellcompare.compare(summary, aggregate, tolerances, specs)
         # A cell that failed in a run (llama7b/apex_o1 in the 2026-11-30 two-run lease) is left out of the aggregate
         # and still fails the gate: those, and only those, may fail here.
-        crashed = {f"{c['model']}/{c['precision']}/seed{c['seed']}" for c in summary["cells"] if c["status"] == "failed"}
+        crashed = {f"{c['model']}/{c['precision']}/seed{c['seed']}"
+                   for c in summary["cells"] if c["status"] == "failed"}
         assert {f.split(":")[0] for f in outcome["failures"]} == crashed, run.id
     whole = max(reversed(runs), key=lambda run: len(run.rows))  # the newest run of the whole preset (one is 7B only)
     summary = {"cells": json.loads(json.dumps(list(whole.rows.values())))}
     crashed = {f"{c['model']}/{c['precision']}/seed{c['seed']}" for c in summary["cells"] if c["status"] == "failed"}
     by_name = {(c["model"], c["precision"]): c for c in summary["cells"]}
     by_name["transformer", "fp32"]["throughput_per_s"] *= 1.27  # a digits model: launch-bound, not compared
-    assert [f for f in verify.compare(summary, aggregate, tolerances)["failures"]
+    assert [f for f in cellcompare.compare(summary, aggregate, tolerances)["failures"]
             if f.split(":")[0] not in crashed] == []
     by_name["transformer", "fp32"]["eval_accuracy"] -= 0.03
     by_name["resnet50", "amp_fp16"]["throughput_per_s"] *= 0.85
-    failures = "\n".join(verify.compare(summary, aggregate, tolerances)["failures"])
+    failures = "\n".join(cellcompare.compare(summary, aggregate, tolerances)["failures"])
     assert "transformer/fp32/seed0: eval accuracy" in failures and "resnet50/amp_fp16/seed0: throughput" in failures
 
 

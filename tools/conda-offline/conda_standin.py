@@ -198,7 +198,8 @@ def prefix_records(prefix: Path) -> list[dict]:
 def cmd_list(args) -> list | None:
     records = prefix_records(existing_prefix(args))
     if args.explicit:
-        print(f"# This file may be used to create an environment using:\n# $ conda create --name <env> --file <this file>"
+        print("# This file may be used to create an environment using:\n"
+              "# $ conda create --name <env> --file <this file>"
               f"\n# platform: {PLATFORM}\n@EXPLICIT")
         for record in records:
             print(record["url"] + (f"#{record['md5']}" if args.md5 and record.get("md5") else ""))

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import hashlib
 import importlib.metadata
 import io
@@ -46,8 +47,9 @@ SUBDIR = "linux-64"
 CONDA_NAMES = {"torch": "pytorch", "matplotlib": "matplotlib-base", "nbconvert": "nbconvert-core",
                "jupyter-client": "jupyter_client", "jupyter-core": "jupyter_core",
                "typing-extensions": "typing_extensions", "stack-data": "stack_data", "pure-eval": "pure_eval"}
-PROBE_MODULE = '''"""Test instrumentation of the offline test channel's python (tools/conda-offline/mkchannel.py --probe).
-When AMPREPRO_PROBE_LOG is set, every interpreter start appends one JSON line: which python, which env, which command."""
+PROBE_MODULE = '''"""Test instrumentation of the offline test channel's python
+(tools/conda-offline/mkchannel.py --probe). When AMPREPRO_PROBE_LOG is set, every interpreter start appends one JSON
+line: which python, which env, which command."""
 import json, os, sys
 _log = os.environ.get("AMPREPRO_PROBE_LOG")
 if _log:
@@ -122,21 +124,13 @@ def tree(root: Path) -> dict[str, Path]:
     return {p.relative_to(root).as_posix(): p for p in sorted(root.rglob("*")) if p.is_symlink() or p.is_file()}
 
 
-class _zstd_tar:
+@contextlib.contextmanager
+def _zstd_tar(path: Path):
     """tarfile writing through a zstd stream: `with _zstd_tar(path) as tar: tar.add(...)`."""
-
-    def __init__(self, path: Path):
-        self.handle = open(path, "wb")
-        self.stream = zstandard.ZstdCompressor(level=3, threads=-1).stream_writer(self.handle)
-        self.tar = tarfile.open(fileobj=self.stream, mode="w|", format=tarfile.PAX_FORMAT)
-
-    def __enter__(self):
-        return self.tar
-
-    def __exit__(self, *exc):
-        self.tar.close()
-        self.stream.close()
-        self.handle.close()
+    with (open(path, "wb") as handle,
+          zstandard.ZstdCompressor(level=3, threads=-1).stream_writer(handle) as stream,
+          tarfile.open(fileobj=stream, mode="w|", format=tarfile.PAX_FORMAT) as tar):
+        yield tar
 
 
 # ---------------------------------------------------------------------------------------------------------- python
@@ -165,8 +159,8 @@ def stage_python(source: Path, stage: Path, probe: bool) -> tuple[str, str]:
         if is_elf(path):
             rpath = subprocess.run([patchelf, "--print-rpath", str(path)], capture_output=True, text=True).stdout
             if str(source) in rpath:
-                subprocess.check_call([patchelf, "--set-rpath", f"$ORIGIN/{os.path.relpath(stage / 'lib', path.parent)}",
-                                       str(path)])
+                rpath_here = f"$ORIGIN/{os.path.relpath(stage / 'lib', path.parent)}"
+                subprocess.check_call([patchelf, "--set-rpath", rpath_here, str(path)])
             continue
         data = path.read_bytes()
         if old in data and b"\0" not in data:

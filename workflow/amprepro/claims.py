@@ -13,6 +13,8 @@ A claim names a metric (speedup, memory_reduction, accuracy_delta), a variant pr
 A one-sided claim misses on one side only: ``at_least`` can hold or fall short, ``at_most`` can hold or (for a metric
 where higher is better) exceed the claim. docs/report.md has the table.
 
+The claims file is read by amprepro.claimfile, values and bands are amprepro.claimmetrics'.
+
 Run as a module it prints the verdicts: ``python -m amprepro.claims --claims config/claims.yaml --summary ...``.
 """
 
@@ -23,254 +25,14 @@ import json
 import statistics
 from pathlib import Path
 
-import jsonschema
-import yaml
-
-from amprepro import precisions
+from amprepro.claimfile import load_claims
+from amprepro.claimmetrics import band_side, claimed_text, fmt_value, metric_value, verdict_for
 from amprepro.precisions import label as precision_label
 
 VERDICT_TEXT = {"holds": "holds", "exceeds": "exceeds the claim", "falls_short": "falls short",
                 "depends_on_baseline": "depends on the baseline", "not_measurable": "not measurable here"}
-# Which side of the claimed band is better for the variant, per metric: more speed, a bigger memory saving and a
-# higher accuracy are all better, so a value above the band exceeds the claim and one below it falls short.
-HIGHER_IS_BETTER = {"speedup": True, "memory_reduction": True, "accuracy_delta": True}
 # A generic claim's verdict over several models is the worst of theirs, in this order (first = worst).
 WORST_FIRST = ["falls_short", "exceeds", "holds"]
-EPS = 1e-9
-
-_NUMBER = {"type": "number"}
-SCHEMA = {
-    "$schema": "https://json-schema.org/draft/2020-12/schema",
-    "description": "config/claims.yaml: the claims the report evaluates (docs/report.md describes every field)",
-    "type": "object",
-    "additionalProperties": False,
-    "required": ["claims"],
-    "properties": {
-        "claims": {"type": "array", "items": {"$ref": "#/$defs/claim"}},
-    },
-    "$defs": {
-        "precision": {"enum": []},  # precisions.names(), filled in by schema()
-        "claim": {
-            "type": "object",
-            "additionalProperties": False,
-            "required": ["id", "source", "statement", "model", "models", "metric", "baseline", "variant", "claimed",
-                         "tolerance"],
-            "properties": {
-                "id": {"type": "string", "pattern": "^[a-z0-9][a-z0-9_.-]*$",
-                       "description": "unique, lower-case letters, digits, '-', '_', '.'"},
-                "source": {
-                    "type": "object",
-                    "additionalProperties": False,
-                    "required": ["file", "title"],
-                    "properties": {
-                        "file": {"type": "string", "minLength": 1, "description": "the article (seed file name)"},
-                        "title": {"type": "string", "minLength": 1},
-                        "quote": {"type": "string", "description": "the sentence that makes the claim, verbatim"},
-                        "url": {"type": "string"},
-                    },
-                },
-                "statement": {"type": "string", "minLength": 1, "description": "the claim, in one English sentence"},
-                "model": {"type": "string", "minLength": 1, "description": "the model as the article names it"},
-                "models": {
-                    "type": "array", "minItems": 1, "uniqueItems": True,
-                    "items": {"type": "string", "pattern": "^[A-Za-z0-9_]+$"},
-                    "description": ("cell models (config names or archs) that stand for it; [any] = every model; "
-                                    "[benchmark] = every model on synthetic data"),
-                },
-                "metric": {"enum": list(HIGHER_IS_BETTER)},
-                "baseline": {
-                    "oneOf": [{"$ref": "#/$defs/precision"},
-                              {"type": "array", "minItems": 1, "uniqueItems": True,
-                               "items": {"$ref": "#/$defs/precision"}}],
-                },
-                "variant": {"$ref": "#/$defs/precision"},
-                "claimed": {
-                    "type": "object",
-                    "minProperties": 1,
-                    "maxProperties": 1,
-                    "additionalProperties": False,
-                    "properties": {
-                        "about": _NUMBER, "at_least": _NUMBER, "at_most": _NUMBER,
-                        "between": {"type": "array", "items": _NUMBER, "minItems": 2, "maxItems": 2},
-                    },
-                },
-                "tolerance": {"type": "number", "minimum": 0,
-                              "description": "in the metric's units: x for speedup, a fraction for memory_reduction"},
-                "requires": {"type": "array", "uniqueItems": True, "items": {"enum": ["tensor_cores"]}},
-                "not_measurable": {"type": "string", "minLength": 1,
-                                   "description": "why no run of this pipeline can test the claim as stated"},
-                "proxy": {
-                    "type": "object",
-                    "additionalProperties": False,
-                    "required": ["models", "note"],
-                    "properties": {
-                        "models": {"type": "array", "minItems": 1, "items": {"type": "string"}},
-                        "note": {"type": "string"},
-                    },
-                },
-                "note": {"type": "string"},
-                "caveats": {"type": "array", "items": {"type": "string", "minLength": 1},
-                            "description": "what a reader must know to read the verdict; the report lists them"},
-            },
-        },
-    },
-}
-
-
-def schema() -> dict:
-    """SCHEMA with the precision enum read from the registry."""
-    return {**SCHEMA, "$defs": {**SCHEMA["$defs"], "precision": {"enum": precisions.names()}}}
-
-
-class ClaimsError(ValueError):
-    """config/claims.yaml is wrong; the message names the claim and the field."""
-
-
-# ----------------------------------------------------------------------------------------------------------------------
-# Loading and validation
-
-
-def _path_text(error: jsonschema.ValidationError, claims: list) -> str:
-    parts, text = list(error.absolute_path), ""
-    for i, part in enumerate(parts):
-        text += f"[{part}]" if isinstance(part, int) else f".{part}"
-        if i == 1 and parts[0] == "claims" and isinstance(part, int) and part < len(claims):
-            claim_id = claims[part].get("id") if isinstance(claims[part], dict) else None
-            if claim_id:
-                text += f" (id {claim_id!r})"
-    return text.lstrip(".") or "(top level)"
-
-
-def validate(data, where: str = "config/claims.yaml") -> list[dict]:
-    """Validate parsed claims.yaml; return the claims with `baseline` normalised to a list."""
-    if not isinstance(data, dict):
-        raise ClaimsError(f"{where}: expected a mapping with a `claims:` list, got {type(data).__name__}.")
-    claims = data.get("claims") if isinstance(data.get("claims"), list) else []
-    validator = jsonschema.Draft202012Validator(schema())
-    errors = sorted(validator.iter_errors(data), key=lambda e: (-len(list(e.absolute_path)), str(e.absolute_path)))
-    if errors:
-        error = errors[0]
-        if error.context:  # oneOf: report the branch that got furthest
-            error = max(error.context, key=lambda e: len(list(e.absolute_path)))
-        raise ClaimsError(f"{where}: claim field {_path_text(error, claims)}: {error.message}. "
-                          "Fix that field (docs/report.md lists the claim fields).")
-    seen = {}
-    for index, claim in enumerate(claims):
-        field = f"claims[{index}] (id {claim['id']!r})"
-        if claim["id"] in seen:
-            raise ClaimsError(f"{where}: claim field {field}.id: duplicate id, also used by claims[{seen[claim['id']]}].")
-        seen[claim["id"]] = index
-        claim["baseline"] = [claim["baseline"]] if isinstance(claim["baseline"], str) else list(claim["baseline"])
-        if claim["variant"] in claim["baseline"]:
-            raise ClaimsError(f"{where}: claim field {field}.variant: {claim['variant']!r} is also a baseline.")
-        between = claim["claimed"].get("between")
-        if between and between[0] > between[1]:
-            raise ClaimsError(f"{where}: claim field {field}.claimed.between: {between} is not [low, high].")
-    return claims
-
-
-def load_claims(path: str | Path) -> list[dict]:
-    path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise ClaimsError(f"{path}: no claims file. Fix: restore it from the repository.") from None
-    except yaml.YAMLError as exc:
-        raise ClaimsError(f"{path}: not valid YAML: {exc}") from None
-    return validate(data, str(path))
-
-
-# ----------------------------------------------------------------------------------------------------------------------
-# Metrics
-
-
-def _peak_gpu(row):
-    return row.get("peak_allocated_bytes")
-
-
-def metric_value(metric: str, variant: dict, baseline: dict) -> tuple[float | None, str]:
-    """(value, why-not) for one seed's pair of cells."""
-    if metric == "speedup":
-        v, b = variant.get("throughput_per_s"), baseline.get("throughput_per_s")
-        if not v or not b:
-            return None, "no throughput recorded"
-        return v / b, ""
-    if metric == "memory_reduction":
-        v, b = _peak_gpu(variant), _peak_gpu(baseline)
-        if not v or not b:
-            if variant.get("peak_rss_bytes") or baseline.get("peak_rss_bytes"):
-                return None, ("peak memory here is the CPU process RSS, not the GPU allocator peak the claim is "
-                              "about")
-            return None, "no peak memory recorded"
-        return 1.0 - v / b, ""
-    if metric == "accuracy_delta":
-        v, b = variant.get("eval_accuracy"), baseline.get("eval_accuracy")
-        if v is None or b is None:
-            return None, f"no eval accuracy: {variant['model']} trains on synthetic tensors here (throughput only)"
-        return v - b, ""
-    raise ValueError(f"unknown metric {metric}")
-
-
-def fmt_value(metric: str, value: float | None) -> str:
-    if value is None:
-        return "n/a"
-    if metric == "speedup":
-        return f"{value:.2f}×"
-    if metric == "memory_reduction":
-        return f"{-value * 100:+.1f} %".replace("-", "−")
-    if metric == "accuracy_delta":
-        return f"{value * 100:+.2f} pp".replace("-", "−")
-    return f"{value:.3g}"
-
-
-def fmt_range(metric: str, low: float, high: float) -> str:
-    """A band in display order (memory reductions shown as negative changes, smaller magnitude first)."""
-    return f"{fmt_value(metric, low)} to {fmt_value(metric, high)}"
-
-
-def claimed_band(claim: dict) -> tuple[float, float]:
-    """The accepted interval [low, high] for the measured value (infinite where the claim is one-sided)."""
-    c, tol = claim["claimed"], claim["tolerance"]
-    if "about" in c:
-        return c["about"] - tol, c["about"] + tol
-    if "at_least" in c:
-        return c["at_least"] - tol, float("inf")
-    if "at_most" in c:
-        return float("-inf"), c["at_most"] + tol
-    low, high = c["between"]
-    return low - tol, high + tol
-
-
-def claimed_text(claim: dict) -> str:
-    c, metric, tol = claim["claimed"], claim["metric"], claim["tolerance"]
-    low, high = claimed_band(claim)
-    if "about" in c:
-        return f"about {fmt_value(metric, c['about'])} (accepted {fmt_range(metric, low, high)})"
-    if "at_least" in c:
-        return f"at least {fmt_value(metric, c['at_least'])}" + (f" (accepted from {fmt_value(metric, low)})" if tol else "")
-    if "at_most" in c:
-        return f"at most {fmt_value(metric, c['at_most'])}" + (f" (accepted to {fmt_value(metric, high)})" if tol else "")
-    return (f"{fmt_range(metric, *c['between'])}"
-            + (f" (accepted {fmt_range(metric, low, high)})" if tol else ""))
-
-
-def in_band(claim: dict, value: float) -> bool:
-    low, high = claimed_band(claim)
-    return low - EPS <= value <= high + EPS
-
-
-def verdict_for(claim: dict, value: float) -> str:
-    """holds (in the band), exceeds (outside it on the better side) or falls_short (outside it on the worse side)."""
-    if in_band(claim, value):
-        return "holds"
-    above = value > claimed_band(claim)[1]
-    return "exceeds" if above == HIGHER_IS_BETTER[claim["metric"]] else "falls_short"
-
-
-def _direction(claim: dict, value: float) -> str:
-    low, high = claimed_band(claim)
-    return "above the claimed band" if value > high else "below the claimed band" if value < low else "in the band"
-
 
 # ----------------------------------------------------------------------------------------------------------------------
 # Evaluation
@@ -383,7 +145,7 @@ def evaluate_model(claim: dict, cells: dict, model: str, baseline: str) -> dict:
     out["borderline"] = len({verdict_for(claim, stats[k]) for k in ("min", "median", "max")}) > 1
     out["measured_text"] = measured_text(metric, stats)
     out["reason"] = (f"{model}: {out['measured_text']}"
-                     + ("" if out["verdict"] == "holds" else f", {_direction(claim, stats['median'])}")
+                     + ("" if out["verdict"] == "holds" else f", {band_side(claim, stats['median'])}")
                      + (" (the spread straddles the band edge)" if out["borderline"] else ""))
     return out
 
@@ -391,7 +153,8 @@ def evaluate_model(claim: dict, cells: dict, model: str, baseline: str) -> dict:
 def measured_text(metric: str, stats: dict) -> str:
     text = fmt_value(metric, stats["median"])
     if stats["n_seeds"] > 1:
-        text += f" (min–max {fmt_value(metric, stats['min'])} to {fmt_value(metric, stats['max'])}, {stats['n_seeds']} seeds)"
+        text += (f" (min–max {fmt_value(metric, stats['min'])} to {fmt_value(metric, stats['max'])}, "
+                 f"{stats['n_seeds']} seeds)")
     else:
         text += " (1 seed)"
     return text
@@ -466,12 +229,12 @@ def _judge(claim: dict, summary: dict, sanity: dict | None, archs: dict, use_ove
     models = [m for m in models if m.lower() in named or any(k[:2] == (m, claim["variant"]) for k in cells)]
     result["matched_models"] = models
     generic = bool(named & {"any", "benchmark"})
-    if models or generic:  # a missing named model is the first thing to say; a generic claim needs the hardware
-        if "tensor_cores" in claim.get("requires", []):
-            ok, detail = tensor_cores(sanity, summary)
-            if not ok:
-                return not_measurable(f"needs a Tensor Core GPU (compute capability ≥ 7.0); {detail}: "
-                                      f"{run_context(summary)}")
+    # a missing named model is the first thing to say; a generic claim needs the hardware
+    if (models or generic) and "tensor_cores" in claim.get("requires", []):
+        ok, detail = tensor_cores(sanity, summary)
+        if not ok:
+            return not_measurable(f"needs a Tensor Core GPU (compute capability ≥ 7.0); {detail}: "
+                                  f"{run_context(summary)}")
     if not models:
         here = ", ".join(present) or "none"
         return not_measurable(f"no {claim['model']} cell ran ({'/'.join(claim['models'])}): "

@@ -55,14 +55,16 @@ def conda_version(conda: str) -> str:
     versions = re.findall(r"\d+\.\d+\.\d+", done.stdout + done.stderr)
     if done.returncode != 0 or len(versions) != 1:
         raise CondaProblem(f"amprepro: cannot tell which conda {conda} is: `conda --version` exited "
-                           f"{done.returncode} and printed {(done.stdout + done.stderr).strip()!r}.\n  Fix: {INSTALL_HINT}")
+                           f"{done.returncode} and printed {(done.stdout + done.stderr).strip()!r}.\n"
+                           f"  Fix: {INSTALL_HINT}")
     return versions[0]
 
 
 def check_version(conda: str, version: str, minimum: str = MIN_CONDA) -> None:
     if _numbers(version) < _numbers(minimum):
         raise CondaProblem(
-            f"amprepro: conda {version} ({conda}) is too old: Snakemake {_snakemake_version()} needs conda >= {minimum} "
+            f"amprepro: conda {version} ({conda}) is too old: "
+            f"Snakemake {_snakemake_version()} needs conda >= {minimum} "
             "for --use-conda.\n"
             "  Fix: update it with `conda update -n base -c conda-forge conda`, or install Miniforge "
             "(https://conda-forge.org/download/) and put its condabin/ first on PATH. See docs/conda.md.")

@@ -21,11 +21,11 @@ from amprepro import precisions
 from amprepro.data import largest_batch
 from amprepro.gpuslots import visible_gpus
 from amprepro.safevalues import apex_problems, shorten
+from amprepro.schemaerrors import bounded_message, field_name, first_error
 
 REPO = Path(__file__).resolve().parents[2]
 SCHEMA_PATH = REPO / "workflow" / "schemas" / "config.schema.yaml"
 LLAMA_ARCHS = ("llama", "llama_tiny")  # models.LLAMA_SIZES (not imported: no torch at DAG build time)
-MAX_MESSAGE = 400  # characters of a schema message: a huge value must not print megabytes
 MAX_NODES = 100_000  # values in a config; YAML aliases can expand a small file into a huge structure
 NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?\Z")
 
@@ -162,9 +162,9 @@ def _coerce(value, node: dict, schema: dict):
                 for key, item in value.items()}
     if isinstance(value, list):
         return [_coerce(item, node.get("items", {}), schema) for item in value]
-    if isinstance(value, str) and (parsed := _scalar(value)) is not value and _valid(parsed, node, schema):
-        if not _valid(value, node, schema) or parsed is None:
-            value = parsed
+    if (isinstance(value, str) and (parsed := _scalar(value)) is not value and _valid(parsed, node, schema)
+            and (not _valid(value, node, schema) or parsed is None)):
+        value = parsed
     if isinstance(value, float) and value.is_integer() and "integer" in types and "number" not in types:
         return int(value)
     return value
@@ -186,13 +186,6 @@ def _valid(value, node: dict, schema: dict) -> bool:
     return jsonschema.Draft202012Validator(resolved).is_valid(value)
 
 
-def _field(error: jsonschema.ValidationError, prefix: str) -> str:
-    parts = [prefix]
-    for part in error.absolute_path:
-        parts.append(f"[{part}]" if isinstance(part, int) else f".{part}")
-    return "".join(parts)
-
-
 def validate(instance: dict, definition: str | None, prefix: str, defaults: bool = False) -> None:
     """Validate against the schema (or one of its $defs); raise ConfigError naming the first bad field. With defaults,
     fill in the schema's default of each absent property on the way (instance is changed in place)."""
@@ -201,15 +194,10 @@ def validate(instance: dict, definition: str | None, prefix: str, defaults: bool
         schema = {"$schema": schema["$schema"], "$defs": schema["$defs"], "$ref": f"#/$defs/{definition}"}
     validator_class = jsonschema.Draft202012Validator
     validator = (_filling_defaults(validator_class) if defaults else validator_class)(schema)
-    errors = sorted(validator.iter_errors(instance), key=lambda e: (len(list(e.absolute_path)), str(e.absolute_path)))
-    if errors:
-        error = errors[0]
-        leaf = min(error.context, key=lambda e: len(list(e.absolute_path)), default=None) if error.context else None
-        if leaf is not None and len(list(leaf.absolute_path)) >= len(list(error.absolute_path)):
-            error = leaf
-        message = error.message if len(error.message) <= MAX_MESSAGE else error.message[:MAX_MESSAGE] + " ..."
+    error = first_error(validator, instance)
+    if error is not None:
         raise ConfigError(
-            f"Config error at {_field(error, prefix)}: {message}. "
+            f"Config error at {field_name(error, prefix)}: {bounded_message(error)}. "
             f"Fix that value in your config (allowed values are in {SCHEMA_PATH.name})."
         )
 

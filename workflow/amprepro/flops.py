@@ -77,7 +77,8 @@ def count_training_flops(step_fn) -> int:
 
 
 def measure_matmul_peak(device: torch.device, size: int = 8192, repeats: int = 10) -> dict:
-    """TFLOP/s of a size³ matmul per dtype, CUDA events, after warm-up: the achievable ceiling MFU is measured against."""
+    """TFLOP/s of a size³ matmul per dtype, CUDA events, after warm-up: the achievable ceiling MFU is measured
+    against."""
     results = {}
     for kind, dtype, tf32 in [("fp32", torch.float32, False), ("tf32", torch.float32, True),
                               ("fp16", torch.float16, False), ("bf16", torch.bfloat16, False)]:

@@ -43,7 +43,8 @@ def visible_gpus() -> tuple[list[str], str]:
         out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return [], f"nvidia-smi failed: {exc}"
-    names = [line.split(":", 1)[1].split("(UUID")[0].strip() for line in out.stdout.splitlines() if line.startswith("GPU ")]
+    names = [line.split(":", 1)[1].split("(UUID")[0].strip()
+             for line in out.stdout.splitlines() if line.startswith("GPU ")]
     if out.returncode != 0 or not names:
         return [], f"nvidia-smi lists no GPU (exit {out.returncode})"
     return names, f"nvidia-smi lists {len(names)} GPU(s): {', '.join(sorted(set(names)))}"

@@ -116,7 +116,8 @@ class Breakdown:
         """enabled=False (the CPU, which has no allocator peak to split) reports None."""
         self.model, self.optimizer, self.sizes = model, optimizer, {}
         if enabled:
-            self.hooks = [optimizer.register_step_pre_hook(self._before), optimizer.register_step_post_hook(self._after)]
+            self.hooks = [optimizer.register_step_pre_hook(self._before),
+                          optimizer.register_step_post_hook(self._after)]
 
     def masters(self) -> list:
         """apex O2's FP32 master copies (the optimizer's stash); empty for every other precision."""

@@ -17,7 +17,8 @@ from pathlib import Path
 TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "report" / "nbconvert"
 TEMPLATE_NAME = "amprepro"
 SCRIPT = re.compile(r"<script\b", re.IGNORECASE)
-EXTERNAL = re.compile(r"""<(?:link|img|iframe|embed|object|source|audio|video|input)\b[^>]*?\b(?:src|href|data)\s*=\s*["']?"""
+EXTERNAL = re.compile(r"""<(?:link|img|iframe|embed|object|source|audio|video|input)\b"""
+                      r"""[^>]*?\b(?:src|href|data)\s*=\s*["']?"""
                       r"""\s*(?!data:|#)([a-z][a-z0-9+.-]*:|//)""", re.IGNORECASE)
 CSS_URL = re.compile(r"""(?:url\(\s*["']?\s*(?!data:|#)[^)"'\s]+|@import)""", re.IGNORECASE)
 

@@ -16,7 +16,8 @@ import pandas as pd
 
 from amprepro import claims as claims_mod
 from amprepro import precisions
-from amprepro import verify as verify_mod
+from amprepro.cellcompare import METRIC_LABEL
+from amprepro.claimmetrics import HIGHER_IS_BETTER, claimed_band, fmt_value
 from amprepro.reportlib import (
     ESTIMATE_COLUMN,
     GIB,
@@ -52,7 +53,8 @@ def claims_chart(results: list[dict], summary: dict):
             for model, m in b["models"].items():
                 if m.get("median") is not None:
                     points.append((r, baseline, model, m))
-    metrics = [mt for mt in ("speedup", "memory_reduction", "accuracy_delta") if any(p[0]["metric"] == mt for p in points)]
+    metrics = [mt for mt in ("speedup", "memory_reduction", "accuracy_delta")
+               if any(p[0]["metric"] == mt for p in points)]
     if not metrics:
         fig, ax = plt.subplots(figsize=(9, 1.8))
         ax.axis("off")
@@ -69,21 +71,22 @@ def claims_chart(results: list[dict], summary: dict):
     for ax, metric in zip(axes[:, 0], metrics):
         label, scale = unit[metric]
         rows = [p for p in points if p[0]["metric"] == metric]
-        for y, (r, baseline, model, m) in enumerate(rows):
-            low, high = claims_mod.claimed_band(r)
+        for y, (r, _baseline, _model, m) in enumerate(rows):
+            low, high = claimed_band(r)
             finite_low = low if low != float("-inf") else min(m["min"], high) - abs(high) * 0.25 - 0.05
             finite_high = high if high != float("inf") else max(m["max"], low) + abs(low) * 0.25 + 0.05
             ax.barh(y, (finite_high - finite_low) * scale, left=finite_low * scale, height=0.6, color="#b7dfc2",
                     alpha=0.7, label="claimed (with tolerance)" if y == 0 else None)
             color = VERDICT_COLOR.get(m["verdict"], "#475467")
-            ax.errorbar(m["median"] * scale, y, xerr=[[(m["median"] - m["min"]) * scale], [(m["max"] - m["median"]) * scale]],
-                        fmt="o", color=color, capsize=4, label="measured: median, min–max over seeds" if y == 0 else None)
-            ax.annotate(claims_mod.fmt_value(metric, m["median"]), (m["median"] * scale, y), textcoords="offset points",
+            spread = [[(m["median"] - m["min"]) * scale], [(m["max"] - m["median"]) * scale]]
+            ax.errorbar(m["median"] * scale, y, xerr=spread, fmt="o", color=color, capsize=4,
+                        label="measured: median, min–max over seeds" if y == 0 else None)
+            ax.annotate(fmt_value(metric, m["median"]), (m["median"] * scale, y), textcoords="offset points",
                         xytext=(6, 5), fontsize=8, color=color)
         ax.set_yticks(range(len(rows)), [f"{r['id']}\n{model} vs {precisions.label(b)}" for r, b, model, _ in rows],
                       fontsize=7.5)
         ax.invert_yaxis()
-        better = "right" if claims_mod.HIGHER_IS_BETTER[metric] else "left"
+        better = "right" if HIGHER_IS_BETTER[metric] else "left"
         ax.set_xlabel(f"{label}; {better} of the band = better than claimed (blue: exceeds, red: falls short)")
         ax.set_title(f"Claims ({metric.replace('_', ' ')}): measured against the claimed band")
         ax.legend(fontsize=7.5, loc="lower right")
@@ -118,7 +121,7 @@ def verify_chart(result: dict | None):
         ax.axhline(1.0, color="grey", linewidth=0.8)
         ax.set_xticks(xs, labels, rotation=70, ha="right", fontsize=6.5)
         ax.set_ylabel("ratio (×)")
-        ax.set_title(f"{verify_mod.METRIC_LABEL.get(metric, metric)}: this run / reference median, per cell "
+        ax.set_title(f"{METRIC_LABEL.get(metric, metric)}: this run / reference median, per cell "
                      "(red = out of tolerance)")
         ax.legend(fontsize=7.5, loc="best")
     fig.tight_layout()
@@ -163,13 +166,19 @@ def _no_data(ax, text: str):
     ax.set_yticks([])
 
 
-def throughput_chart(summary: dict):
-    frame = ok_cells(summary)
+def _axes_per_model_or_none(frame, title: str):
+    """(models, fig, axes): one axis per model in frame, or one axis saying that no cell ran."""
     models = list(dict.fromkeys(frame["model"]))
     fig, axes = _per_model_axes(models)
     if not models:
         _no_data(axes[0], "no cell ran")
-        axes[0].set_title("Training throughput")
+        axes[0].set_title(title)
+    return models, fig, axes
+
+
+def throughput_chart(summary: dict):
+    frame = ok_cells(summary)
+    models, fig, axes = _axes_per_model_or_none(frame, "Training throughput")
     for ax, model in zip(axes, models):
         sub = frame[frame["model"] == model]
         _bars(ax, sub, "throughput_per_s", fmt="{:,.0f}")
@@ -188,11 +197,7 @@ def memory_chart(summary: dict):
     frame = ok_cells(summary)
     on_gpu = bool(frame["peak_allocated_bytes"].notna().any()) if not frame.empty else False
     column = "peak_allocated_bytes" if on_gpu else "peak_rss_bytes"
-    models = list(dict.fromkeys(frame["model"]))
-    fig, axes = _per_model_axes(models)
-    if not models:
-        _no_data(axes[0], "no cell ran")
-        axes[0].set_title("Peak memory")
+    models, fig, axes = _axes_per_model_or_none(frame, "Peak memory")
     for ax, model in zip(axes, models):
         sub = frame[(frame["model"] == model) & frame[column].notna()]
         if sub.empty:
@@ -251,7 +256,8 @@ def speedup_chart(summary: dict):
             _no_data(ax, f"no {baseline} baseline ran here" if frame[column].isna().all()
                      else f"nothing but the {baseline} baseline ran here")
         else:
-            stats = sub.groupby(["model", "precision"], observed=True)[column].agg(["median", "min", "max"]).reset_index()
+            by_cell = sub.groupby(["model", "precision"], observed=True)[column]
+            stats = by_cell.agg(["median", "min", "max"]).reset_index()
             models = list(dict.fromkeys(stats["model"]))
             shown = [p for p in precisions.names() if p in set(stats["precision"].astype(str))]
             width = 0.8 / max(len(shown), 1)

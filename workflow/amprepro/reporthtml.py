@@ -16,7 +16,7 @@ import pandas as pd
 
 from amprepro import claims as claims_mod
 from amprepro import precisions
-from amprepro import verify as verify_mod
+from amprepro.cellcompare import METRIC_LABEL
 from amprepro.reportcharts import breakdown_chart, png_bytes
 from amprepro.reportlib import (
     BREAKDOWN_WHY,
@@ -120,7 +120,7 @@ def verify_html(result: dict | None) -> str:
                      "checks": {check["metric"]: ratio_check(check) for check in cell["checks"]}})
     columns = [("cell", "cell"), ("verdict", "verdict"), ("status", "status here / reference"),
                ("runs", "reference runs")]
-    columns += [(m, f"{verify_mod.METRIC_LABEL.get(m, m)}: this run / reference median") for m in metrics]
+    columns += [(m, f"{METRIC_LABEL.get(m, m)}: this run / reference median") for m in metrics]
     columns += [("note", "note")]
     return render("verify.html.j2", result=result, rows=rows, columns=columns, metrics=metrics)
 

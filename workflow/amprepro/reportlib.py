@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import hashlib
-import subprocess
 from pathlib import Path
 
 import pandas as pd
@@ -18,6 +17,7 @@ from amprepro import precisions
 from amprepro import summary as summary_columns
 from amprepro import verify as verify_mod
 from amprepro.files import read_json
+from amprepro.gitinfo import describe_commit
 
 GIB = 2**30
 
@@ -304,16 +304,6 @@ def environment_table(env: dict) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["item", "value"])
 
 
-def pipeline_commit() -> str:
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                               text=True, timeout=10).stdout.strip()
-        return out.stdout.strip() + (" (with uncommitted changes)" if dirty else "") if out.returncode == 0 else "n/a"
-    except OSError:
-        return "n/a"
-
-
 def _sha256(path: str | None) -> str:
     if not path or not Path(path).exists():
         return "n/a"
@@ -325,7 +315,7 @@ def provenance_table(data: dict) -> pd.DataFrame:
     env = data["environment"]
     verify = data.get("verify") or {}
     reference = verify.get("reference") or {}
-    rows = [("pipeline commit", pipeline_commit()), ("config sha256", preset.get("config_sha256")),
+    rows = [("pipeline commit", describe_commit()), ("config sha256", preset.get("config_sha256")),
             ("claims file", f"{data.get('claims_path') or 'none'} (sha256 {_sha256(data.get('claims_path'))})"),
             ("reference used", reference.get("path") or f"none ({verify.get('status', 'not run')})"),
             ("preset", f"{preset.get('preset')}: {preset.get('reason')}"),

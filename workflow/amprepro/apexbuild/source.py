@@ -62,7 +62,7 @@ class Source:
             archive = subprocess.run(["git", *GIT_PROTOCOLS, "--git-dir", self._git_dir, "archive", "--format=tar",
                                       "--end-of-options", self.commit],
                                      capture_output=True, check=True)
-            _extract_tar(tarfile.open(fileobj=io.BytesIO(archive.stdout)), dest, "")
+            _extract_tar(tarfile.open(fileobj=io.BytesIO(archive.stdout)), dest, "")  # noqa: SIM115 (in memory)
         elif self.kind == "tarball":
             with tarfile.open(self.location) as tar:
                 _extract_tar(tar, dest, self._tar_prefix)

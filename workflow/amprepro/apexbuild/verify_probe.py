@@ -104,7 +104,7 @@ def check_amp(level):
     model, optimizer = amp.initialize(model, optimizer, opt_level=level, verbosity=0)
     start = [p.detach().float().clone() for p in model.parameters()]
     x, y = torch.randn(32, 64, device="cuda"), torch.randint(0, 10, (32,), device="cuda")
-    for attempt in range(1, 6):  # the dynamic loss scale may skip the first steps on overflow
+    for attempt in range(1, 6):  # noqa: B007 (read after the loop); the loss scale may skip the first steps on overflow
         optimizer.zero_grad()
         logits = model(x)
         loss = torch.nn.functional.cross_entropy(logits.float(), y)
