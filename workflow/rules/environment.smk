@@ -12,4 +12,4 @@ rule environment:
     params:
         code=code_digest("environment"),
     shell:
-        "PYTHONPATH=workflow python -m amprepro.environment --out {output.env} > {log} 2>&1"
+        "python -m amprepro.environment --out {output.env} > {log} 2>&1"

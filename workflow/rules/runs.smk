@@ -25,7 +25,7 @@ rule train:
         launch=launch_for_cell,
         code=code_digest("train"),  # with what it imports: distributed, resources
     shell:
-        "PYTHONPATH=workflow python -m amprepro.gpuslots --gpus {resources.gpu} --"
+        "python -m amprepro.gpuslots --gpus {resources.gpu} --"
         " python -m amprepro.distributed {params.launch} -- --spec {params.spec:q} --apex {input.apex}"
         " --threads {threads} --metrics {output.metrics} --steps {output.steps} > {log} 2>&1"
 
@@ -48,7 +48,7 @@ rule peak:
     params:
         code=code_digest("peak"),
     shell:
-        "PYTHONPATH=workflow python -m amprepro.gpuslots --gpus {resources.gpu} --"
+        "python -m amprepro.gpuslots --gpus {resources.gpu} --"
         " python -m amprepro.peak --out {output.peak} > {log} 2>&1"
 
 
@@ -74,6 +74,6 @@ rule summary:
         preset=json.dumps(PRESET, sort_keys=True),
         code=code_digest("summary"),
     shell:
-        "PYTHONPATH=workflow python -m amprepro.summary"
+        "python -m amprepro.summary"
         " --metrics {input.metrics} --env {input.env} --apex {input.apex} --peak {input.peak}"
         " --preset {params.preset:q} --csv {output.table} --json {output.summary} > {log} 2>&1"

@@ -23,7 +23,7 @@ checkpoint sanity:
         expect_gpu=bool(GPUS),
         code=code_digest("sanity", "runinputs"),
     shell:
-        "PYTHONPATH=workflow python -m amprepro.gpuslots --gpus {resources.gpu} -- python -m amprepro.sanity"
+        "python -m amprepro.gpuslots --gpus {resources.gpu} -- python -m amprepro.sanity"
         " --apex {input.apex} --expect-gpu {params.expect_gpu} --out {output.sanity} > {log} 2>&1"
-        " && PYTHONPATH=workflow python -m amprepro.runinputs sanity --record {output.sanity} --out {output.verdicts}"
+        " && python -m amprepro.runinputs sanity --record {output.sanity} --out {output.verdicts}"
         " >> {log} 2>&1"
