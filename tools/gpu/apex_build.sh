@@ -4,7 +4,7 @@
 #   OUT=/path/to/outdir tools/gpu/apex_build.sh REF COMMIT [seconds]
 #
 # The source is a local export, vendor/apex-REF with its vendor/apex-REF.source.json marker, made here with
-# `PYTHONPATH=workflow python -m amprepro.apexbuild export --git-dir <apex clone> --ref REF --dest vendor/apex-REF`
+# `.venv/bin/python -m amprepro.apexbuild export --git-dir <apex clone> --ref REF --dest vendor/apex-REF`
 # and carried to the box. Runs the stage twice: cold, then again (a cache hit), and packs apex.json, the stage logs and
 # the build log for results-reference/apex/REF/.
 set -uo pipefail

@@ -3,7 +3,7 @@
 workflow/rules/conda_check.smk runs it while Snakemake parses the workflow, so each of these failures ends in one
 message from amprepro that says what is wrong and how to fix it, before Snakemake's own traceback. Standalone:
 
-    PYTHONPATH=workflow python -m amprepro.condacheck envs/train.yaml envs/report.yaml
+    .venv/bin/python -m amprepro.condacheck envs/train.yaml envs/report.yaml
 
 The solve check is a `conda create --dry-run --json` of the env file's dependencies. It is skipped for an env file that
 has a pin file (<env>.<platform>.pin.txt, installed as is, without a solve) and for one already deployed under the

@@ -1,6 +1,6 @@
 """Start Snakemake the way `make run` and `make verify` do: on the whole machine, and past the debris of a killed run.
 
-    PYTHONPATH=workflow python -m amprepro.launch [TARGET...]
+    .venv/bin/python -m amprepro.launch [TARGET...]
 
 Settings come from the environment (the Makefile exports them): CORES (default: every core this process may use),
 SNAKEMAKE_ARGS (split like a shell would split it, but never run through one) and AMPREPRO_GPU_COUNT (GPUs to share

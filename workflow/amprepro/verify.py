@@ -218,7 +218,7 @@ def report_lines(result: dict) -> list[str]:
     lines += [f"  out of tolerance: {line}" for line in result["failures"]]
     lines += [f"  warning: {line}" for line in result["warnings"]]
     if result["status"] == "no_reference" and result.get("slug"):
-        lines.append(f"  to add one from a run on this GPU: PYTHONPATH=workflow python -m amprepro.verify promote "
+        lines.append(f"  to add one from a run on this GPU: .venv/bin/python -m amprepro.verify promote "
                      f"results --note '...' (writes reference/{result['slug']}/runs/)")
     if result.get("claims"):
         lines.append("claims (informational; they do not change the exit code):")
