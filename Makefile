@@ -1,7 +1,8 @@
 # Two commands on a fresh machine: `make run` (the whole pipeline) and `make test` (the test suite).
 PYTHON ?= python3
 VENV ?= .venv
-# CORES (default: every core) and SNAKEMAKE_ARGS reach amprepro.launch through the environment, never through a shell.
+# CORES (default: every core) and SNAKEMAKE_ARGS reach amprepro.env.launch through the environment, never through a
+# shell.
 CORES ?=
 SNAKEMAKE_ARGS ?=
 export CORES SNAKEMAKE_ARGS
@@ -10,7 +11,7 @@ BIN := $(VENV)/bin
 export PATH := $(abspath $(BIN)):$(PATH)
 # Snakemake on every core and every GPU nvidia-smi lists; removes the lock of a killed run once it is dead. PYTHONPATH
 # stays: a venv made elsewhere (tools/gpu/make_run.sh, from carried wheels) has no amprepro installed.
-LAUNCH := PYTHONPATH=$(CURDIR)/workflow $(BIN)/python -m amprepro.launch
+LAUNCH := PYTHONPATH=$(CURDIR)/workflow $(BIN)/python -m amprepro.env.launch
 
 .PHONY: run test lint clean-venv verify
 

@@ -23,7 +23,7 @@ def test_pyproject_finds_the_package_under_workflow():
 
 def test_the_installed_package_imports_from_any_directory(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    probe = "import amprepro.config, amprepro.apexbuild.verify; print(amprepro.__file__)"
+    probe = "import amprepro.config, amprepro.env.apexbuild.verify; print(amprepro.__file__)"
     result = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, env=env,
                             timeout=120)
     if "No module named 'amprepro'" in result.stderr:

@@ -2,7 +2,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from amprepro import resources as cell_resources  # noqa: E402
+from amprepro.train import resources as cell_resources  # noqa: E402
 from amprepro.codedigest import code_digest  # noqa: E402
 from amprepro.config import (  # noqa: E402
     apex_required,
@@ -26,11 +26,11 @@ BUILD_THREADS = max(1, workflow.resource_settings.cores or 1)  # None under `sna
 RUNTIME_FACTOR = float(config["resources"]["runtime_factor"])  # nested --config values arrive as strings
 
 # How every job finds the amprepro package: the one place. Each shell command starts with PYTHONPATH exported to the
-# package's absolute folder (PACKAGE_PATH, from the Snakefile), so rules run `python -m amprepro.X` from any working
-# directory (`snakemake --directory`). Set in the command, not in Snakemake's environment: with --use-conda Snakemake
-# removes PYTHONPATH from a conda job's environment, and the env's python (no amprepro installed there) must still
-# import it; a PYTHONPATH already set (tools/gpu: site packages) is kept after it. `set -euo pipefail` is the prefix
-# Snakemake uses when none is set.
+# package's absolute folder (PACKAGE_PATH, from the Snakefile), so rules run `python -m amprepro.<subpackage>.<stage>`
+# from any directory (`snakemake --directory`). Set in the command, not in Snakemake's environment: with --use-conda
+# Snakemake removes PYTHONPATH from a conda job's environment, and the env's python (no amprepro installed there) must
+# still import it; a PYTHONPATH already set (tools/gpu: site packages) is kept after it. `set -euo pipefail` is the
+# prefix Snakemake uses when none is set.
 shell.prefix("set -euo pipefail; export PYTHONPATH={PACKAGE_PATH:q}${{PYTHONPATH:+:$PYTHONPATH}}; ")
 
 
@@ -101,7 +101,7 @@ def runtime_for_cell(wildcards):
 
 
 def launch_for_cell(wildcards):
-    """amprepro.distributed's arguments: processes per node, nodes, and whether they need CUDA devices."""
+    """amprepro.train.distributed's arguments: processes per node, nodes, and whether they need CUDA devices."""
     model = model_of(wildcards)
     return [
         "--per-node",

@@ -1,4 +1,4 @@
-from amprepro.verify import reference_inputs  # noqa: E402
+from amprepro.report.verify import reference_inputs  # noqa: E402
 
 
 rule report:
@@ -36,16 +36,16 @@ rule report:
         title=lambda wildcards: config["report"]["title"],  # a function: Snakemake formats a plain string's braces
         # the report's code: render, what the notebook imports, the HTML templates
         code=code_digest(
-            "render",
-            "reportlib",
-            "reporthtml",
-            "reportcharts",
-            "claims",
-            "verify",
+            "report.render",
+            "report.reportlib",
+            "report.reporthtml",
+            "report.reportcharts",
+            "report.claims",
+            "report.verify",
             files=["report/templates"],
         ),
     shell:
-        "python -m amprepro.render"
+        "python -m amprepro.report.render"
         " --notebook {input.notebook:q} --executed {output.notebook} --html {output.html}"
         " --param title={params.title:q} --param summary={input.summary} --param table={input.table}"
         " --param environment={input.env} --param sanity={input.sanity} --param apex={input.apex}"

@@ -2,8 +2,8 @@
 # The report (rule report) evaluates both from the same inputs and shows them, so `make run` always ends with a
 # report. `snakemake verify` / `make verify` is the gate: it fails (non-zero exit) when a cell is out of tolerance,
 # naming the cells and by how much. It stays out of `rule all` because it must be able to fail.
-from amprepro.claimfile import load_claims  # noqa: E402
-from amprepro.verify import reference_inputs  # noqa: E402
+from amprepro.report.claimfile import load_claims  # noqa: E402
+from amprepro.report.verify import reference_inputs  # noqa: E402
 
 
 report: "../report/workflow.rst"
@@ -33,9 +33,9 @@ rule verify_compare:
         runtime=30,
     params:
         reference_dir=lambda wildcards: REFERENCE_DIR,  # a function: lint takes a plain path for a file prefix
-        code=code_digest("verify"),
+        code=code_digest("report.verify"),
     shell:
-        "python -m amprepro.verify compare"
+        "python -m amprepro.report.verify compare"
         " --summary {input.summary} --sanity {input.sanity} --runs-dir results/runs"
         " --reference-dir {params.reference_dir:q} --claims {input.claims:q}"
         " --json {output.verify} --csv {output.table} > {log} 2>&1"
@@ -50,4 +50,4 @@ rule verify:
     conda:
         REPORT_ENV
     shell:
-        "python -m amprepro.verify gate --verify {input.verify} 2>&1 | tee {log}"
+        "python -m amprepro.report.verify gate --verify {input.verify} 2>&1 | tee {log}"
