@@ -1,22 +1,27 @@
 # Two commands on a fresh machine: `make run` (the whole pipeline) and `make test` (the test suite).
 PYTHON ?= python3
 VENV ?= .venv
-# CORES (default: every core) and SNAKEMAKE_ARGS reach amprepro.launch through the environment, never through a shell.
+# CORES (default: every core) and SNAKEMAKE_ARGS reach amprepro.env.launch through the environment, never through a
+# shell.
 CORES ?=
 SNAKEMAKE_ARGS ?=
 export CORES SNAKEMAKE_ARGS
 BIN := $(VENV)/bin
 # Rules call `python`: it must be the venv's (with --use-conda, the env's own python comes first).
 export PATH := $(abspath $(BIN)):$(PATH)
-# Snakemake on every core and every GPU nvidia-smi lists; removes the lock of a killed run once it is dead.
-LAUNCH := PYTHONPATH=$(CURDIR)/workflow $(BIN)/python -m amprepro.launch
+# Snakemake on every core and every GPU nvidia-smi lists; removes the lock of a killed run once it is dead. PYTHONPATH
+# stays: a venv made elsewhere (tools/gpu/make_run.sh, from carried wheels) has no amprepro installed.
+LAUNCH := PYTHONPATH=$(CURDIR)/workflow $(BIN)/python -m amprepro.env.launch
 
 .PHONY: run test lint clean-venv verify
 
+# The pinned requirements, then amprepro itself, editable (workflow/amprepro) and --no-deps (the pins stay the source
+# of truth), so the venv's python imports it from any directory.
 $(BIN)/activate: requirements.txt requirements-dev.txt profiles/slurm/requirements.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -r requirements-dev.txt
+	$(BIN)/python -m pip install --quiet --no-deps -e .
 	touch $(BIN)/activate
 
 run: $(BIN)/activate

@@ -6,16 +6,23 @@ from snakemake.utils import min_version
 
 min_version("9.0")
 
-sys.path.insert(0, str(Path(workflow.basedir) / "workflow"))
+# Where the workflow's own files are: this Snakefile's folder, wherever Snakemake runs (`--directory` may name another
+# working directory; results/ and .snakemake/ go there). The rules find the amprepro package and every file of the
+# workflow (config, presets, claims, reference, notebook, templates) from here; common.smk says how.
+WORKFLOW_DIR = Path(workflow.basedir).resolve()
+PACKAGE_PATH = WORKFLOW_DIR / "workflow"  # the folder holding the amprepro package
+sys.path.insert(0, str(PACKAGE_PATH))
 from amprepro.config import read_config_file  # noqa: E402
 
-# Before Snakemake reads it: a broken file stops with its line and column, and __use_yte__ (a template that runs
-# Python) is refused. Files given with --configfile are read by Snakemake before this line (docs/config.md).
-if Path("config/config.yaml").exists():
-    read_config_file("config/config.yaml")
+# The workflow's default config. Before Snakemake reads it: a broken file stops with its line and column, and
+# __use_yte__ (a template that runs Python) is refused. Files given with --configfile are read by Snakemake before this
+# line (docs/config.md).
+DEFAULT_CONFIG = WORKFLOW_DIR / "config" / "config.yaml"
+if DEFAULT_CONFIG.exists():
+    read_config_file(DEFAULT_CONFIG)
 
 
-configfile: "config/config.yaml"
+configfile: DEFAULT_CONFIG
 
 
 include: "workflow/rules/common.smk"

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from apex_fakes import FAKE_APEX, Built, Echo, make_repo, settings_for
 
-from amprepro import apexbuild
-from amprepro.apexbuild import toolchain
+from amprepro.env import apexbuild
+from amprepro.env.apexbuild import toolchain
 
 
 @pytest.fixture(scope="session")

@@ -14,10 +14,10 @@ import zipfile
 import pytest
 from apex_fakes import REPO, Echo, settings_for
 
-from amprepro import apexbuild
-from amprepro.apexbuild import ApexError
-from amprepro.apexbuild.source import file_sha256
-from amprepro.apexbuild.store import Store, is_complete
+from amprepro.env import apexbuild
+from amprepro.env.apexbuild import ApexError
+from amprepro.env.apexbuild.source import file_sha256
+from amprepro.env.apexbuild.store import Store, is_complete
 
 EXTENSIONS = ["apex_C", "apex_version_C"]
 
@@ -79,7 +79,8 @@ def test_a_waiting_builder_reuses_what_the_lock_holder_published(built, tmp_path
     cache = tmp_path / "cache"
     store = Store(tmp_path / "unused", cache)
     settings = {**built.settings, "cache_dir": str(cache)}
-    command = [sys.executable, "-m", "amprepro.apexbuild", "build", "--jobs", "2", "--settings", json.dumps(settings),
+    command = [sys.executable, "-m", "amprepro.env.apexbuild", "build", "--jobs", "2",
+               "--settings", json.dumps(settings),
                "--results-dir", str(tmp_path / "results")]
     with store.lock(built.key):
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -125,9 +126,9 @@ def test_a_damaged_cache_entry_is_not_used(built, tmp_path):
 
 
 def test_the_rule_command_writes_apex_json(built, tmp_path):
-    """`python -m amprepro.apex_stage ...` exactly as workflow/rules/apex.smk runs it, from the workflow dir."""
+    """`python -m amprepro.env.apex_stage ...` exactly as workflow/rules/apex.smk runs it, from the workflow dir."""
     settings = json.dumps(settings_for(built.repo, built.commit, cache_dir=built.cache))
-    done = subprocess.run([sys.executable, "-m", "amprepro.apex_stage", "--settings", settings,
+    done = subprocess.run([sys.executable, "-m", "amprepro.env.apex_stage", "--settings", settings,
                            "--out", "results/apex/apex.json", "--jobs", "2"], cwd=tmp_path, capture_output=True,
                           text=True, env={**os.environ, "PYTHONPATH": str(REPO / "workflow")})
     assert done.returncode == 0, done.stderr
@@ -138,7 +139,7 @@ def test_the_rule_command_writes_apex_json(built, tmp_path):
 
 def test_the_rule_command_reports_a_refusal(built, tmp_path):
     settings = json.dumps(settings_for(built.repo, "0123456789abcdef"))
-    done = subprocess.run([sys.executable, "-m", "amprepro.apex_stage", "--settings", settings,
+    done = subprocess.run([sys.executable, "-m", "amprepro.env.apex_stage", "--settings", settings,
                            "--out", "results/apex/apex.json"], cwd=tmp_path, capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": str(REPO / "workflow")})
     assert done.returncode == 1 and "ERROR (apex):" in done.stderr and "refusing to build" in done.stderr

@@ -7,12 +7,12 @@ import shlex
 
 import pytest
 
-from amprepro.apexbuild import patches
-from amprepro.apexbuild.build import Progress, diagnose, pip_wheel_command, plan_build
-from amprepro.apexbuild.setup_inspect import inspect_setup
-from amprepro.apexbuild.store import cache_key
-from amprepro.apexbuild.toolchain import Nvcc, Toolchain
-from amprepro.apexbuild.verify import reusable_gpu_checks
+from amprepro.env.apexbuild import patches
+from amprepro.env.apexbuild.build import Progress, diagnose, pip_wheel_command, plan_build
+from amprepro.env.apexbuild.setup_inspect import inspect_setup
+from amprepro.env.apexbuild.store import cache_key
+from amprepro.env.apexbuild.toolchain import Nvcc, Toolchain
+from amprepro.env.apexbuild.verify import reusable_gpu_checks
 
 # The parts of apex 25.05's setup.py the builder reads (abridged; same statements and shapes).
 SETUP_25_05 = '''

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from apex_fakes import fake_cuda, fake_distribution, fake_nvidia_smi, fake_python_packages, python_env, write_script
 
-from amprepro.apexbuild import ApexError
-from amprepro.apexbuild.preflight import preflight
-from amprepro.apexbuild.setup_inspect import inspect_setup
-from amprepro.apexbuild.toolchain import survey
+from amprepro.env.apexbuild import ApexError
+from amprepro.env.apexbuild.preflight import preflight
+from amprepro.env.apexbuild.setup_inspect import inspect_setup
+from amprepro.env.apexbuild.toolchain import survey
 
 # The shape of apex 25.05's setup.py that matters here: flags on sys.argv and the strict CUDA version check.
 STRICT_SETUP = '''

@@ -12,10 +12,10 @@ import tarfile
 import pytest
 from apex_fakes import FAKE_APEX, git, make_repo
 
-from amprepro.apexbuild import ApexError
-from amprepro.apexbuild import source as source_module
-from amprepro.apexbuild.source import export, export_marker, resolve
-from amprepro.apexbuild.treehash import tree_hash
+from amprepro.env.apexbuild import ApexError
+from amprepro.env.apexbuild import source as source_module
+from amprepro.env.apexbuild.source import export, export_marker, resolve
+from amprepro.env.apexbuild.treehash import tree_hash
 from amprepro.safevalues import git_ref_problem, git_url_problem
 
 OTHER_COMMIT = "0123456789abcdef0123456789abcdef01234567"

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from amprepro import apex_stage, apexbuild
+from amprepro.env import apex_stage, apexbuild
 
 SOURCE = {"url": None, "ref": "25.05", "commit": "379937e1", "path": "vendor/apex-25.05", "tarball": None,
           "sha256": None}

@@ -9,7 +9,7 @@ import stat
 import pytest
 
 from amprepro import files
-from amprepro.apexbuild.store import Store
+from amprepro.env.apexbuild.store import Store
 
 
 @contextlib.contextmanager

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from amprepro import gpuslots
+from amprepro.env import gpuslots
 
 REPO = Path(__file__).resolve().parents[2]
 SHOW = [sys.executable, "-c", "import os; print(os.environ.get('CUDA_VISIBLE_DEVICES'))"]
@@ -21,7 +21,7 @@ def env_for(tmp_path, count):
 
 
 def slots(gpus, command, env, **kwargs):
-    return subprocess.Popen([sys.executable, "-m", "amprepro.gpuslots", "--gpus", str(gpus), "--", *command],
+    return subprocess.Popen([sys.executable, "-m", "amprepro.env.gpuslots", "--gpus", str(gpus), "--", *command],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
 
 
@@ -87,11 +87,11 @@ def test_try_claim_holds_nothing_when_too_few_are_free(tmp_path):
 
 
 @pytest.mark.parametrize("gpu, expected", [
-    ("true", ["--gpus 2 -- python -m amprepro.distributed --per-node 2 --nodes 1 --device cuda --",
-              "--gpus 1 -- python -m amprepro.distributed --per-node 1 --nodes 1 --device cuda --",
-              "--gpus 1 -- python -m amprepro.apex_stage"]),
-    ("false", ["--gpus 0 -- python -m amprepro.distributed --per-node 1 --nodes 1 --device cpu --",
-               "--gpus 0 -- python -m amprepro.apex_stage"]),
+    ("true", ["--gpus 2 -- python -m amprepro.train.distributed --per-node 2 --nodes 1 --device cuda --",
+              "--gpus 1 -- python -m amprepro.train.distributed --per-node 1 --nodes 1 --device cuda --",
+              "--gpus 1 -- python -m amprepro.env.apex_stage"]),
+    ("false", ["--gpus 0 -- python -m amprepro.train.distributed --per-node 1 --nodes 1 --device cpu --",
+               "--gpus 0 -- python -m amprepro.env.apex_stage"]),
 ])
 def test_rules_run_gpu_jobs_through_gpuslots(tmp_path, gpu, expected):
     from workflow_testing import copy_workflow, snakemake

@@ -1,4 +1,4 @@
-"""amprepro.launch, what `make run` and `make verify` start: the command line it builds, the live-run refusal, the
+"""amprepro.env.launch, what `make run` and `make verify` start: the command line it builds, the live-run refusal, the
 removal of a dead run's lock, and real SIGKILLs of `make run` at every stage followed by a plain `make run`."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from snakemake.cli import get_argument_parser
 
-from amprepro import launch
+from amprepro.env import launch
 from workflow_testing import REPO, SNAKEMAKE, copy_workflow, job_env
 
 # Its output is there while the job still runs: killed then, the output is incomplete for Snakemake.
@@ -150,10 +150,10 @@ def test_a_bad_setting_stops_before_anything_is_touched(env, tmp_path, monkeypat
     (["/w/.venv/bin/python", "/w/.venv/bin/snakemake", "--cores", "2"], True),
     (["/w/.venv/bin/snakemake", "--cores", "2"], True),
     (["/w/.venv/bin/python", "-m", "snakemake", "--cores", "2"], True),
-    (["/usr/bin/bash", "-c", "set -euo pipefail;  PYTHONPATH=workflow python -m amprepro.train --spec x"], True),
-    (["python", "-u", "-m", "amprepro.train", "--spec", "x"], True),
-    (["python", "-m", "amprepro.launch"], True),
-    (["vim", "workflow/amprepro/train.py"], False),
+    (["/usr/bin/bash", "-c", "set -euo pipefail;  PYTHONPATH=workflow python -m amprepro.train.train --spec x"], True),
+    (["python", "-u", "-m", "amprepro.train.train", "--spec", "x"], True),
+    (["python", "-m", "amprepro.env.launch"], True),
+    (["vim", "workflow/amprepro/train/train.py"], False),
     (["less", ".snakemake/log/x.snakemake.log"], False),
     (["python", "-m", "pytest", "-q", "tests/backbone/test_launch.py"], False),
     (["tail", "-f", "results/logs/runs/cnn/fp32/seed0.log"], False),
@@ -206,7 +206,7 @@ def test_a_live_launcher_is_named_and_its_lock_kept(env, tmp_path, monkeypatch, 
     """A real process holding the run lock (its command line does not look like a pipeline process at all)."""
     monkeypatch.chdir(tmp_path)
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from pathlib import Path; from amprepro.launch import RunLock;"
+        [sys.executable, "-c", "import sys, time; from pathlib import Path; from amprepro.env.launch import RunLock;"
          " assert RunLock(Path.cwd()).acquire(); print('held', flush=True); time.sleep(120)"],
         cwd=tmp_path, stdout=subprocess.PIPE, text=True, env={**job_env(), "PYTHONPATH": str(REPO / "workflow")})
     try:
@@ -417,8 +417,8 @@ def test_a_job_that_outlives_its_killed_snakemake_keeps_the_lock_until_it_ends(t
         wait_for(lambda: train_log.exists() and "step    20" in train_log.read_text(), 240, "the cell to train")
         members = group_members(run.pid)
         snakemake_pids = [pid for pid in members if "-m snakemake" in command_line(pid)]
-        job_pids = [pid for pid in members if command_line(pid).startswith(f"{VENV}/bin/python -m amprepro.train")
-                    or command_line(pid).startswith("python -m amprepro.train")]
+        job_pids = [pid for pid in members if command_line(pid).startswith(f"{VENV}/bin/python -m amprepro.train.train")
+                    or command_line(pid).startswith("python -m amprepro.train.train")]
         assert len(snakemake_pids) == 1 and job_pids, [command_line(pid) for pid in members]
         os.kill(snakemake_pids[0], signal.SIGKILL)  # Snakemake only: its job lives on
         assert run.wait(timeout=60) != 0

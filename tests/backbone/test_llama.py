@@ -7,7 +7,9 @@ import pytest
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from amprepro import config, flops, memory, models, summary, train
+from amprepro import config
+from amprepro.report import summary
+from amprepro.train import flops, memory, models, train
 
 NO_APEX = {"status": "skipped", "reason": "no apex source configured"}
 VOCAB, DIM, LAYERS, FFN = 32000, 4096, 32, 11008
@@ -118,7 +120,7 @@ def test_a_cell_that_fits_the_estimate_but_runs_out_of_memory_names_the_estimate
 
 
 def test_breakdown_counts_the_tensors_of_the_first_optimizer_step():
-    from amprepro import precision
+    from amprepro.train import precision
 
     model = torch.nn.Linear(64, 32)
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)

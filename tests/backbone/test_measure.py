@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from amprepro import measure
+from amprepro.train import measure
 
 
 def test_percentile_interpolates():
@@ -48,7 +48,7 @@ class RecordingNvml:
 
 def test_energy_is_read_from_the_gpu_this_process_runs_on():
     """NVML ignores CUDA_VISIBLE_DEVICES: on the H200 pair, a cell on GPU 1 read GPU 0's energy by index."""
-    from amprepro.flops import nvml_handle
+    from amprepro.train.flops import nvml_handle
 
     nvml = RecordingNvml()
     assert nvml_handle(nvml, "GPU-e05d", 0, "1") == "by-uuid" and nvml.calls == [("uuid", "GPU-e05d")]
@@ -68,7 +68,7 @@ def test_energy_is_read_from_the_gpu_this_process_runs_on():
     ("NVIDIA L4", "L4", 121.0),
 ])
 def test_datasheet_peaks_are_keyed_by_the_exact_product(name, product, bf16):
-    from amprepro import flops
+    from amprepro.train import flops
 
     assert flops.datasheet_product(name) == product
     assert flops.datasheet_peak(name, "amp_bf16") == bf16
@@ -78,7 +78,7 @@ def test_datasheet_peaks_are_keyed_by_the_exact_product(name, product, bf16):
 @pytest.mark.parametrize("name", ["NVIDIA H200 SXM 141GB Engineering Sample", "NVIDIA GeForce RTX 4090",
                                   "NVIDIA L40", "NVIDIA A100X", "Tesla V100S-PCIE-32GB", None])
 def test_an_unknown_product_gets_no_datasheet_peak_and_says_why(name):
-    from amprepro import flops
+    from amprepro.train import flops
 
     assert flops.datasheet_peak(name, "amp_bf16") is None
     assert "no datasheet peak" in flops.datasheet_note(name)

@@ -10,7 +10,7 @@ import statistics
 import numpy as np
 import pytest
 
-from amprepro import train
+from amprepro.train import train
 
 DIGITS_TRAIN_SPLIT = 1797 - 359  # sklearn's 1797 digits less the 20 % test split
 CELLS = {
@@ -33,7 +33,7 @@ def cell(request, tmp_path_factory):
 
 
 def test_the_digits_split_size_is_the_one_validation_uses():
-    from amprepro import data
+    from amprepro.train import data
 
     assert data.digits_train_size() == DIGITS_TRAIN_SPLIT == len(data.digits_split()[0][1])
 

@@ -138,7 +138,7 @@ def ran_rules(log: str) -> list[str]:
 
 def test_a_comment_edit_reruns_no_cell_and_a_real_change_reruns_them(smoke_run):
     workdir, _ = smoke_run
-    train = workdir / "workflow/amprepro/train.py"
+    train = workdir / "workflow/amprepro/train/train.py"
     original = train.read_text()
     assert original.startswith('"""')
     try:
@@ -148,7 +148,7 @@ def test_a_comment_edit_reruns_no_cell_and_a_real_change_reruns_them(smoke_run):
         train.write_text(original + "\nUNUSED = 1\n")
         result = snakemake(workdir, "-n", "--cores", "2", "--config", "preset=smoke")
         assert job_counts(result.stdout) == {"train": 12, "summary": 1, "report": 1, "all": 1}
-        assert "Params have changed" in result.stdout and "code of amprepro.train: sha256" in result.stdout
+        assert "Params have changed" in result.stdout and "code of amprepro.train.train: sha256" in result.stdout
     finally:
         train.write_text(original)
 

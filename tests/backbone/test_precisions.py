@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from amprepro import claimfile, flops, memory, precisions, reportlib
 from amprepro import config as cfg
+from amprepro.report import claimfile, reportlib
+from amprepro.train import flops, memory, precisions
 
 REPO = Path(__file__).resolve().parents[2]
 FP8 = precisions.Precision("fp8_test", "fp8 (test entry)", "#123456", "bf16", autocast_dtype="bfloat16",
@@ -53,5 +54,5 @@ def test_apex_precisions_are_the_ones_with_an_opt_level():
 
 
 def test_the_registry_imports_no_torch():
-    source = (REPO / "workflow" / "amprepro" / "precisions.py").read_text()
+    source = (REPO / "workflow" / "amprepro" / "train" / "precisions.py").read_text()
     assert "import torch" not in source

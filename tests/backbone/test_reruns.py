@@ -41,36 +41,38 @@ def edit_a_class_docstring(path: Path) -> None:
 
 
 def test_comments_docstrings_and_layout_do_not_change_the_digest(package):
-    before = code_digest("train", package_dir=package)
-    train = package / "train.py"
+    before = code_digest("train.train", package_dir=package)
+    train = package / "train" / "train.py"
     assert train.read_text().startswith('"""')
     edit(train, '"""', '"""Edited module docstring. ')
-    edit(package / "data.py", "\n", "\n# a comment\n\n\n")
-    edit(package / "models.py", "def build(", "# build one model\ndef build(")
-    edit_a_class_docstring(package / "models.py")
-    assert code_digest("train", package_dir=package) == before
+    edit(package / "train" / "data.py", "\n", "\n# a comment\n\n\n")
+    edit(package / "train" / "models.py", "def build(", "# build one model\ndef build(")
+    edit_a_class_docstring(package / "train" / "models.py")
+    assert code_digest("train.train", package_dir=package) == before
 
 
-@pytest.mark.parametrize("module", ["train.py", "data.py", "precision.py", "flops.py"])
+@pytest.mark.parametrize("module", ["train/train.py", "train/data.py", "train/precision.py", "train/flops.py",
+                                    "train/__init__.py"])
 def test_a_statement_in_the_stage_or_a_module_it_imports_changes_the_digest(package, module):
-    before = code_digest("train", package_dir=package)
+    before = code_digest("train.train", package_dir=package)
     with open(package / module, "a") as handle:
         handle.write("\nUNUSED = 1\n")
-    assert code_digest("train", package_dir=package) != before
+    assert code_digest("train.train", package_dir=package) != before
 
 
 def test_unrelated_modules_and_the_file_writer_do_not_count(package):
-    before = code_digest("train", package_dir=package)
-    # gpuslots counts now: the cell's launcher (amprepro.distributed) reads its GPU listing
-    for module in ("sanity.py", "summary.py", "files.py", "config.py", "launch.py", "apexbuild/verify_probe.py"):
+    before = code_digest("train.train", package_dir=package)
+    # gpuslots counts now: the cell's launcher (amprepro.train.distributed) reads its GPU listing
+    for module in ("env/sanity.py", "report/summary.py", "files.py", "config.py", "env/launch.py",
+                   "env/apexbuild/verify_probe.py", "report/__init__.py", "__init__.py"):
         with open(package / module, "a") as handle:
             handle.write("\nUNUSED = 1\n")
-    assert code_digest("train", package_dir=package) == before
+    assert code_digest("train.train", package_dir=package) == before
 
 
 def test_an_imported_package_counts_whole():
-    names = {str(path.relative_to(PACKAGE_DIR)) for path in stage_files(["apex_stage"])}
-    assert {"apex_stage.py", "apexbuild/pipeline.py", "apexbuild/verify_probe.py"} <= names  # the probe is a script
+    names = {str(path.relative_to(PACKAGE_DIR)) for path in stage_files(["env.apex_stage"])}
+    assert {"env/apex_stage.py", "env/apexbuild/pipeline.py", "env/apexbuild/verify_probe.py"} <= names  # a script
     assert "files.py" not in names
 
 
@@ -80,8 +82,8 @@ def test_an_unknown_module_is_an_error():
 
 
 def test_the_digest_says_what_it_is():
-    assert re.fullmatch(r"code of amprepro\.render, amprepro\.reportlib: sha256 [0-9a-f]{64}",
-                        code_digest("render", "reportlib"))
+    assert re.fullmatch(r"code of amprepro\.report\.render, amprepro\.report\.reportlib: sha256 [0-9a-f]{64}",
+                        code_digest("report.render", "report.reportlib"))
 
 
 APEX_BUILT = {"status": "built", "required": True, "site_dir": "results/apex/site/abc", "has_amp": True,
@@ -127,13 +129,13 @@ def test_every_rule_that_runs_amprepro_code_gates_on_its_digest_and_lists_no_mod
         inputs = block.split("output:")[0]
         assert "workflow/amprepro" not in inputs and "PKG" not in inputs, \
             f"rule {name} lists code as an input file (re-run by mtime); give it params code=code_digest(...)"
-        modules = set(re.findall(r"-m amprepro\.(\w+)", block)) - {"gpuslots"}  # the GPU-slot wrapper
+        modules = set(re.findall(r"-m amprepro\.([\w.]+)", block)) - {"env.gpuslots"}  # the GPU-slot wrapper
         if not modules or "output:" not in block:  # a rule without output runs whenever it is asked for
             continue
         digest = re.search(r"code=code_digest\(([^)]*)\)", block)
         assert digest, f"rule {name} runs {sorted(modules)} but has no params code=code_digest(...)"
-        named = re.findall(r'"(\w+)"', digest.group(1))
-        covered = {str(path.relative_to(PACKAGE_DIR)).removesuffix(".py") for path in stage_files(named)}
+        named = re.findall(r'"([\w.]+)"', digest.group(1))
+        covered = {".".join(path.relative_to(PACKAGE_DIR).with_suffix("").parts) for path in stage_files(named)}
         assert modules <= covered, f"rule {name}: code_digest{tuple(named)} misses {sorted(modules - covered)}"
         checked.append(name)
     assert {"environment", "apex", "sanity", "train", "peak", "summary", "verify_compare", "report"} <= set(checked)
@@ -150,7 +152,7 @@ def test_the_cells_read_the_views_and_sanity_is_the_checkpoint_that_re_judges_th
 
 def test_a_template_edit_re_renders_the_report(tmp_path):
     """The report's HTML comes from Jinja2 templates: the report rule's digest reads them, byte for byte."""
-    from amprepro import reporthtml
+    from amprepro.report import reporthtml
 
     workflow = tmp_path / "workflow"
     shutil.copytree(PACKAGE_DIR, workflow / "amprepro", ignore=shutil.ignore_patterns("__pycache__"))
@@ -158,10 +160,10 @@ def test_a_template_edit_re_renders_the_report(tmp_path):
     block = rule_blocks()["report"]
     files = re.findall(r'"([\w/]+)"', re.search(r"files=\[([^]]*)\]", block).group(1))
     assert (PACKAGE_DIR.parent / files[0]).resolve() == reporthtml.TEMPLATE_DIR
-    modules = re.findall(r'"(\w+)"', re.search(r"code=code_digest\(([^)]*)\)", block).group(1))
+    modules = re.findall(r'"([\w.]+)"', re.search(r"code=code_digest\(([^)]*)\)", block).group(1))
     before = code_digest(*modules, files=files, package_dir=workflow / "amprepro")
     assert code_digest(*modules, files=files, package_dir=PACKAGE_DIR) == before
     edit(workflow / "report" / "templates" / "verify.html.j2", "Out of tolerance:", "Outside the band:")
     assert code_digest(*modules, files=files, package_dir=workflow / "amprepro") != before
     with pytest.raises(ValueError, match="not a file or folder"):
-        code_digest("render", files=["report/nosuch"], package_dir=workflow / "amprepro")
+        code_digest("report.render", files=["report/nosuch"], package_dir=workflow / "amprepro")

@@ -19,8 +19,8 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from amprepro import models
 from amprepro.config import choose_preset, load_schema
+from amprepro.train import models
 
 REPO = Path(__file__).resolve().parents[2]
 PRESETS = {path.stem: yaml.safe_load(path.read_text()) for path in sorted((REPO / "config" / "presets").glob("*.yaml"))}
@@ -133,13 +133,13 @@ import json, sys, torch
 from importlib import metadata
 from packaging.requirements import Requirement
 before = set(sys.modules)
-from amprepro import models
+from amprepro.train import models
 with torch.device("meta"):
     for arch, config in json.loads(sys.argv[1]).items():
         models.build(arch, config)
 owners = metadata.packages_distributions()
 new = {owner for name in set(sys.modules) - before for owner in owners.get(name.split(".")[0], [])}
-allowed, todo = {"numpy"}, ["torch"]
+allowed, todo = {"numpy", "amprepro"}, ["torch"]  # amprepro: the package itself, once installed (pip install -e .)
 while todo:
     name = todo.pop()
     if name not in allowed:

@@ -3,7 +3,8 @@ import json
 import pytest
 import torch
 
-from amprepro import sanity, summary
+from amprepro.env import sanity
+from amprepro.report import summary
 
 NO_APEX = {"status": "skipped", "reason": "no apex source configured", "required": False}
 

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from amprepro import cellsupport, models, train
+from amprepro.train import cellsupport, models, train
 
 NO_APEX = {"status": "skipped", "reason": "no apex source configured"}
 CUDA = SimpleNamespace(type="cuda")  # the checks below read only the device type (and the counts they are given)
@@ -43,7 +43,7 @@ def test_a_missing_package_is_not_the_machine(monkeypatch):
 def test_the_summary_carries_the_skip_cause(tmp_path):
     import json
 
-    from amprepro import summary
+    from amprepro.report import summary
 
     path = tmp_path / "metrics.json"
     path.write_text(json.dumps({"model": "m", "precision": "tf32", "seed": 0, "status": "skipped", "reason": "no GPU",

@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from amprepro import precision, train
+from amprepro.train import precision, train
 
 NO_APEX = {"status": "skipped", "reason": "no apex source configured"}
 

@@ -1,5 +1,6 @@
 """`snakemake --use-conda` failure paths: each ends in one message from amprepro (workflow/rules/conda_check.smk,
-amprepro.condacheck) before Snakemake's own conda error, and the isolation check itself catches a job that ran outside
+amprepro.env.condacheck) before Snakemake's own conda error, and the isolation check itself catches a job that ran
+outside
 its env."""
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from conda_offline_checks import (
     offline_env,
 )
 
-from amprepro import condacheck
+from amprepro.env import condacheck
 
 DRY_RUN = ["snakemake", "--use-conda", "--cores", "1", "-n"]
 
@@ -88,9 +89,10 @@ def test_isolation_check_reports_a_job_that_ran_outside_its_env(tmp_path):
            f"Activating conda environment: .snakemake/conda/{env.name}\n"
            "localrule report:\n    output: results/report/report.html\n"
            "localrule all:\n    input: results/report/report.html\n")
-    inside = {"argv": ["python", "-m", "amprepro.sanity", "--out", "results/sanity/sanity.json"], "prefix": str(env),
+    inside = {"argv": ["python", "-m", "amprepro.env.sanity", "--out", "results/sanity/sanity.json"],
+              "prefix": str(env),
               "executable": str(env / "bin" / "python"), "conda_prefix": str(env), "snakemake_importable": False}
-    venv = {"argv": ["python", "-m", "amprepro.summary", "--csv", "results/summary/summary.csv"],
+    venv = {"argv": ["python", "-m", "amprepro.report.summary", "--csv", "results/summary/summary.csv"],
             "prefix": sys.prefix, "executable": sys.executable, "conda_prefix": str(env),
             "snakemake_importable": True}
     jobs = jobs_in_log(log)

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from amprepro import train
+from amprepro.train import train
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU; this machine has none")]

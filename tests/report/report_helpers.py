@@ -32,7 +32,7 @@ def render_fixture(results: Path, out: Path, reference_dir: Path | None = None, 
               "environment": results / "environment/environment.json", "sanity": results / "sanity/sanity.json",
               "apex": results / "apex/apex.json", "runs_dir": results / "runs", "claims": CLAIMS,
               "reference_dir": reference_dir or (REPO / "reference")}
-    command = [sys.executable, "-m", "amprepro.render", "--notebook", str(REPO / "notebooks/report.ipynb"),
+    command = [sys.executable, "-m", "amprepro.report.render", "--notebook", str(REPO / "notebooks/report.ipynb"),
                "--executed", str(out / "report.ipynb"), "--html", str(out / "report.html")]
     for name, value in params.items():
         command += ["--param", f"{name}={value}"]

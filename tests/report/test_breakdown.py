@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 from report_helpers import GPU, LLM7B
 
-from amprepro import reportcharts, reporthtml, reportlib
+from amprepro.report import reportcharts, reporthtml, reportlib
 
 CSV = LLM7B / "summary/summary.csv"
 RUNS = LLM7B / "runs"

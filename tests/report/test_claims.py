@@ -9,7 +9,7 @@ import pytest
 import yaml
 from report_helpers import CLAIMS, GPU, LLM7B, SMOKE
 
-from amprepro import claimfile, claimmetrics, claims
+from amprepro.report import claimfile, claimmetrics, claims
 
 GIB = 2**30
 
@@ -387,7 +387,7 @@ def test_7b_claims_read_not_measurable_with_the_skip_reason_when_the_cells_do_no
 @pytest.mark.parametrize("root", [SMOKE, GPU, LLM7B], ids=["smoke", "gpu", "llm7b"])
 def test_the_cli_verify_and_the_report_give_every_claim_the_same_verdict_and_reason(tmp_path, root):
     """One evaluation (claims.evaluate_run) behind all three: e.g. the model's data decides which claims apply."""
-    from amprepro import reportlib, verify
+    from amprepro.report import reportlib, verify
 
     summary, sanity = root / "summary" / "summary.json", root / "sanity" / "sanity.json"
     claims.main(["--claims", str(CLAIMS), "--summary", str(summary), "--sanity", str(sanity),

@@ -13,7 +13,7 @@ import pytest
 from report_helpers import GPU, REFERENCE_PASS, SMOKE
 from test_verify import NO_SMI, load, run_cli
 
-from amprepro import cellcompare, promote, reference, verify
+from amprepro.report import cellcompare, promote, reference, verify
 
 
 def results_copy(tmp_path: Path, name: str, host: str, uuids: list[str], scale: float = 1.0,
@@ -147,7 +147,7 @@ def test_a_stale_or_edited_reference_is_refused_with_the_fix(tmp_path):
 
 def test_the_committed_aggregate_is_what_rebuild_makes(tmp_path):
     folder = tmp_path / "nvidia-h200"
-    shutil.copytree(Path(reference.__file__).parents[2] / "reference/nvidia-h200", folder)
+    shutil.copytree(Path(reference.__file__).parents[3] / "reference/nvidia-h200", folder)
     committed = load(folder / "aggregate.json")
     assert reference.rebuild(folder) == committed
     runs = committed["runs"]

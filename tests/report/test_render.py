@@ -9,7 +9,7 @@ import pytest
 import yaml
 from report_helpers import CLAIMS
 
-from amprepro import render
+from amprepro.report import render
 
 SECTIONS = ["Claims", "Reference check", "Results", "Throughput", "Speedup against both baselines", "Peak memory",
             "Where the peak memory goes (7B)", "Loss curves: FP32 against AMP", "Loss scale", "Sanity checks",

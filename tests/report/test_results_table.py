@@ -1,4 +1,4 @@
-from amprepro import reportlib
+from amprepro.report import reportlib
 
 
 def cell(precision, **extra):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from amprepro import reporthtml
+from amprepro.report import reporthtml
 
 EVIL = '<img src="https://example.org/x.png" onerror="alert(1)"><script>alert(2)</script>'
 

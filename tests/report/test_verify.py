@@ -11,15 +11,15 @@ from pathlib import Path
 import pytest
 from report_helpers import GPU, REFERENCE_FAIL, REFERENCE_PASS, REPO, SMOKE, workflow_with_results
 
-from amprepro import cellcompare, reference, verify
+from amprepro.report import cellcompare, reference, verify
 
 GPU_SUMMARY = GPU / "summary/summary.json"
 
 
 def run_cli(*args, cwd=REPO):
     env = {**os.environ, "PYTHONPATH": str(REPO / "workflow")}
-    return subprocess.run([sys.executable, "-m", "amprepro.verify", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=120)
+    return subprocess.run([sys.executable, "-m", "amprepro.report.verify", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=120)
 
 
 def load(path: Path) -> dict:
@@ -88,7 +88,7 @@ def test_no_reference_for_this_gpu_warns_and_exits_zero(tmp_path):
     assert "no reference results for NVIDIA H200" in result["message"]
     out = run_cli("compare", "--summary", str(GPU_SUMMARY), "--reference-dir", str(tmp_path), "--strict")
     assert out.returncode == 0 and "verify: WARNING: no reference results for NVIDIA H200" in out.stdout
-    assert "amprepro.verify promote" in out.stdout
+    assert "amprepro.report.verify promote" in out.stdout
 
 
 def test_cpu_run_has_no_reference_and_the_repository_holds_no_made_up_data():
@@ -281,7 +281,7 @@ def test_make_verify_on_the_fixture(tmp_path, reference, code):
 
 
 def test_the_report_says_what_differs_and_what_is_not_comparable_here():
-    from amprepro import reporthtml
+    from amprepro.report import reporthtml
 
     summary = with_cell(load(GPU_SUMMARY), "gpt124m", "tf32", status="skipped", skip_cause="machine",
                         reason="this cell asks for 2 GPUs; 1 visible")

@@ -14,7 +14,7 @@ ENV_HASH = "3f2a9c0d1e5b7a4c6d8e0f1a2b3c4d5e"  # the shape of Snakemake's env di
 
 
 def isolation_seen_by(python: Path) -> dict:
-    out = subprocess.run([str(python), "-c", "import json; from amprepro.environment import isolation; "
+    out = subprocess.run([str(python), "-c", "import json; from amprepro.env.environment import isolation; "
                           "print(json.dumps(isolation()))"], env={"PYTHONPATH": str(REPO / "workflow")},
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr

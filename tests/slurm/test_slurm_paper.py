@@ -1,6 +1,6 @@
 """The paper preset's whole DAG through `--workflow-profile profiles/slurm` on the local test cluster, with the jobs
 on (fake) GPU nodes: every job's GPUs, nodes, CPUs, memory and time limit in Slurm's own records are what its cell
-asks for (amprepro.resources), and summary and report come out.
+asks for (amprepro.train.resources), and summary and report come out.
 
 The test cluster's GPUs are gres entries without CUDA behind them (tools/slurm/start.sh). So every cell is written
 as skipped by its launcher (torch sees no CUDA device among the ones Slurm gave it) before any worker starts, which
@@ -20,8 +20,8 @@ import pytest
 import yaml
 from test_slurm_profile import REASON, VENV_BIN, Run, cancel_jobs_of, env_with
 
-from amprepro import resources
 from amprepro.config import resolve_runs, validate_config
+from amprepro.train import resources
 from workflow_testing import copy_workflow
 
 pytestmark = [pytest.mark.slurm, pytest.mark.e2e, pytest.mark.skipif(REASON is not None, reason=REASON or "")]
@@ -39,7 +39,7 @@ CONFIG = {
 SANITY_SHIM = """#!/usr/bin/env bash
 # tests/slurm/test_slurm_paper.py: the fake GPUs have no CUDA; sanity would stop the run on cuda.is_available.
 args=("$@")
-if [[ " $* " == *" -m amprepro.sanity "* ]]; then
+if [[ " $* " == *" -m amprepro.env.sanity "* ]]; then
   echo "sanity shim: --expect-gpu False in Slurm job $SLURM_JOB_ID" >> "{note}"
   for i in "${{!args[@]}}"; do
     [ "${{args[$i]}}" = True ] && [ "${{args[$((i - 1))]}}" = --expect-gpu ] && args[$i]=False
@@ -94,8 +94,8 @@ def test_paper_preset_completes_through_slurm_with_summary_and_report(paper_run)
     summary = json.loads((paper_run.workdir / "results/summary/summary.json").read_text())
     assert len(summary["cells"]) == 52, "the paper preset's 51 cells and the two-node one"
     assert (paper_run.workdir / "results/report/report.html").stat().st_size > 0
-    # one sanity job (the shim sees `python -m amprepro.gpuslots ... -- python -m amprepro.sanity` and then the
-    # `python -m amprepro.sanity` gpuslots runs: both lines name the same Slurm job)
+    # one sanity job (the shim sees `python -m amprepro.env.gpuslots ... -- python -m amprepro.env.sanity` and then the
+    # `python -m amprepro.env.sanity` gpuslots runs: both lines name the same Slurm job)
     assert len(set(paper_run.sanity_shim)) == 1, paper_run.sanity_shim
 
 
@@ -123,7 +123,7 @@ def test_every_train_job_got_what_its_cell_asks_for(paper_run):
 
 
 def test_cell_resources_differ_by_cell_as_the_model_needs(paper_run):
-    """Anchors that do not come from amprepro.resources: the 7B cells' time, the 2-GPU cell, the 2-node cell."""
+    """Anchors that do not come from amprepro.train.resources: the 7B cells' time, the 2-GPU cell, the 2-node cell."""
     records = paper_run.records().values()
     by_cell = {CELL.match(r["Comment"]).group(1, 2): r for r in records if CELL.match(r["Comment"])}
     assert minutes(by_cell["llama7b", "fp32"]["TimeLimit"]) == 15  # 10 steps of 2048 tokens: 5 min + start-up

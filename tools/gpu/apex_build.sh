@@ -4,7 +4,7 @@
 #   OUT=/path/to/outdir tools/gpu/apex_build.sh REF COMMIT [seconds]
 #
 # The source is a local export, vendor/apex-REF with its vendor/apex-REF.source.json marker, made here with
-# `PYTHONPATH=workflow python -m amprepro.apexbuild export --git-dir <apex clone> --ref REF --dest vendor/apex-REF`
+# `.venv/bin/python -m amprepro.env.apexbuild export --git-dir <apex clone> --ref REF --dest vendor/apex-REF`
 # and carried to the box. Runs the stage twice: cold, then again (a cache hit), and packs apex.json, the stage logs and
 # the build log for results-reference/apex/REF/.
 set -uo pipefail
@@ -19,7 +19,7 @@ settings=$(printf '{"required": true, "source": {"path": "vendor/apex-%s", "ref"
   "$ref" "$ref" "$commit")
 stage() {  # output-file seconds
   local start=$SECONDS
-  timeout "$2" python3 -m amprepro.gpuslots --gpus 1 -- python3 -m amprepro.apex_stage --settings "$settings" \
+  timeout "$2" python3 -m amprepro.env.gpuslots --gpus 1 -- python3 -m amprepro.env.apex_stage --settings "$settings" \
     --out "$1" --jobs "$(nproc)"
   echo "== apex_stage $ref rc=$? wall_s=$((SECONDS - start))"
 }

@@ -4,7 +4,8 @@
 
 Each variant: fresh model and AdamW, warm-up steps, then the mean step time over the timed steps from CUDA events,
 with the loss read back every step as the cells do. Variants: the cell's own bf16 and fp16 steps
-(amprepro.precision.Trainer), fp16 autocast with no scaler (what timm's benchmark.py times), a bare GradScaler step
+(amprepro.train.precision.Trainer), fp16 autocast with no scaler (what timm's benchmark.py times), a bare GradScaler
+step
 with no loss-scale read-back, and the same with torch's fused AdamW (no host sync in scaler.step).
 """
 
@@ -13,7 +14,7 @@ import json
 
 import torch
 
-from amprepro import data, models, precision, train
+from amprepro.train import data, models, precision, train
 
 
 def make(arch, batch, device, fused=False):

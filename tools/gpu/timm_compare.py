@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "workflow"))
-from amprepro import precisions
+from amprepro.train import precisions
 
 
 def timm_throughput(benchmark: Path, spec: dict, iters: int, warmup: int) -> tuple[float, dict]:
@@ -39,7 +39,7 @@ def timm_throughput(benchmark: Path, spec: dict, iters: int, warmup: int) -> tup
 def our_throughput(cell: Path, apex: Path, out: Path) -> tuple[float, dict]:
     spec = json.loads((cell / "metrics.json").read_text())["spec"]
     env = {**os.environ, "PYTHONPATH": "workflow"}
-    command = [sys.executable, "-m", "amprepro.train", "--spec", json.dumps(spec), "--apex", str(apex),
+    command = [sys.executable, "-m", "amprepro.train.train", "--spec", json.dumps(spec), "--apex", str(apex),
                "--threads", "8", "--metrics", str(out / "metrics.json"), "--steps", str(out / "steps.csv")]
     done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
     if done.returncode != 0:

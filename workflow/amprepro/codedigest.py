@@ -1,11 +1,12 @@
 """The code a stage's results depend on, as one digest that ignores comments, docstrings and formatting.
 
-Rules pass it as a `params:` entry (`code=code_digest("train")`), so Snakemake's params trigger re-runs a job when that
+Rules pass it as a `params:` entry (`code=code_digest("train.train")`, dotted names below the package), so Snakemake's
+params trigger re-runs a job when that
 code really changes. Listed as `input:` files, the modules re-ran a job whenever their bytes were newer and different
 from the outputs' record, so a comment edit re-ran every cell.
 
 A stage's code is the modules it names and every amprepro module those import, transitively (an imported package
-counts whole: apexbuild runs some of its files as scripts). amprepro.files is left out: it decides how a result is
+counts whole: env.apexbuild runs some of its files as scripts). amprepro.files is left out: it decides how a result is
 written (atomically, with which mode), never what it says.
 
 Files the code reads as code, such as the report's Jinja2 templates, are named with `files=` (paths relative to the
@@ -61,14 +62,23 @@ def stage_files(modules, package_dir: Path = PACKAGE_DIR) -> list[Path]:
 
 
 def module_paths(name: str, package_dir: Path = PACKAGE_DIR) -> list[Path]:
-    """The files of amprepro.<name>: one module, or every file of a package."""
-    top = name.split(".")[0]
-    if top in WRITES_ONLY:
+    """The files of amprepro.<name> (a dotted name below the package, e.g. train.models): one module with the
+    __init__.py of the subpackages above it, or every file of a package below a subpackage (env.apexbuild runs some of
+    its files as scripts). A subpackage itself (train, env, report) is its __init__.py only: importing one module of
+    it never runs the others."""
+    parts = name.split(".")
+    if parts[0] in WRITES_ONLY:
         return []
-    if (package_dir / top).is_dir():
-        return sorted((package_dir / top).rglob("*.py"))
-    if (package_dir / f"{top}.py").is_file():
-        return [package_dir / f"{top}.py"]
+    inits = [package_dir.joinpath(*parts[:i], "__init__.py") for i in range(1, len(parts))]
+    for depth in range(2, len(parts) + 1):
+        folder = package_dir.joinpath(*parts[:depth])
+        if folder.is_dir():
+            return sorted({*folder.rglob("*.py"), *inits[: depth - 1]})
+    path = package_dir.joinpath(*parts)
+    if path.is_dir():
+        return [path / "__init__.py"]
+    if path.with_suffix(".py").is_file():
+        return [*inits, path.with_suffix(".py")]
     raise ValueError(f"amprepro.{name} is not a module of {package_dir}")
 
 
@@ -95,6 +105,7 @@ def _file_facts(path: Path, stamp: tuple[int, int]) -> tuple[frozenset[str], str
 
 
 def _imports(tree: ast.Module) -> set[str]:
+    """Dotted names below the package: `from amprepro.train import models` names train and train.models."""
     names = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -103,8 +114,15 @@ def _imports(tree: ast.Module) -> set[str]:
             if node.module == PACKAGE:
                 names |= {alias.name for alias in node.names}
             elif node.module.startswith(f"{PACKAGE}."):
-                names.add(node.module.split(".", 1)[1])
+                below = node.module.split(".", 1)[1]
+                names.add(below)
+                names |= {f"{below}.{alias.name}" for alias in node.names if _is_module(f"{below}.{alias.name}")}
     return names
+
+
+def _is_module(name: str, package_dir: Path = PACKAGE_DIR) -> bool:
+    path = package_dir.joinpath(*name.split("."))
+    return path.is_dir() or path.with_suffix(".py").is_file()
 
 
 def parse(path: Path) -> ast.Module:

@@ -17,11 +17,11 @@ from pathlib import Path
 import jsonschema
 import yaml
 
-from amprepro import precisions
-from amprepro.data import largest_batch
-from amprepro.gpuslots import visible_gpus
+from amprepro.env.gpuslots import visible_gpus
 from amprepro.safevalues import apex_problems, shorten
 from amprepro.schemaerrors import bounded_message, field_name, first_error
+from amprepro.train import precisions
+from amprepro.train.data import largest_batch
 
 REPO = Path(__file__).resolve().parents[2]
 SCHEMA_PATH = REPO / "workflow" / "schemas" / "config.schema.yaml"
@@ -63,7 +63,7 @@ def deep_merge(base: dict, override: dict) -> dict:
 
 
 def load_schema() -> dict:
-    """The config schema, its precision enum read from amprepro.precisions (the YAML does not repeat the list)."""
+    """The config schema, its precision enum read from amprepro.train.precisions (the YAML does not repeat the list)."""
     schema = yaml.safe_load(SCHEMA_PATH.read_text())
     schema["$defs"]["precision"]["enum"] = precisions.names()
     return schema

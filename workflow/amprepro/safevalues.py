@@ -2,7 +2,7 @@
 
 A value that could be read as an option (a leading `-`), a git transport that runs commands (`ext::`), or a ref that
 git would parse as something else is refused here, before any command sees it. No torch, no git: this runs at DAG
-build time (amprepro.config) and again where the value is used (amprepro.apexbuild.source).
+build time (amprepro.config) and again where the value is used (amprepro.env.apexbuild.source).
 """
 
 from __future__ import annotations

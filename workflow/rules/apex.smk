@@ -17,9 +17,9 @@ rule apex:
         runtime=120,
     params:
         settings=json.dumps({**config["apex"], "required": APEX_REQUIRED}, sort_keys=True),
-        code=code_digest("apex_stage", "runinputs"),
+        code=code_digest("env.apex_stage", "runinputs"),
     shell:
-        "PYTHONPATH=workflow python -m amprepro.gpuslots --gpus {resources.gpu} -- python -m amprepro.apex_stage"
+        "python -m amprepro.env.gpuslots --gpus {resources.gpu} -- python -m amprepro.env.apex_stage"
         " --settings {params.settings:q} --out {output.apex} --jobs {threads} > {log} 2>&1"
-        " && PYTHONPATH=workflow python -m amprepro.runinputs apex --record {output.apex} --out {output.runs}"
+        " && python -m amprepro.runinputs apex --record {output.apex} --out {output.runs}"
         " >> {log} 2>&1"

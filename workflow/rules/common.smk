@@ -1,10 +1,8 @@
 import hashlib
 import json
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(workflow.basedir) / "workflow"))
-from amprepro import resources as cell_resources  # noqa: E402
+from amprepro.train import resources as cell_resources  # noqa: E402
 from amprepro.codedigest import code_digest  # noqa: E402
 from amprepro.config import (  # noqa: E402
     apex_required,
@@ -19,13 +17,36 @@ from amprepro.config import (  # noqa: E402
 config.update(validate_config(config))  # the one validation pass: values made exact, defaults filled, or the fix
 
 GPUS, GPU_PROBE = gpus_for_jobs(config.get("gpu", "auto"))
-RUNS, PRESET = resolve_runs(config, Path(workflow.basedir) / "config" / "presets", GPUS, GPU_PROBE)
+RUNS, PRESET = resolve_runs(config, WORKFLOW_DIR / "config" / "presets", GPUS, GPU_PROBE)
 PRESET["config_sha256"] = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()
 CELLS = cells(RUNS)
 APEX_REQUIRED = apex_required(config["apex"]["required"], GPUS)
 check_apex_source(config["apex"], APEX_REQUIRED)  # before the apex job clears apex.json
 BUILD_THREADS = max(1, workflow.resource_settings.cores or 1)  # None under `snakemake --report`; workflow.cores raises
 RUNTIME_FACTOR = float(config["resources"]["runtime_factor"])  # nested --config values arrive as strings
+
+# How every job finds the amprepro package: the one place. Each shell command starts with PYTHONPATH exported to the
+# package's absolute folder (PACKAGE_PATH, from the Snakefile), so rules run `python -m amprepro.<subpackage>.<stage>`
+# from any directory (`snakemake --directory`). Set in the command, not in Snakemake's environment: with --use-conda
+# Snakemake removes PYTHONPATH from a conda job's environment, and the env's python (no amprepro installed there) must
+# still import it; a PYTHONPATH already set (tools/gpu: site packages) is kept after it. `set -euo pipefail` is the
+# prefix Snakemake uses when none is set.
+shell.prefix("set -euo pipefail; export PYTHONPATH={PACKAGE_PATH:q}${{PYTHONPATH:+:$PYTHONPATH}}; ")
+
+
+def workflow_file(name):
+    """A file or folder of the workflow (config/claims.yaml, reference, notebooks/report.ipynb, ...), for a rule's input
+    or params: relative when the working directory is the workflow's own (paths in logs and the report as before),
+    else absolute. results/ stays relative to the working directory."""
+    path = WORKFLOW_DIR / name
+    try:
+        return str(path.relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+CLAIMS_FILE = workflow_file("config/claims.yaml")
+REFERENCE_DIR = workflow_file("reference")  # the committed reference results (reference/README.md)
 
 
 wildcard_constraints:
@@ -80,7 +101,7 @@ def runtime_for_cell(wildcards):
 
 
 def launch_for_cell(wildcards):
-    """amprepro.distributed's arguments: processes per node, nodes, and whether they need CUDA devices."""
+    """amprepro.train.distributed's arguments: processes per node, nodes, and whether they need CUDA devices."""
     model = model_of(wildcards)
     return [
         "--per-node",

@@ -18,7 +18,7 @@ if (
     and workflow.is_main_process
     and not os.environ.get("AMPREPRO_SKIP_CONDA_CHECK")
 ):
-    from amprepro import condacheck
+    from amprepro.env import condacheck
 
     _rules_dir = Path(workflow.basedir) / "workflow" / "rules"
     try:

@@ -10,6 +10,6 @@ rule environment:
         mem_mb=2000,
         runtime=30,
     params:
-        code=code_digest("environment"),
+        code=code_digest("env.environment"),
     shell:
-        "PYTHONPATH=workflow python -m amprepro.environment --out {output.env} > {log} 2>&1"
+        "python -m amprepro.env.environment --out {output.env} > {log} 2>&1"

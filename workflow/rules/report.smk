@@ -1,20 +1,20 @@
-from amprepro.verify import reference_inputs  # noqa: E402
+from amprepro.report.verify import reference_inputs  # noqa: E402
 
 
 rule report:
     """Execute notebooks/report.ipynb with papermill (real parameters), render HTML without code cells."""
     input:
-        notebook="notebooks/report.ipynb",
+        notebook=workflow_file("notebooks/report.ipynb"),
         summary="results/summary/summary.json",
         table="results/summary/summary.csv",
         env="results/environment/environment.json",
         sanity="results/sanity/sanity.json",
         apex="results/apex/apex.json",
         steps=run_outputs("steps.csv"),
-        claims="config/claims.yaml",
-        reference=reference_inputs("reference"),
+        claims=CLAIMS_FILE,
+        reference=reference_inputs(REFERENCE_DIR),
         templates=[
-            f"workflow/report/nbconvert/amprepro/{name}"
+            workflow_file(f"workflow/report/nbconvert/amprepro/{name}")
             for name in ("conf.json", "index.html.j2", "static/report.css")
         ],
     output:
@@ -32,20 +32,22 @@ rule report:
         mem_mb=8000,
         runtime=30,
     params:
+        reference_dir=lambda wildcards: REFERENCE_DIR,  # a function: lint takes a plain path for a file prefix
         title=lambda wildcards: config["report"]["title"],  # a function: Snakemake formats a plain string's braces
         # the report's code: render, what the notebook imports, the HTML templates
         code=code_digest(
-            "render",
-            "reportlib",
-            "reporthtml",
-            "reportcharts",
-            "claims",
-            "verify",
+            "report.render",
+            "report.reportlib",
+            "report.reporthtml",
+            "report.reportcharts",
+            "report.claims",
+            "report.verify",
             files=["report/templates"],
         ),
     shell:
-        "PYTHONPATH=workflow python -m amprepro.render"
-        " --notebook {input.notebook} --executed {output.notebook} --html {output.html}"
+        "python -m amprepro.report.render"
+        " --notebook {input.notebook:q} --executed {output.notebook} --html {output.html}"
         " --param title={params.title:q} --param summary={input.summary} --param table={input.table}"
         " --param environment={input.env} --param sanity={input.sanity} --param apex={input.apex}"
-        " --param runs_dir=results/runs --param claims={input.claims} --param reference_dir=reference > {log} 2>&1"
+        " --param runs_dir=results/runs --param claims={input.claims:q} --param reference_dir={params.reference_dir:q}"
+        " > {log} 2>&1"

@@ -23,10 +23,10 @@ rule train:
     params:
         spec=spec_for_cell,
         launch=launch_for_cell,
-        code=code_digest("train"),  # with what it imports: distributed, resources
+        code=code_digest("train.train"),  # with what it imports: distributed, resources
     shell:
-        "PYTHONPATH=workflow python -m amprepro.gpuslots --gpus {resources.gpu} --"
-        " python -m amprepro.distributed {params.launch} -- --spec {params.spec:q} --apex {input.apex}"
+        "python -m amprepro.env.gpuslots --gpus {resources.gpu} --"
+        " python -m amprepro.train.distributed {params.launch} -- --spec {params.spec:q} --apex {input.apex}"
         " --threads {threads} --metrics {output.metrics} --steps {output.steps} > {log} 2>&1"
 
 
@@ -46,10 +46,10 @@ rule peak:
         mem_mb=8000,
         runtime=20,
     params:
-        code=code_digest("peak"),
+        code=code_digest("env.peak"),
     shell:
-        "PYTHONPATH=workflow python -m amprepro.gpuslots --gpus {resources.gpu} --"
-        " python -m amprepro.peak --out {output.peak} > {log} 2>&1"
+        "python -m amprepro.env.gpuslots --gpus {resources.gpu} --"
+        " python -m amprepro.env.peak --out {output.peak} > {log} 2>&1"
 
 
 rule summary:
@@ -72,8 +72,8 @@ rule summary:
         runtime=30,
     params:
         preset=json.dumps(PRESET, sort_keys=True),
-        code=code_digest("summary"),
+        code=code_digest("report.summary"),
     shell:
-        "PYTHONPATH=workflow python -m amprepro.summary"
+        "python -m amprepro.report.summary"
         " --metrics {input.metrics} --env {input.env} --apex {input.apex} --peak {input.peak}"
         " --preset {params.preset:q} --csv {output.table} --json {output.summary} > {log} 2>&1"

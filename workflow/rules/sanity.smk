@@ -21,9 +21,9 @@ checkpoint sanity:
         runtime=20,
     params:
         expect_gpu=bool(GPUS),
-        code=code_digest("sanity", "runinputs"),
+        code=code_digest("env.sanity", "runinputs"),
     shell:
-        "PYTHONPATH=workflow python -m amprepro.gpuslots --gpus {resources.gpu} -- python -m amprepro.sanity"
+        "python -m amprepro.env.gpuslots --gpus {resources.gpu} -- python -m amprepro.env.sanity"
         " --apex {input.apex} --expect-gpu {params.expect_gpu} --out {output.sanity} > {log} 2>&1"
-        " && PYTHONPATH=workflow python -m amprepro.runinputs sanity --record {output.sanity} --out {output.verdicts}"
+        " && python -m amprepro.runinputs sanity --record {output.sanity} --out {output.verdicts}"
         " >> {log} 2>&1"

@@ -2,14 +2,13 @@
 # The report (rule report) evaluates both from the same inputs and shows them, so `make run` always ends with a
 # report. `snakemake verify` / `make verify` is the gate: it fails (non-zero exit) when a cell is out of tolerance,
 # naming the cells and by how much. It stays out of `rule all` because it must be able to fail.
-from amprepro.claimfile import load_claims  # noqa: E402
-from amprepro.verify import reference_inputs  # noqa: E402
+from amprepro.report.claimfile import load_claims  # noqa: E402
+from amprepro.report.verify import reference_inputs  # noqa: E402
 
 
 report: "../report/workflow.rst"
 
 
-CLAIMS_FILE = "config/claims.yaml"
 # A bad claim stops the run before any job, with a message that names the claim and the field.
 CLAIMS = load_claims(CLAIMS_FILE)
 
@@ -21,7 +20,7 @@ rule verify_compare:
         sanity="results/sanity/sanity.json",
         metrics=run_outputs("metrics.json"),
         claims=CLAIMS_FILE,
-        reference=reference_inputs("reference"),
+        reference=reference_inputs(REFERENCE_DIR),
     output:
         verify=report("results/verify/verify.json", category="Verify", caption="../report/verify.rst"),
         table=report("results/verify/verify.csv", category="Verify", caption="../report/verify.rst"),
@@ -33,11 +32,12 @@ rule verify_compare:
         mem_mb=2000,
         runtime=30,
     params:
-        code=code_digest("verify"),
+        reference_dir=lambda wildcards: REFERENCE_DIR,  # a function: lint takes a plain path for a file prefix
+        code=code_digest("report.verify"),
     shell:
-        "PYTHONPATH=workflow python -m amprepro.verify compare"
+        "python -m amprepro.report.verify compare"
         " --summary {input.summary} --sanity {input.sanity} --runs-dir results/runs"
-        " --reference-dir reference --claims {input.claims}"
+        " --reference-dir {params.reference_dir:q} --claims {input.claims:q}"
         " --json {output.verify} --csv {output.table} > {log} 2>&1"
 
 
@@ -50,4 +50,4 @@ rule verify:
     conda:
         REPORT_ENV
     shell:
-        "PYTHONPATH=workflow python -m amprepro.verify gate --verify {input.verify} 2>&1 | tee {log}"
+        "python -m amprepro.report.verify gate --verify {input.verify} 2>&1 | tee {log}"

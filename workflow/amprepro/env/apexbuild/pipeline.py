@@ -1,0 +1,201 @@
+"""build_and_verify: source check -> key -> cache or (preflight, patch, compile, publish) -> install -> verify."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import shlex
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from amprepro.env.apexbuild import patches
+from amprepro.env.apexbuild.build import pip_wheel_command, plan_build, require_extensions, run_build, wheel_extensions
+from amprepro.env.apexbuild.errors import ApexError
+from amprepro.env.apexbuild.install import install
+from amprepro.env.apexbuild.preflight import preflight
+from amprepro.env.apexbuild.setup_inspect import SetupFacts, inspect_setup
+from amprepro.env.apexbuild.source import Source, file_sha256, resolve
+from amprepro.env.apexbuild.store import Store, cache_key
+from amprepro.env.apexbuild.toolchain import Toolchain, gpu_identity, survey
+from amprepro.env.apexbuild.verify import require_ok, verify
+from amprepro.files import write_json
+
+RESULTS_DIR = Path("results/apex")
+
+
+def build_and_verify(settings: dict, jobs: int, results_dir: str | Path = RESULTS_DIR, env: dict | None = None,
+                     echo=print) -> dict:
+    """Provide apex as configured, verified, in a site dir under results_dir; the record for apex.json."""
+    start = time.monotonic()
+    env = dict(os.environ if env is None else env)
+    results = Path(results_dir)
+    store = Store(results / "build", settings.get("cache_dir"))
+    source = resolve(settings.get("source") or {}, git_cache=store.build_root / ".git-sources")
+    for note in source.notes:
+        echo(f"[apex] note: {note}", flush=True)
+    setup = read_setup(source)
+    flags = setup.core_flags()
+    promised = list(setup.promised(flags))
+    tools = survey(setup.needs_cuda(flags), env, settings.get("cuda_arch_list"))
+    inputs = key_inputs(source, tools, flags)
+    key = cache_key(inputs)
+    found = store.find(key)
+    if found is None:
+        context = BuildContext(store, key, inputs, source, setup, flags, tools, settings, jobs, env, results, echo)
+        found = build_entry(context)
+    entry, cache = found
+    manifest = json.loads((entry / "manifest.json").read_text())
+    site = install(entry / manifest["wheel"]["file"], manifest["wheel"]["sha256"], results / "site" / key)
+    verification = verify(site, promised, manifest["extensions_built"], setup.has_amp, manifest["wheel"]["sha256"],
+                          gpu_identity(env), env)
+    require_ok(verification, site)
+    seconds = time.monotonic() - start
+    echo(f"[apex] {cache}: {key} verified in {seconds:.1f} s; site dir {site}", flush=True)
+    return {
+        "status": "built",
+        "required": bool(settings.get("required")),
+        "reason": summary(source, cache, verification, seconds),
+        "site_dir": str(site),
+        "has_amp": setup.has_amp,
+        "commit": source.commit,
+        "extensions": verification["extensions"],
+        "verification": verification,
+        "manifest": manifest,
+        "settings": settings,
+        "cache": {"key": key, "status": cache, "entry": str(entry), "shared_root": str(store.shared_root or "")},
+        "stage_seconds": round(seconds, 2),
+    }
+
+
+def read_setup(source: Source) -> SetupFacts:
+    text = source.read_text("setup.py")
+    if text is None:
+        raise ApexError(f"{source.location} has no setup.py at commit {source.commit[:12]}: not an apex source.")
+    setup = inspect_setup(text, has_amp=source.read_text("apex/amp/__init__.py") is not None)
+    if not setup.core_flags():
+        raise ApexError(f"{source.location}'s setup.py offers neither --cpp_ext nor --cuda_ext extensions: "
+                        "not an apex source, or one this builder does not understand.")
+    return setup
+
+
+def key_inputs(source: Source, tools: Toolchain, flags: list[str]) -> dict:
+    python = tools.python
+    return {
+        "apex_commit": source.commit,
+        "torch": python["torch"],
+        "torch_git": python["torch_git"],
+        "torch_cuda": python["torch_cuda"],
+        "cuda": tools.nvcc.release if tools.nvcc else None,
+        "python": python["soabi"] or python["python"],
+        "arch_list": tools.arch_list,
+        "flags": flags,
+    }
+
+
+@dataclass
+class BuildContext:
+    store: Store
+    key: str
+    inputs: dict
+    source: Source
+    setup: SetupFacts
+    flags: list[str]
+    tools: Toolchain
+    settings: dict
+    jobs: int
+    env: dict
+    results: Path
+    echo: Callable
+
+    @property
+    def log(self) -> Path:
+        return self.results / "logs" / f"build-{self.key}.log"
+
+
+def build_entry(ctx: BuildContext) -> tuple[Path, str]:
+    with ctx.store.lock(ctx.key, ctx.echo):
+        found = ctx.store.find(ctx.key)
+        if found is not None:
+            return found[0], "hit (built by a concurrent process while this one waited)"
+        preflight(ctx.tools, ctx.setup, ctx.flags, ctx.env)
+        staged = ctx.store.staging(ctx.key)
+        try:
+            compile_into(staged, ctx)
+        except BaseException:
+            shutil.rmtree(staged, ignore_errors=True)
+            raise
+        return ctx.store.publish(staged, ctx.key), "miss (built)"
+
+
+def compile_into(staged: Path, ctx: BuildContext) -> None:
+    source_dir = staged / "src"
+    ctx.source.extract(source_dir)
+    nvcc_release = ctx.tools.nvcc.release if ctx.tools.nvcc else None
+    applied = patches.apply(patches.planned(ctx.setup, nvcc_release), source_dir)
+    plan = plan_build(ctx.setup, ctx.flags, ctx.jobs, ctx.settings.get("build_jobs"), ctx.tools, ctx.env)
+    promised = list(ctx.setup.promised(ctx.flags))
+    ctx.echo(f"[apex] building {ctx.source.ref or ''} {ctx.source.commit[:12]}: {len(promised)} extensions "
+             f"({' '.join(ctx.flags)}), arch {ctx.tools.arch_list}, --parallel {plan.parallel}, "
+             f"MAX_JOBS {plan.max_jobs}, patches {[p['name'] for p in applied]}; log {ctx.log}", flush=True)
+    ctx.log.parent.mkdir(parents=True, exist_ok=True)
+    began = time.monotonic()
+    wheel = run_build(plan, source_dir, staged / "dist", ctx.log, promised, ctx.env, ctx.echo)
+    seconds = time.monotonic() - began
+    built = wheel_extensions(wheel, promised)
+    require_extensions(built, promised, ctx.flags, plan, ctx.log)
+    wheel = wheel.rename(staged / wheel.name)
+    shutil.rmtree(source_dir)
+    shutil.rmtree(staged / "dist")
+    shutil.copyfile(ctx.log, staged / "build.log")
+    write_json(staged / "manifest.json", manifest(ctx, plan, applied, promised, built, wheel, seconds))
+
+
+def manifest(ctx: BuildContext, plan, applied, promised, built, wheel: Path, seconds: float) -> dict:
+    python, nvcc = ctx.tools.python, ctx.tools.nvcc
+    return {
+        "schema": 1,
+        "key": ctx.key,
+        "key_inputs": ctx.inputs,
+        "apex": {**ctx.source.describe(), "has_amp": ctx.setup.has_amp},
+        "torch": {"version": python["torch"], "cuda": python["torch_cuda"], "git_version": python["torch_git"]},
+        "cuda": None if nvcc is None else {"release": nvcc.release, "nvcc": nvcc.path, "cuda_home": nvcc.cuda_home,
+                                           "found_via": nvcc.found_via},
+        "python": {"version": python["python"], "soabi": python["soabi"], "executable": python["executable"]},
+        "arch_list": ctx.tools.arch_list,
+        "arch_source": ctx.tools.arch_source,
+        "flags": ctx.flags,
+        "build": {
+            "command": shlex.join(pip_wheel_command(plan, Path("src"), Path("dist"))),
+            "setup_py_options": plan.options,
+            "env": plan.env,
+            "parallel": plan.parallel,
+            "max_jobs": plan.max_jobs,
+            "jobs": ctx.jobs,
+            "host": platform.node(),
+            "finished_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        },
+        "patches": applied,
+        "extensions_promised": promised,
+        "extensions_built": built,
+        "wheel": {"file": wheel.name, "sha256": file_sha256(wheel), "bytes": wheel.stat().st_size},
+        "build_seconds": round(seconds, 1),
+    }
+
+
+def summary(source: Source, cache: str, verification: dict, seconds: float) -> str:
+    extensions = verification["extensions"]
+    importable = sum(info["importable"] for info in extensions.values())
+    passed = [name for name, result in verification["checks"].items() if result.get("ok")]
+    skipped = [name for name, result in verification["checks"].items() if result.get("ok") is None]
+    text = (f"apex {source.ref or source.kind} ({source.commit[:12]}) {cache} in {seconds:.1f} s: "
+            f"{importable}/{len(extensions)} extensions importable; checks passed: {', '.join(passed)}")
+    if verification["gpu"]:
+        text += f" on {verification['gpu']}"
+    if skipped:
+        text += f"; skipped (no CUDA device): {', '.join(skipped)}"
+    return text

@@ -1,0 +1,350 @@
+"""Start Snakemake the way `make run` and `make verify` do: on the whole machine, and past the debris of a killed run.
+
+    .venv/bin/python -m amprepro.env.launch [TARGET...]
+
+Settings come from the environment (the Makefile exports them): CORES (default: every core this process may use),
+SNAKEMAKE_ARGS (split like a shell would split it, but never run through one) and AMPREPRO_GPU_COUNT (GPUs to share
+out; default: what `nvidia-smi -L` lists, as amprepro.env.gpuslots does).
+
+A run killed with SIGKILL, or cut by a power loss, leaves Snakemake's lock and its incomplete markers behind, and the
+next plain `snakemake` stops with LockException or IncompleteFilesException. The launcher removes the lock only once
+it has shown that nothing of that run is alive: it holds an flock on .snakemake/amprepro-run.lock for the whole run
+(the kernel drops it when the launcher dies), and it looks in /proc for any snakemake or amprepro job process whose
+working directory is this one (jobs can outlive a killed Snakemake). A live run is never touched: the launcher names
+it and exits with ANOTHER_RUN_ACTIVE. Incomplete outputs are re-run (--rerun-incomplete); finished ones are kept.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from amprepro.env.gpuslots import gpu_count
+
+ANOTHER_RUN_ACTIVE = 75  # EX_TEMPFAIL: try again when the other run has ended
+BAD_SETTING = 2
+RUN_LOCK = "amprepro-run.lock"
+CORES_PATTERN = re.compile(r"all|[1-9][0-9]*")
+COUNT_PATTERN = re.compile(r"[0-9]+")
+CORES_OPTIONS = ("--cores", "-c", "--jobs", "-j")
+RESOURCES_OPTIONS = ("--resources", "--res")
+PROFILE_OPTIONS = ("--profile", "--workflow-profile")
+DIRECTORY_OPTIONS = ("--directory", "-d")
+# `python -m snakemake ...`, a job's `bash -c "... python -m amprepro.train.train ..."`, torchrun's workers, the
+# launcher.
+PIPELINE_MODULE = re.compile(r"(?:^|\s)-m\s+(?:snakemake|amprepro(?:\.\w+)+)(?:\s|$)")
+
+
+class SettingError(ValueError):
+    """A setting is malformed; the message names it and the fix."""
+
+
+@dataclass(frozen=True)
+class Process:
+    pid: int
+    command: str
+
+    def __str__(self) -> str:
+        shown = self.command if len(self.command) <= 150 else self.command[:150] + "…"
+        return f"pid {self.pid} ({shown})"
+
+
+# ---- the command line ------------------------------------------------------------------------------------------
+
+
+def user_args(env: dict) -> list[str]:
+    try:
+        return shlex.split(env.get("SNAKEMAKE_ARGS", ""))
+    except ValueError as exc:
+        raise SettingError(f"SNAKEMAKE_ARGS cannot be split into arguments ({exc}); quote values as in a shell, "
+                           "e.g. SNAKEMAKE_ARGS=\"--config 'preset=smoke'\"") from None
+
+
+def check_config_files(extra: list[str]) -> None:
+    """Read every --configfile in SNAKEMAKE_ARGS as amprepro does, before Snakemake does: Snakemake gives no line for
+    a YAML error and evaluates a file that sets __use_yte__ as a template that runs Python."""
+    from amprepro.config import ConfigError, read_config_file
+
+    index = option_index(extra, ("--configfile", "--configfiles"))
+    if index is None:
+        return
+    inline = extra[index].partition("=")[2]
+    for path in [inline] if inline else extra[index + 1:]:
+        if path.startswith("-"):
+            break
+        try:
+            read_config_file(path)
+        except ConfigError as exc:
+            raise SettingError(f"SNAKEMAKE_ARGS --configfile: {exc}") from None
+
+
+def cores_setting(env: dict) -> tuple[str, str]:
+    """(value for --cores, where it came from)."""
+    cores = env.get("CORES", "").strip()
+    if not cores:
+        return str(len(os.sched_getaffinity(0))), "all usable"
+    if not CORES_PATTERN.fullmatch(cores):
+        raise SettingError(f"CORES={cores!r} is not a whole number above 0 or 'all'; e.g. make run CORES=8, "
+                           "or leave it out to use every core")
+    return cores, "CORES"
+
+
+def gpus_to_share(env: dict) -> tuple[int, str]:
+    """(GPU count, where it came from)."""
+    wanted = env.get("AMPREPRO_GPU_COUNT", "").strip()
+    if wanted:
+        if not COUNT_PATTERN.fullmatch(wanted):
+            raise SettingError(f"AMPREPRO_GPU_COUNT={wanted!r} is not a whole number; set it to the number of GPUs "
+                               "the pipeline may use, or unset it to use every GPU nvidia-smi lists")
+        return int(wanted), "AMPREPRO_GPU_COUNT"
+    return gpu_count(), "nvidia-smi -L"
+
+
+def option_index(args: list[str], names: tuple[str, ...]) -> int | None:
+    for index, arg in enumerate(args):
+        if arg in names or arg.startswith(tuple(f"{name}=" for name in names if name.startswith("--"))):
+            return index
+    return None
+
+
+def resource_values(args: list[str], index: int) -> list[str]:
+    """The NAME=VALUE words that follow --resources at args[index]."""
+    values = []
+    for arg in args[index + 1:]:
+        if arg.startswith("-") or "=" not in arg:
+            break
+        values.append(arg)
+    return values
+
+
+def user_sets_gpu(extra: list[str]) -> bool:
+    index = option_index(extra, RESOURCES_OPTIONS)
+    return index is not None and any(value.startswith("gpu=") for value in resource_values(extra, index))
+
+
+def with_gpu_resource(extra: list[str], gpus: int) -> tuple[list[str], list[str]]:
+    """(arguments to add, user arguments) so that gpu=<gpus> is among the resources. Snakemake keeps only the last
+    --resources, so a user's own --resources (mem_mb=...) gets gpu added rather than a second --resources."""
+    if any(arg.startswith(("--resources=", "--res=")) for arg in extra):
+        raise SettingError("SNAKEMAKE_ARGS: write --resources NAME=VALUE ... with a space, not --resources=...")
+    index = option_index(extra, RESOURCES_OPTIONS)
+    if index is None:
+        return ["--resources", f"gpu={gpus}"], extra
+    return [], [*extra[:index + 1], f"gpu={gpus}", *extra[index + 1:]]
+
+
+def snakemake_command(targets: list[str], env: dict) -> tuple[list[str], str]:
+    """The Snakemake command line and one line saying what it uses. Raises SettingError before anything runs."""
+    extra = user_args(env)
+    command = [sys.executable, "-m", "snakemake", *targets]
+    if option_index(extra, PROFILE_OPTIONS) is not None:
+        return [*command, "--rerun-incomplete", *extra], "cores and resources as the profile in SNAKEMAKE_ARGS sets"
+    said = []
+    if option_index(extra, CORES_OPTIONS) is None:
+        cores, source = cores_setting(env)
+        command += ["--cores", cores]
+        said.append(f"{cores} cores ({source})")
+    else:
+        said.append("cores as SNAKEMAKE_ARGS sets")
+    if user_sets_gpu(extra):
+        said.append("GPUs as SNAKEMAKE_ARGS sets")
+    elif (found := gpus_to_share(env))[0]:
+        added, extra = with_gpu_resource(extra, found[0])
+        command += added
+        said.append(f"{found[0]} GPU(s) ({found[1]})")
+    else:
+        said.append(f"no GPU (none listed by {found[1]})")
+    return [*command, "--rerun-incomplete", *extra], ", ".join(said)
+
+
+def workdir_of(env: dict) -> Path:
+    extra = user_args(env)
+    index = option_index(extra, DIRECTORY_OPTIONS)
+    if index is None:
+        return Path.cwd()
+    value = extra[index].partition("=")[2] if "=" in extra[index] else (extra[index + 1:] or [""])[0]
+    return Path(value).resolve()
+
+
+# ---- is a run alive in this directory? -------------------------------------------------------------------------
+
+
+def command_of(pid: int) -> list[str]:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return []
+    return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
+
+
+def is_pipeline_command(argv: list[str]) -> bool:
+    """Snakemake itself (`snakemake ...`, `python .../snakemake ...`, `python -m snakemake`) or an amprepro job."""
+    if any(Path(arg).name == "snakemake" for arg in argv[:2]):
+        return True
+    return bool(PIPELINE_MODULE.search(" ".join(argv)))
+
+
+def parent_of(pid: int) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rpartition(")")[2].split()[1])  # the name in (...) may hold spaces
+
+
+def self_and_ancestors() -> set[int]:
+    found, pid = set(), os.getpid()
+    while pid and pid not in found:
+        found.add(pid)
+        pid = parent_of(pid)
+    return found
+
+
+def runs_in(pid: int, workdir: Path) -> bool:
+    try:
+        cwd = os.readlink(f"/proc/{pid}/cwd")
+    except OSError:  # gone, a zombie, or another user's
+        return False
+    root = str(workdir)
+    return cwd == root or cwd.startswith(root + os.sep)
+
+
+def pipeline_processes(workdir: Path) -> list[Process]:
+    """Live snakemake / amprepro processes working in workdir, other than this one and the ones that started it."""
+    workdir, mine = workdir.resolve(), self_and_ancestors()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) in mine:
+            continue
+        pid = int(entry.name)
+        argv = command_of(pid)
+        if argv and is_pipeline_command(argv) and runs_in(pid, workdir):
+            found.append(Process(pid, " ".join(argv)))
+    return sorted(found, key=lambda process: process.pid)
+
+
+class RunLock:
+    """An flock held for the whole run. The kernel releases it when the holder dies, however it dies."""
+
+    def __init__(self, workdir: Path):
+        self.path = workdir / ".snakemake" / RUN_LOCK
+        self.fd: int | None = None
+
+    def acquire(self) -> bool:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return False
+        self.fd = fd
+        self.record(os.getpid())
+        return True
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # closing the file drops the flock
+            self.fd = None
+
+    def record(self, *pids: int) -> None:
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, "".join(f"{pid}\n" for pid in pids).encode(), 0)
+
+    def holders(self) -> list[Process]:
+        try:
+            pids = [int(word) for word in self.path.read_text().split()]
+        except (OSError, ValueError):
+            return []
+        return [Process(pid, " ".join(command_of(pid))) for pid in pids if command_of(pid)]
+
+
+def snakemake_locks(workdir: Path) -> list[Path]:
+    """Lock files of Snakemake's (default) file persistence backend: .snakemake/locks/<n>.{input,output}.lock."""
+    return sorted((workdir / ".snakemake" / "locks").glob("*.lock"))
+
+
+def incomplete_markers(workdir: Path) -> list[Path]:
+    """Snakemake's markers of outputs whose job started and did not end (long names are split into folders)."""
+    folder = workdir / ".snakemake" / "incomplete"
+    return [path for path in folder.rglob("*") if path.is_file() and path.name != "migration_underway"]
+
+
+def another_run_message(workdir: Path, active: list[Process]) -> str:
+    if not active:  # the lock's holder could not be read (it may be ending right now)
+        return f"another run is active in {workdir}: pid unknown. Nothing was changed. Run again when it has ended."
+    names = "; ".join(str(process) for process in active[:5])
+    more = f" and {len(active) - 5} more" if len(active) > 5 else ""
+    return (f"another run is active in {workdir}: {names}{more}. Nothing was changed. Wait for it to end, or stop it "
+            f"(kill {' '.join(str(process.pid) for process in active)}), then run again.")
+
+
+def recover(workdir: Path) -> str | None:
+    """Remove what a dead run left; a line saying what was done, or None when there was nothing."""
+    locks, markers = snakemake_locks(workdir), incomplete_markers(workdir)
+    for lock in locks:
+        lock.unlink(missing_ok=True)
+    said = []
+    if locks:
+        said.append("removed the lock of an earlier run that is no longer alive (no snakemake or amprepro process "
+                    "runs in this directory)")
+    if markers:
+        said.append(f"re-running {len(markers)} output(s) it left incomplete")
+    return "; ".join(said) or None
+
+
+# ---- the run ----------------------------------------------------------------------------------------------------
+
+
+def say(line: str) -> None:
+    print(f"amprepro: {line}", file=sys.stderr, flush=True)
+
+
+def run_snakemake(command: list[str], lock: RunLock) -> int:
+    child = subprocess.Popen(command)  # same process group: Ctrl-C reaches Snakemake, which stops cleanly
+    lock.record(os.getpid(), child.pid)
+    previous = {signal.SIGINT: signal.signal(signal.SIGINT, signal.SIG_IGN),
+                signal.SIGTERM: signal.signal(signal.SIGTERM, lambda signum, frame: child.send_signal(signum))}
+    try:
+        code = child.wait()
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    return 128 - code if code < 0 else code  # killed by signal N: 128 + N, as a shell reports it
+
+
+def main(argv: list[str] | None = None, env: dict | None = None) -> int:
+    env = dict(os.environ) if env is None else env
+    targets = sys.argv[1:] if argv is None else argv
+    try:
+        command, what = snakemake_command(targets, env)
+        check_config_files(user_args(env))
+        workdir = workdir_of(env)
+    except SettingError as exc:
+        say(str(exc))
+        return BAD_SETTING
+    lock = RunLock(workdir)
+    if not lock.acquire():
+        say(another_run_message(workdir, pipeline_processes(workdir) or lock.holders()))
+        return ANOTHER_RUN_ACTIVE
+    try:
+        if active := pipeline_processes(workdir):
+            say(another_run_message(workdir, active))
+            return ANOTHER_RUN_ACTIVE
+        if recovered := recover(workdir):
+            say(recovered)
+        say(f"{what}: snakemake {shlex.join(command[3:])}")
+        return run_snakemake(command, lock)
+    finally:
+        lock.release()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,176 @@
+"""One cell of this run against the reference's aggregate: each metric against its band, the cell's verdict, and the
+counts and warnings over all cells (amprepro.report.verify runs the whole check and writes it)."""
+
+from __future__ import annotations
+
+from amprepro.report import reference as ref_mod
+from amprepro.report.reference import band, band_for
+
+METRIC_LABEL = {"throughput_per_s": "throughput", "peak_allocated_bytes": "peak GPU memory",
+                "peak_reserved_bytes": "peak reserved GPU memory", "final_loss": "final loss",
+                "eval_accuracy": "eval accuracy", "step_time_median_s": "median step time",
+                "speedup_vs_fp32": "speedup vs strict FP32", "speedup_vs_tf32": "speedup vs TF32",
+                "memory_ratio_vs_fp32": "memory ratio vs FP32"}
+VERDICTS = ("pass", "fail", "not_comparable_here", "not_comparable", "not_in_reference", "not_run_here")
+
+
+def _spec_diff(here: dict, ref: dict, prefix: str = "") -> list[str]:
+    diffs = []
+    for key in sorted(set(here) | set(ref)):
+        a, b = here.get(key), ref.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            diffs += _spec_diff(a, b, f"{prefix}{key}.")
+        elif a != b:
+            diffs.append(f"{prefix}{key} {b!r} in the reference, {a!r} here")
+    return diffs
+
+
+
+def _fmt(metric: str, value) -> str:
+    if value is None:
+        return "n/a"
+    if metric.endswith("_bytes"):
+        return f"{value / 2**30:.2f} GiB"
+    if metric == "throughput_per_s":
+        return f"{value:,.1f}/s"
+    if metric.endswith("_s"):
+        return f"{value * 1000:.2f} ms"
+    return f"{value:.4g}"
+
+
+def check_metric(metric: str, rule: dict, here, stats: dict | None) -> dict:
+    """This run's value against the band around the reference median (stats: median, min, max, n of the runs)."""
+    ref = stats["median"] if stats else None
+    out = {"metric": metric, "here": here, "reference": ref, "ratio": None, "ok": None, "allowed": "", "note": "",
+           "reference_runs": stats["n"] if stats else 0}
+    if here is None or ref is None:
+        out["note"] = "not recorded " + ("here" if here is None else "in the reference")
+        return out
+    out["reference_min"], out["reference_max"] = stats["min"], stats["max"]
+    width = band(rule, stats)
+    out["band"] = width
+    half = width["half_width"]
+    if ref:
+        out["ratio"] = here / ref
+        out["deviation_pct"] = (here / ref - 1) * 100
+    if width["kind"] == "relative":
+        out["allowed"] = f"{1 - half:.3g}–{1 + half:.3g}× reference median ({width['why']})"
+        if not ref:
+            out.update(ok=here == ref, note="reference value is 0")
+            return out
+        out["band_ratio"] = [1 - half, 1 + half]
+        out["ok"] = 1 - half - 1e-12 <= out["ratio"] <= 1 + half + 1e-12
+        if not out["ok"]:
+            edge = 1 - half if out["ratio"] < 1 - half else 1 + half
+            out["outside_pct"] = (out["ratio"] - edge) / edge * 100
+        return out
+    diff = here - ref
+    out["allowed"] = f"±{half:.4g} around the reference median ({width['why']})"
+    out["deviation_abs"] = diff
+    out["ok"] = abs(diff) <= half + 1e-12
+    if ref:
+        out["band_ratio"] = [(ref - half) / ref, (ref + half) / ref]
+    return out
+
+
+def describe_failure(key: str, check: dict) -> str:
+    metric = check["metric"]
+    label = METRIC_LABEL.get(metric, metric)
+    text = f"{key}: {label} {_fmt(metric, check['here'])} vs reference median {_fmt(metric, check['reference'])}"
+    if check["reference_runs"] > 1:
+        text += (f" (runs {_fmt(metric, check.get('reference_min'))}–{_fmt(metric, check.get('reference_max'))}, "
+                 f"n={check['reference_runs']})")
+    if check.get("ratio") is not None:
+        text += f" = {check['ratio']:.3f}× ({check['deviation_pct']:+.1f} %"
+        if check.get("outside_pct") is not None:
+            text += f", {abs(check['outside_pct']):.1f} % {'below' if check['outside_pct'] < 0 else 'above'} the band"
+        text += ")"
+    if check.get("deviation_abs") is not None:
+        text += f" (difference {check['deviation_abs']:+.4g})"
+    return text + f"; allowed {check['allowed']}"
+
+
+def _machine_skip(row: dict | None) -> bool:
+    return bool(row) and row.get("status") == "skipped" and row.get("skip_cause") == "machine"
+
+
+def compare_cell(name: str, row_here: dict | None, row_ref: dict | None, rules: dict, spec_here, spec_ref) -> dict:
+    """One cell's verdict and checks; the verdicts are VERDICTS."""
+    statuses = (row_ref or {}).get("statuses") or {}
+    cell = {"model": (row_here or row_ref)["model"], "precision": (row_here or row_ref)["precision"],
+            "seed": int((row_here or row_ref)["seed"]), "cell": name,
+            "status_here": row_here and row_here["status"], "status_reference": row_ref and row_ref["status"],
+            "reference_runs": (row_ref or {}).get("n_runs", 0),
+            "reference_machines": (row_ref or {}).get("n_machines", 0),
+            "checks": [], "verdict": "pass", "note": ""}
+    if row_ref is None:
+        return {**cell, "verdict": "not_in_reference", "note": "the reference has no such cell"}
+    if row_here is None:
+        return {**cell, "verdict": "not_run_here", "note": "in the reference, not in this run's matrix"}
+    if not row_ref.get("n_runs") and row_ref.get("status") == "failed":
+        if row_here["status"] == "failed":  # raised here too: still a bug, whatever the reference says
+            return {**cell, "verdict": "fail",
+                    "note": f"failed here and in every reference run: {row_here.get('reason')}"}
+        return {**cell, "verdict": "not_in_reference",
+                "note": "every reference run failed this cell, so there is nothing to compare: "
+                        f"{row_ref.get('reason')}"}
+    if spec_here and spec_ref and spec_here != spec_ref:
+        return {**cell, "verdict": "not_comparable", "note": "settings differ: " + "; ".join(_spec_diff(spec_here,
+                                                                                                       spec_ref))}
+    if _machine_skip(row_here) and row_ref["status"] != "skipped":
+        return {**cell, "verdict": "not_comparable_here",
+                "note": f"this machine cannot run it: {row_here.get('reason') or row_here.get('skip_needs')}"}
+    if _machine_skip(row_ref) and row_here["status"] != "skipped":
+        return {**cell, "verdict": "not_comparable_here",
+                "note": f"no reference machine could run it: {row_ref.get('reason')}"}
+    if row_here["status"] not in (statuses or {row_ref["status"]: 1}):
+        why = row_here.get("reason") or row_ref.get("reason") or ""
+        observed = ", ".join(f"{n} {status}" for status, n in statuses.items()) or row_ref["status"]
+        return {**cell, "verdict": "fail", "note": f"status {row_here['status']} here, {observed} in the reference"
+                + (f" ({why})" if why else "")}
+    if row_here["status"] != "ok":
+        return {**cell, "note": f"{row_here['status']} here and in the reference"}
+    if len(statuses) > 1:
+        cell["note"] = "the reference runs disagree on this cell's status: " + ", ".join(
+            f"{n} {status}" for status, n in statuses.items())
+    for metric, rule in rules.items():
+        check = check_metric(metric, rule, row_here.get(metric), row_ref.get("metrics", {}).get(metric))
+        cell["checks"].append(check)
+        if check["ok"] is False:
+            cell["verdict"] = "fail"
+    return cell
+
+
+def compare(summary: dict, aggregate: dict, tolerances: dict, specs_here: dict | None = None) -> dict:
+    """Per-cell comparison with the aggregate. Returns cells, failures (the cells out of tolerance) and warnings."""
+    specs_here = specs_here or {}
+    here = {ref_mod.cell_key(c["model"], c["precision"], c["seed"]): c for c in summary.get("cells", [])}
+    ref = aggregate.get("cells", {})
+    cells, failures = [], []
+    for key in list(here) + [k for k in ref if k not in here]:
+        model, precision, seed = key.split("/")
+        name = f"{model}/{precision}/seed{seed}"
+        rules = band_for(tolerances, {"model": model, "precision": precision, "seed": int(seed)})
+        cell = compare_cell(name, here.get(key), ref.get(key), rules, specs_here.get(key),
+                            (ref.get(key) or {}).get("spec"))
+        cells.append(cell)
+        if cell["verdict"] == "fail":
+            failed = [describe_failure(name, ch) for ch in cell["checks"] if ch["ok"] is False]
+            failures += failed or [f"{name}: {cell['note']}"]
+    counts = {v: sum(c["verdict"] == v for c in cells) for v in VERDICTS}
+    return {"cells": cells, "failures": failures, "warnings": comparison_warnings(cells, counts), "counts": counts}
+
+
+def comparison_warnings(cells: list[dict], counts: dict) -> list[str]:
+    warnings = []
+    if counts["not_comparable_here"]:
+        listed = "; ".join(f"{c['cell']} ({c['note']})" for c in cells if c["verdict"] == "not_comparable_here")
+        warnings.append(f"{counts['not_comparable_here']} cell(s) not comparable here, not counted as failures: "
+                        + listed)
+    if counts["not_comparable"]:
+        warnings.append(f"{counts['not_comparable']} cell(s) not compared: their settings differ from the reference's")
+    if counts["not_in_reference"]:
+        warnings.append(f"{counts['not_in_reference']} cell(s) of this run are not in the reference")
+    if counts["not_run_here"]:
+        warnings.append(f"{counts['not_run_here']} reference cell(s) did not run here")
+    return warnings

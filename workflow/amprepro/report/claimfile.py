@@ -1,0 +1,148 @@
+"""config/claims.yaml: its schema, reading and validation (amprepro.report.claims evaluates the claims it returns)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import jsonschema
+import yaml
+
+from amprepro.report.claimmetrics import HIGHER_IS_BETTER
+from amprepro.schemaerrors import bounded_message, field_name, first_error
+from amprepro.train import precisions
+
+_NUMBER = {"type": "number"}
+SCHEMA = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "description": "config/claims.yaml: the claims the report evaluates (docs/report.md describes every field)",
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["claims"],
+    "properties": {
+        "claims": {"type": "array", "items": {"$ref": "#/$defs/claim"}},
+    },
+    "$defs": {
+        "precision": {"enum": []},  # precisions.names(), filled in by schema()
+        "claim": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["id", "source", "statement", "model", "models", "metric", "baseline", "variant", "claimed",
+                         "tolerance"],
+            "properties": {
+                "id": {"type": "string", "pattern": "^[a-z0-9][a-z0-9_.-]*$",
+                       "description": "unique, lower-case letters, digits, '-', '_', '.'"},
+                "source": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "required": ["file", "title"],
+                    "properties": {
+                        "file": {"type": "string", "minLength": 1, "description": "the article (seed file name)"},
+                        "title": {"type": "string", "minLength": 1},
+                        "quote": {"type": "string", "description": "the sentence that makes the claim, verbatim"},
+                        "url": {"type": "string"},
+                    },
+                },
+                "statement": {"type": "string", "minLength": 1, "description": "the claim, in one English sentence"},
+                "model": {"type": "string", "minLength": 1, "description": "the model as the article names it"},
+                "models": {
+                    "type": "array", "minItems": 1, "uniqueItems": True,
+                    "items": {"type": "string", "pattern": "^[A-Za-z0-9_]+$"},
+                    "description": ("cell models (config names or archs) that stand for it; [any] = every model; "
+                                    "[benchmark] = every model on synthetic data"),
+                },
+                "metric": {"enum": list(HIGHER_IS_BETTER)},
+                "baseline": {
+                    "oneOf": [{"$ref": "#/$defs/precision"},
+                              {"type": "array", "minItems": 1, "uniqueItems": True,
+                               "items": {"$ref": "#/$defs/precision"}}],
+                },
+                "variant": {"$ref": "#/$defs/precision"},
+                "claimed": {
+                    "type": "object",
+                    "minProperties": 1,
+                    "maxProperties": 1,
+                    "additionalProperties": False,
+                    "properties": {
+                        "about": _NUMBER, "at_least": _NUMBER, "at_most": _NUMBER,
+                        "between": {"type": "array", "items": _NUMBER, "minItems": 2, "maxItems": 2},
+                    },
+                },
+                "tolerance": {"type": "number", "minimum": 0,
+                              "description": "in the metric's units: x for speedup, a fraction for memory_reduction"},
+                "requires": {"type": "array", "uniqueItems": True, "items": {"enum": ["tensor_cores"]}},
+                "not_measurable": {"type": "string", "minLength": 1,
+                                   "description": "why no run of this pipeline can test the claim as stated"},
+                "proxy": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "required": ["models", "note"],
+                    "properties": {
+                        "models": {"type": "array", "minItems": 1, "items": {"type": "string"}},
+                        "note": {"type": "string"},
+                    },
+                },
+                "note": {"type": "string"},
+                "caveats": {"type": "array", "items": {"type": "string", "minLength": 1},
+                            "description": "what a reader must know to read the verdict; the report lists them"},
+            },
+        },
+    },
+}
+
+
+def schema() -> dict:
+    """SCHEMA with the precision enum read from the registry."""
+    return {**SCHEMA, "$defs": {**SCHEMA["$defs"], "precision": {"enum": precisions.names()}}}
+
+
+class ClaimsError(ValueError):
+    """config/claims.yaml is wrong; the message names the claim and the field."""
+
+
+
+def _claim_id_label(claims: list) -> Callable[[list], str]:
+    """Labels claims[i] with its id, so that the message names the claim as the file's reader knows it."""
+    def label(path: list) -> str:
+        if len(path) == 2 and path[0] == "claims" and isinstance(path[1], int) and path[1] < len(claims):
+            claim_id = claims[path[1]].get("id") if isinstance(claims[path[1]], dict) else None
+            return f" (id {claim_id!r})" if claim_id else ""
+        return ""
+    return label
+
+
+def validate(data, where: str = "config/claims.yaml") -> list[dict]:
+    """Validate parsed claims.yaml; return the claims with `baseline` normalised to a list."""
+    if not isinstance(data, dict):
+        raise ClaimsError(f"{where}: expected a mapping with a `claims:` list, got {type(data).__name__}.")
+    claims = data.get("claims") if isinstance(data.get("claims"), list) else []
+    validator = jsonschema.Draft202012Validator(schema())
+    error = first_error(validator, data)
+    if error is not None:
+        raise ClaimsError(f"{where}: claim field {field_name(error, label=_claim_id_label(claims))}: "
+                          f"{bounded_message(error)}. Fix that field (docs/report.md lists the claim fields).")
+    seen = {}
+    for index, claim in enumerate(claims):
+        field = f"claims[{index}] (id {claim['id']!r})"
+        if claim["id"] in seen:
+            raise ClaimsError(f"{where}: claim field {field}.id: duplicate id, "
+                              f"also used by claims[{seen[claim['id']]}].")
+        seen[claim["id"]] = index
+        claim["baseline"] = [claim["baseline"]] if isinstance(claim["baseline"], str) else list(claim["baseline"])
+        if claim["variant"] in claim["baseline"]:
+            raise ClaimsError(f"{where}: claim field {field}.variant: {claim['variant']!r} is also a baseline.")
+        between = claim["claimed"].get("between")
+        if between and between[0] > between[1]:
+            raise ClaimsError(f"{where}: claim field {field}.claimed.between: {between} is not [low, high].")
+    return claims
+
+
+def load_claims(path: str | Path) -> list[dict]:
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ClaimsError(f"{path}: no claims file. Fix: restore it from the repository.") from None
+    except yaml.YAMLError as exc:
+        raise ClaimsError(f"{path}: not valid YAML: {exc}") from None
+    return validate(data, str(path))

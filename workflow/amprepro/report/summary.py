@@ -1,0 +1,124 @@
+"""One table of every cell (with speedups against strict FP32 and against TF32) plus the software versions."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from amprepro.files import read_json, write_csv, write_json
+from amprepro.train import precisions
+
+COLUMNS = [
+    "model", "precision", "seed", "status", "reason", "throughput_per_s", "throughput_unit", "step_time_median_s",
+    "step_time_p90_s", "peak_allocated_bytes", "peak_reserved_bytes", "peak_rss_bytes", "final_loss",
+    "eval_accuracy", "skipped_steps", "first_nonfinite_step", "loss_scale_final", "speedup_vs_fp32",
+    "speedup_vs_tf32", "memory_ratio_vs_fp32", "achieved_tflops", "mfu_vs_measured_peak", "mfu_vs_datasheet",
+    "energy_j_per_item", "skip_cause", "skip_needs",
+    "epoch_hours_derived", "mem_weights_bytes", "mem_gradients_bytes", "mem_optimizer_state_bytes",
+    "mem_master_weights_bytes", "mem_activations_bytes", "mem_estimate_total_bytes",
+]
+# Flat columns from metrics.json's nested memory records: (column, record, key).
+MEMORY_COLUMNS = [
+    ("mem_weights_bytes", "memory_breakdown_bytes", "weights"),
+    ("mem_gradients_bytes", "memory_breakdown_bytes", "gradients"),
+    ("mem_optimizer_state_bytes", "memory_breakdown_bytes", "optimizer_state"),
+    ("mem_master_weights_bytes", "memory_breakdown_bytes", "master_weights"),
+    ("mem_activations_bytes", "memory_breakdown_bytes", "activations_and_workspace"),
+    ("mem_estimate_total_bytes", "memory_estimate", "total_bytes"),
+]
+KEY_PACKAGES = ["torch", "torchvision", "numpy", "scikit-learn", "snakemake", "papermill", "nbconvert", "apex"]
+
+
+def ratio(numerator, denominator):
+    return numerator / denominator if numerator and denominator else None
+
+
+def peak_memory(row: dict):
+    """GPU allocator peak where there is one; on CPU the process peak RSS (a coarser measure, labelled as such)."""
+    return row.get("peak_allocated_bytes") or row.get("peak_rss_bytes")
+
+
+def add_relative(rows: list[dict]) -> list[dict]:
+    baseline = {(r["model"], r["seed"], r["precision"]): r for r in rows if r["status"] == "ok"}
+    for row in rows:
+        fp32 = baseline.get((row["model"], row["seed"], "fp32"))
+        tf32 = baseline.get((row["model"], row["seed"], "tf32"))
+        ok = row["status"] == "ok"
+        row["speedup_vs_fp32"] = ratio(row.get("throughput_per_s"), fp32 and fp32["throughput_per_s"]) if ok else None
+        row["speedup_vs_tf32"] = ratio(row.get("throughput_per_s"), tf32 and tf32["throughput_per_s"]) if ok else None
+        row["memory_ratio_vs_fp32"] = ratio(peak_memory(row), fp32 and peak_memory(fp32)) if ok else None
+    return rows
+
+
+def add_memory(rows: list[dict], metrics: list[dict]) -> list[dict]:
+    """The measured split of the allocator peak (first training step) and the pre-allocation estimate, flattened."""
+    for row, m in zip(rows, metrics):
+        for column, record, key in MEMORY_COLUMNS:
+            row[column] = (m.get(record) or {}).get(key)
+    return rows
+
+
+def add_mfu(rows: list[dict], metrics: list[dict], peak: dict) -> list[dict]:
+    """MFU against the matmul peak measured in this pipeline run and against the datasheet (summed over the cell's
+    GPUs in metrics.json), both stated."""
+    for row, m in zip(rows, metrics):
+        achieved = m.get("achieved_tflops")
+        row["achieved_tflops"] = achieved
+        row["energy_j_per_item"] = m.get("energy_j_per_item")
+        measured = peak.get("tflops", {}).get(precisions.get(row["precision"]).peak_kind)
+        gpus = m.get("world_size") or 1  # peak.json is one GPU's; a data-parallel cell computes on all of them
+        row["mfu_vs_measured_peak"] = ratio(achieved, measured and measured * gpus)
+        row["mfu_vs_datasheet"] = ratio(achieved, m.get("datasheet_peak_tflops"))
+    return rows
+
+
+def versions(environment: dict, apex: dict, metrics: list[dict]) -> dict:
+    hardware = next((m["hardware"] for m in metrics if m.get("hardware")), {})
+    packages = environment.get("packages", {})
+    return {
+        "python": environment.get("python", {}).get("version"),
+        "torch": environment.get("torch", {}).get("version"),
+        "cuda": environment.get("torch", {}).get("cuda"),
+        "cudnn": environment.get("torch", {}).get("cudnn"),
+        "nccl": environment.get("torch", {}).get("nccl"),
+        "apex_status": apex.get("status"),
+        "apex_commit": apex.get("commit"),
+        "gpu": hardware.get("gpu_name"),
+        "gpu_count": hardware.get("gpu_count"),
+        "driver": hardware.get("driver"),
+        "cpu": hardware.get("cpu"),
+        "isolation": environment.get("isolation", {}).get("mode"),
+        "packages": {name: packages.get(name) for name in KEY_PACKAGES if name in packages},
+    }
+
+
+def summarize(metric_files: list[str], environment: dict, apex: dict, preset: dict, peak: dict | None = None) -> dict:
+    metrics = [read_json(path) for path in metric_files]
+    rows = add_relative([{c: m.get(c) for c in COLUMNS if c in m} | {"model": m["model"], "precision": m["precision"],
+                                                                     "seed": m["seed"], "status": m["status"]}
+                         for m in metrics])
+    rows = add_memory(add_mfu(rows, metrics, peak or {}), metrics)
+    counts = {status: sum(r["status"] == status for r in rows) for status in ("ok", "skipped", "collapsed", "failed")}
+    return {"preset": preset, "cells": rows, "counts": counts, "versions": versions(environment, apex, metrics),
+            "peak": peak or {}}
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--metrics", nargs="+", required=True)
+    parser.add_argument("--env", required=True)
+    parser.add_argument("--apex", required=True)
+    parser.add_argument("--peak", required=True)
+    parser.add_argument("--preset", required=True, help="JSON: which preset ran and why")
+    parser.add_argument("--csv", required=True)
+    parser.add_argument("--json", required=True)
+    args = parser.parse_args(argv)
+    summary = summarize(args.metrics, read_json(args.env), read_json(args.apex), json.loads(args.preset),
+                        read_json(args.peak))
+    write_csv(args.csv, summary["cells"], COLUMNS)
+    write_json(args.json, summary)
+    print(f"summary: {len(summary['cells'])} cells, {summary['counts']}")
+
+
+if __name__ == "__main__":
+    main()

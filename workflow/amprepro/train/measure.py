@@ -1,0 +1,106 @@
+"""Honest timing and provenance: CUDA events (or a synchronized clock), warm-up excluded, medians, allocator peaks."""
+
+from __future__ import annotations
+
+import os
+import platform
+import resource
+import shutil
+import statistics
+import subprocess
+import time
+
+import torch
+
+from amprepro.train.flops import gpu_uuid
+
+
+class StepTimer:
+    """Times one step. On CUDA with events; on CPU with perf_counter (CPU ops are synchronous)."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+
+    def __enter__(self):
+        if self.cuda:
+            self.start, self.end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            self.start.record()
+        else:
+            self.t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        if self.cuda:
+            self.end.record()
+            self.end.synchronize()
+            self.seconds = self.start.elapsed_time(self.end) / 1000.0
+        else:
+            self.seconds = time.perf_counter() - self.t0
+        return False
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Linear-interpolated percentile, q in [0, 100]."""
+    ordered = sorted(values)
+    if len(ordered) == 1:
+        return ordered[0]
+    rank = (len(ordered) - 1) * q / 100.0
+    low, high = int(rank), min(int(rank) + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def step_stats(step_seconds: list[float], warmup: int, items_per_step: int) -> dict:
+    timed = step_seconds[warmup:]
+    median = statistics.median(timed)
+    return {
+        "timed_steps": len(timed),
+        "warmup_steps": warmup,
+        "step_time_median_s": median,
+        "step_time_p90_s": percentile(timed, 90),
+        "step_time_mean_s": statistics.fmean(timed),
+        "throughput_per_s": items_per_step / median,
+    }
+
+
+def memory_stats(device: torch.device) -> dict:
+    stats = {"peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+             "peak_allocated_bytes": None, "peak_reserved_bytes": None}
+    if device.type == "cuda":
+        stats["peak_allocated_bytes"] = torch.cuda.max_memory_allocated(device)
+        stats["peak_reserved_bytes"] = torch.cuda.max_memory_reserved(device)
+    return stats
+
+
+def nvidia_smi_query(fields: str) -> str | None:
+    if shutil.which("nvidia-smi") is None:
+        return None
+    try:
+        out = subprocess.run(["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
+
+
+def hardware(device: torch.device) -> dict:
+    info = {"device": device.type, "cpu": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(),
+            "gpu_name": None, "gpu_capability": None, "gpu_count": 0, "driver": None}
+    if device.type == "cuda":
+        info["gpu_name"] = torch.cuda.get_device_name(device)
+        info["gpu_capability"] = ".".join(map(str, torch.cuda.get_device_capability(device)))
+        info["gpu_count"] = torch.cuda.device_count()
+        info["driver"] = nvidia_smi_query("driver_version")
+        info["cuda_visible_devices"] = os.environ.get("CUDA_VISIBLE_DEVICES")  # which GPU(s) of the machine
+        info["gpu_uuid"] = gpu_uuid(device)
+    return info
+
+
+def software(apex: dict) -> dict:
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        "apex_commit": apex.get("commit"),
+        "apex_status": apex.get("status"),
+    }

@@ -1,0 +1,67 @@
+"""The precisions, one entry each: every property any stage needs, written once.
+
+The config schema's precision enum, the claims schema, the report's order, labels and colours, the training step
+(autocast dtype, GradScaler, TF32, apex opt level), the MFU peak and the memory estimate all read this table, so a
+new precision is one new entry here. No torch import: the DAG build and the report read it too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Precision:
+    name: str
+    label: str  # what the claims and the report call it
+    color: str  # its colour in the report's figures
+    peak_kind: str  # the matmul dtype that dominates its compute: a column of flops.DATASHEET_TFLOPS
+    autocast_dtype: str | None = None  # torch dtype name torch.autocast runs under; None: no torch.autocast
+    grad_scaler: bool = False  # torch.amp.GradScaler around the step
+    tf32: bool | None = None  # set matmul and cuDNN allow_tf32 to this; None keeps PyTorch's defaults
+    apex_opt_level: str | None = None  # apex.amp.initialize's opt_level; None: not an apex precision
+    # Bytes per parameter (weights, gradients incl. master gradients, optimizer state, master weights, cast cache per
+    # matmul weight), with an AdamW-type optimizer: amprepro.train.memory explains each figure.
+    bytes_per_parameter: tuple[int, int, int, int, int] = (4, 4, 8, 0, 0)
+    compute_bytes: int = 4  # bytes per element of matmul inputs and outputs
+    residual_bytes: int = 4  # bytes per element of the residual stream
+
+    @property
+    def needs_apex(self) -> bool:
+        return self.apex_opt_level is not None
+
+
+REGISTRY: dict[str, Precision] = {
+    p.name: p
+    for p in (
+        Precision("fp32", "strict FP32", "#4c566a", "fp32", tf32=False),
+        Precision("tf32", "TF32", "#8f9bb3", "tf32", tf32=True),
+        Precision("amp_fp16", "fp16 AMP", "#d1495b", "fp16", autocast_dtype="float16", grad_scaler=True,
+                  bytes_per_parameter=(4, 4, 8, 0, 2), compute_bytes=2),
+        Precision("amp_bf16", "bf16 AMP", "#edae49", "bf16", autocast_dtype="bfloat16",
+                  bytes_per_parameter=(4, 4, 8, 0, 2), compute_bytes=2),
+        Precision("apex_o1", "apex O1", "#00798c", "fp16", apex_opt_level="O1",
+                  bytes_per_parameter=(4, 4, 8, 0, 2), compute_bytes=2),
+        Precision("apex_o2", "apex O2", "#30638e", "fp16", apex_opt_level="O2",
+                  bytes_per_parameter=(2, 2 + 4, 8, 4, 0), compute_bytes=2, residual_bytes=2),
+    )
+}
+"""In the report's order: baselines first, then torch.amp, then apex."""
+
+
+def names() -> list[str]:
+    """Every precision name, in the report's order."""
+    return list(REGISTRY)
+
+
+def get(name: str) -> Precision:
+    return REGISTRY[name]
+
+
+def label(name: str) -> str:
+    return REGISTRY[name].label
+
+
+def color(name: str, default: str | None = None) -> str | None:
+    """Its colour in the report's figures; default for a name that is not a precision."""
+    return REGISTRY[name].color if name in REGISTRY else default

@@ -1,0 +1,68 @@
+"""What one train job asks its executor (Slurm, or the local machine) for, computed from the cell's own settings.
+
+No torch import: the rules evaluate this when Snakemake builds the DAG, on a login node too.
+
+- GPUs: the model's `gpus` on each of its `nodes` (default 1 and 1); none when the jobs have no GPU (gpu: false).
+- CPUs: CPUS_PER_GPU for each GPU (data, the host side of the step), or the job's threads on the CPU.
+- Host memory (--mem, per node): each process's base (torch, the CUDA context, libraries) plus the FP32 weights
+  of the models built on the host before they move to the GPU. The LLaMA decoders are built on the meta device and
+  materialised on the GPU (amprepro.train.models.place): their 6.7 B parameters never touch host memory. Their GPU
+  memory
+  (amprepro.train.memory's estimate) is a property of the GPU type, which the site chooses (gpu_model, partition).
+- Time limit: a start-up allowance (imports, apex, torch.compile, materialising 7B weights) plus the cell's steps
+  times a per-item budget, both times runtime_factor (config `resources: runtime_factor`) for slower GPUs.
+"""
+
+from __future__ import annotations
+
+import math
+
+CPUS_PER_GPU = 8
+HOST_MB_PER_PROCESS = 8000
+HOST_MB_CPU_CELL = 4000
+STARTUP_MINUTES = 10
+# Parameters of the models built on the host first (FP32 weights in host memory until .to(device)); LLaMA: meta.
+HOST_BUILT_PARAMETERS = {"resnet50": 25_600_000, "vit_b_16": 86_600_000, "vit_base_patch16_224": 86_600_000,
+                         "gpt": 124_000_000}
+# Seconds per sample or token of a training step: ten times the slowest precision (strict FP32) measured on the
+# H200 at the paper preset's sizes (reference/nvidia-h200, 2026-11-30: e.g. llama 2.28 s for 2048 tokens,
+# vit_b_16 0.34 s for 128 images), so an older GPU still fits.
+SECONDS_PER_ITEM = {"small_cnn": 4.3e-4, "tiny_transformer": 1.0e-3, "resnet50": 1.1e-2, "vit_b_16": 2.7e-2,
+                    "vit_base_patch16_224": 2.7e-2, "gpt": 1.9e-4, "gpt_tiny": 1.9e-4, "llama": 1.2e-2,
+                    "llama_tiny": 1.0e-4}
+
+
+def nodes(model: dict) -> int:
+    return int(model.get("nodes", 1))
+
+
+def processes_per_node(model: dict) -> int:
+    """Data-parallel processes on each node: one per GPU (or per gloo process on the CPU)."""
+    return int(model.get("gpus", 1))
+
+
+def gpus_per_node(model: dict, gpu_jobs: bool) -> int:
+    return processes_per_node(model) if gpu_jobs else 0
+
+
+def cpus_per_gpu(model: dict, gpu_jobs: bool) -> int:
+    return CPUS_PER_GPU if gpus_per_node(model, gpu_jobs) else 0
+
+
+def host_mb(model: dict, gpu_jobs: bool) -> int:
+    """--mem for each node of the job."""
+    if not gpu_jobs:
+        return HOST_MB_CPU_CELL * processes_per_node(model)
+    weights_mb = 4 * HOST_BUILT_PARAMETERS.get(model["arch"], 0) // 10**6
+    return processes_per_node(model) * (HOST_MB_PER_PROCESS + weights_mb)
+
+
+def items_per_step(model: dict) -> int:
+    if model["data"] == "synthetic_tokens":
+        return model["batch_size"] * model.get("seq_len", 1024)
+    return model["batch_size"]
+
+
+def runtime_minutes(model: dict, train: dict, factor: float) -> int:
+    step_seconds = items_per_step(model) * SECONDS_PER_ITEM[model["arch"]]
+    return math.ceil(factor * (STARTUP_MINUTES + train["steps"] * step_seconds / 60))
