@@ -39,6 +39,7 @@ test: $(BIN)/activate
 lint: $(BIN)/activate
 	$(BIN)/snakemake --lint
 	$(BIN)/snakefmt --check Snakefile workflow/rules
+	$(BIN)/ruff check workflow tools tests
 
 clean-venv:
 	rm -rf $(VENV)
