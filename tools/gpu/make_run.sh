@@ -15,21 +15,7 @@ deadline=$((SECONDS + budget))
 mode=${2:-}
 venv=${AMPREPRO_VENV:-/tmp/amprepro-venv}
 mkdir -p "$OUT"
-# flock: the two runs of tools/gpu/reference_runs.sh start together and share the venv.
-(
-  flock 9
-  if [ ! -f "$venv/.ready" ]; then
-    rm -rf "$venv"
-    # The box's python3 is itself a venv (/opt/torch/.venv): --system-site-packages would not reach its torch, so
-    # a .pth file puts its site-packages after the venv's own.
-    image_site=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') &&
-    python3 -m venv "$venv" &&
-      echo "$image_site" > "$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/image.pth" &&
-      "$venv/bin/python" -m pip install -q --no-index --no-deps --no-cache-dir .whl/*.whl &&
-      touch "$venv/bin/activate" "$venv/.ready" || { echo "venv setup failed"; exit 1; }
-  fi
-  "$venv/bin/python" -c 'import torch, snakemake, wrapt' || { echo "venv lacks torch or snakemake"; exit 1; }
-) 9>/tmp/amprepro-venv.lock || exit 1
+source tools/gpu/venv.sh || exit 1
 cat > /tmp/amprepro-gpu.yaml <<YAML
 apex:
   source: {path: ${APEX_SOURCE:-vendor/apex-25.05}, ref: "25.05", commit: 379937e1719b8190f38f3e666e2a8d32c97e221f, url: null}
