@@ -27,6 +27,7 @@ def failing_build(monkeypatch):
         raise apexbuild.ApexError("nvcc not found. Fix: install the CUDA toolkit")
 
     monkeypatch.setattr(apex_stage, "cuda_build_possible", lambda: (True, "pretend CUDA torch"))
+    monkeypatch.setattr(apexbuild, "build_only", fail)
     monkeypatch.setattr(apexbuild, "build_and_verify", fail)
 
 
@@ -43,3 +44,32 @@ def test_required_apex_that_fails_to_build_stops_with_the_message(failing_build,
         apex_stage.main(["--settings", json.dumps(settings(True)), "--out", str(out)])
     assert "ERROR (apex): nvcc not found" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_the_verify_step_takes_the_build_steps_verdict(monkeypatch, tmp_path):
+    """apex (--built) does not build again what apex_build (--build-only) skipped or failed: it writes that record."""
+    monkeypatch.setattr(apex_stage, "cuda_build_possible", lambda: (True, "pretend CUDA torch"))
+    monkeypatch.setattr(apexbuild, "build_only", lambda *a, **k: (_ for _ in ()).throw(apexbuild.ApexError("no nvcc")))
+    monkeypatch.setattr(apexbuild, "build_and_verify", lambda *a, **k: pytest.fail("verified a build that failed"))
+    build, final = tmp_path / "build.json", tmp_path / "apex.json"
+    apex_stage.main(["--build-only", "--settings", json.dumps(settings(False)), "--out", str(build)])
+    apex_stage.main(["--built", str(build), "--settings", json.dumps(settings(False)), "--out", str(final)])
+    assert json.loads(final.read_text()) == json.loads(build.read_text())
+    assert json.loads(final.read_text())["status"] == "skipped" and "no nvcc" in json.loads(final.read_text())["reason"]
+
+
+def test_the_verify_step_verifies_what_the_build_step_built(monkeypatch, tmp_path):
+    monkeypatch.setattr(apex_stage, "cuda_build_possible", lambda: (True, "pretend CUDA torch"))
+    built = {"status": "built", "key": "k1", "cache": "miss (built)", "seconds": 12.5}
+    monkeypatch.setattr(apexbuild, "build_only", lambda *a, **k: built)
+    seen = {}
+
+    def verify(settings, jobs, results_dir, built=None):
+        seen["built"] = built
+        return {"status": "built", "reason": "verified"}
+
+    monkeypatch.setattr(apexbuild, "build_and_verify", verify)
+    build, final = tmp_path / "build.json", tmp_path / "apex.json"
+    apex_stage.main(["--build-only", "--settings", json.dumps(settings(True)), "--out", str(build), "--jobs", "8"])
+    apex_stage.main(["--built", str(build), "--settings", json.dumps(settings(True)), "--out", str(final)])
+    assert seen["built"] == built and json.loads(final.read_text())["reason"] == "verified"

@@ -143,8 +143,11 @@ def test_every_rule_that_runs_amprepro_code_gates_on_its_digest_and_lists_no_mod
 
 def test_the_cells_read_the_views_and_sanity_is_the_checkpoint_that_re_judges_them():
     blocks = rule_blocks()
-    assert 'apex="results/apex/runs.json"' in blocks["train"]
-    assert 'sanity="results/sanity/verdicts.json"' in blocks["train"]
+    assert "unpack(train_inputs)" in blocks["train"]  # the views: tests/backbone/test_apex_overlap.py runs the DAG
+    common = (RULES / "common.smk").read_text()
+    assert 'inputs["apex"] = "results/apex/runs.json"' in common
+    assert 'inputs = {"sanity": "results/sanity/verdicts.json"}' in common
+    assert re.search(r"^checkpoint apex:", (RULES / "apex.smk").read_text(), re.M)
     assert "results/sanity/verdicts.json" in blocks["peak"] and "results/sanity/verdicts.json" in blocks["summary"]
     assert re.search(r"^checkpoint sanity:", (RULES / "sanity.smk").read_text(), re.M)
     assert "ancient(" not in "".join(blocks.values()), "ancient() inputs hide a job's own changes (sanity.smk)"

@@ -1,7 +1,42 @@
-rule apex:
-    """Build (or declare absent) NVIDIA Apex from a pinned source; verify every extension it promises."""
+# Two jobs, so that the cells needing no apex do not wait for the compile. apex_build compiles into the cache with
+# nvcc and the CPUs only: on this machine it takes no GPU and leaves one cell's CPUs free, so those cells run beside
+# it (amprepro.train.resources.apex_build_threads); on a cluster it runs on a GPU node, as the cells will. apex then
+# installs and verifies that build on a GPU, and the cells that use apex wait for it. apex is a checkpoint, as sanity is
+# (workflow/rules/sanity.smk): once it has run, Snakemake judges those cells again by the content of runs.json, so a
+# rebuild with the same outcome re-runs no cell.
+BUILD_GPUS = 1 if GPUS and not workflow.local_exec else 0
+
+
+rule apex_build:
+    """Compile NVIDIA Apex from a pinned source into the build cache (or declare it absent, with the reason)."""
     input:
         env="results/environment/environment.json",
+    output:
+        build="results/apex/build.json",
+    log:
+        "results/logs/apex_build.log",
+    conda:
+        TRAIN_ENV
+    threads: BUILD_THREADS
+    resources:
+        gpu=BUILD_GPUS,
+        cpus_per_gpu=BUILD_THREADS if BUILD_GPUS else 0,  # otherwise Slurm gives it its threads
+        mem_mb=4000 * BUILD_THREADS if GPUS else 2000,  # each parallel nvcc job takes 2-4 GB
+        runtime=120,
+    params:
+        settings=json.dumps({**config["apex"], "required": APEX_REQUIRED}, sort_keys=True),
+        code=code_digest("env.apex_stage"),
+    shell:
+        "python -m amprepro.env.apex_stage --build-only --settings {params.settings:q} --out {output.build}"
+        " --jobs {threads} > {log} 2>&1"
+
+
+checkpoint apex:
+    """Install the build and verify it on the GPU: every extension it promises imports, the fused kernels compute what
+    torch does."""
+    input:
+        env="results/environment/environment.json",
+        build="results/apex/build.json",
     output:
         apex="results/apex/apex.json",
         runs="results/apex/runs.json",  # what the cells read from apex.json (amprepro.runinputs)
@@ -9,17 +44,17 @@ rule apex:
         "results/logs/apex.log",
     conda:
         TRAIN_ENV
-    threads: BUILD_THREADS
+    threads: min(4, CORES)  # the checks run in three interpreters side by side
     resources:
         gpu=1 if GPUS else 0,
-        cpus_per_gpu=BUILD_THREADS if GPUS else 0,  # on the CPU: its threads
-        mem_mb=4000 * BUILD_THREADS if GPUS else 2000,  # each parallel nvcc job takes 2-4 GB
-        runtime=120,
+        cpus_per_gpu=4 if GPUS else 0,
+        mem_mb=8000,
+        runtime=30,
     params:
         settings=json.dumps({**config["apex"], "required": APEX_REQUIRED}, sort_keys=True),
         code=code_digest("env.apex_stage", "runinputs"),
     shell:
         "python -m amprepro.env.gpuslots --gpus {resources.gpu} -- python -m amprepro.env.apex_stage"
-        " --settings {params.settings:q} --out {output.apex} --jobs {threads} > {log} 2>&1"
+        " --built {input.build} --settings {params.settings:q} --out {output.apex} --jobs {threads} > {log} 2>&1"
         " && python -m amprepro.runinputs apex --record {output.apex} --out {output.runs}"
         " >> {log} 2>&1"

@@ -3,6 +3,7 @@ import json
 from pathlib import Path
 
 from amprepro.train import resources as cell_resources  # noqa: E402
+from amprepro.train.cellsupport import needs_apex  # noqa: E402
 from amprepro.codedigest import code_digest  # noqa: E402
 from amprepro.config import (  # noqa: E402
     apex_required,
@@ -22,7 +23,10 @@ PRESET["config_sha256"] = hashlib.sha256(json.dumps(config, sort_keys=True).enco
 CELLS = cells(RUNS)
 APEX_REQUIRED = apex_required(config["apex"]["required"], GPUS)
 check_apex_source(config["apex"], APEX_REQUIRED)  # before the apex job clears apex.json
-BUILD_THREADS = max(1, workflow.resource_settings.cores or 1)  # None under `snakemake --report`; workflow.cores raises
+CORES = max(1, workflow.resource_settings.cores or 1)  # None under `snakemake --report`; workflow.cores raises
+# Jobs on this machine share its GPUs through `--resources gpu=N`; a cluster job gets its own node's.
+LOCAL_GPUS = len(GPUS) if workflow.local_exec else 0
+BUILD_THREADS = cell_resources.apex_build_threads(CORES, LOCAL_GPUS)
 RUNTIME_FACTOR = float(config["resources"]["runtime_factor"])  # nested --config values arrive as strings
 
 # How every job finds the amprepro package: the one place. Each shell command starts with PYTHONPATH exported to the
@@ -111,6 +115,15 @@ def launch_for_cell(wildcards):
         "--device",
         "cuda" if GPUS else "cpu",
     ]
+
+
+def train_inputs(wildcards):
+    """The sanity gate (the cell never reads it), and apex's view only for a cell that uses apex: the others start
+    without waiting for the apex build."""
+    inputs = {"sanity": "results/sanity/verdicts.json"}
+    if needs_apex(json.loads(spec_for_cell(wildcards))):
+        inputs["apex"] = "results/apex/runs.json"
+    return inputs
 
 
 def spec_for_cell(wildcards):

@@ -1,8 +1,7 @@
 rule train:
     """One cell: one model, one precision, one seed, in its own process (apex O1 patches torch globally)."""
     input:
-        sanity="results/sanity/verdicts.json",  # the gate; the cell never reads it
-        apex="results/apex/runs.json",
+        unpack(train_inputs),
     output:
         metrics="results/runs/{model}/{precision}/seed{seed}/metrics.json",
         steps="results/runs/{model}/{precision}/seed{seed}/steps.csv",
@@ -23,10 +22,11 @@ rule train:
     params:
         spec=spec_for_cell,
         launch=launch_for_cell,
+        apex=lambda wildcards, input: ["--apex", input.apex] if "apex" in input.keys() else [],
         code=code_digest("train.train"),  # with what it imports: distributed, resources
     shell:
         "python -m amprepro.env.gpuslots --gpus {resources.gpu} --"
-        " python -m amprepro.train.distributed {params.launch} -- --spec {params.spec:q} --apex {input.apex}"
+        " python -m amprepro.train.distributed {params.launch} -- --spec {params.spec:q} {params.apex:q}"
         " --threads {threads} --metrics {output.metrics} --steps {output.steps} > {log} 2>&1"
 
 

@@ -1,12 +1,14 @@
 # A checkpoint, so that once it has run Snakemake judges the cells again: a cell then re-runs only if the content of
-# its inputs changed (checksums), not because apex or sanity ran again with the same outcome (amprepro.runinputs).
+# its inputs changed (checksums), not because sanity ran again with the same outcome (amprepro.runinputs). It checks
+# the torch stack and the toolkit apex needs; apex itself is verified by its own job (workflow/rules/apex.smk), so the
+# cells that need no apex start without waiting for its compile.
 # Not ancient() inputs: Snakemake 9.27 then never checks the cells' own changes (code, settings) in a run where
 # sanity or anything above it runs, since update_needrun skips every job below one that must run.
 checkpoint sanity:
-    """Check the GPU stack the articles rely on; a required check that fails stops the pipeline here."""
+    """Check the GPU stack the articles rely on (torch, CUDA, cuDNN, autocast, GradScaler, the toolkit apex needs); a
+    required check that fails stops the pipeline here."""
     input:
         env="results/environment/environment.json",
-        apex="results/apex/apex.json",
     output:
         sanity="results/sanity/sanity.json",
         verdicts="results/sanity/verdicts.json",  # the cells' gate (amprepro.runinputs)
@@ -21,9 +23,10 @@ checkpoint sanity:
         runtime=20,
     params:
         expect_gpu=bool(GPUS),
+        apex_required=APEX_REQUIRED,
         code=code_digest("env.sanity", "runinputs"),
     shell:
         "python -m amprepro.env.gpuslots --gpus {resources.gpu} -- python -m amprepro.env.sanity"
-        " --apex {input.apex} --expect-gpu {params.expect_gpu} --out {output.sanity} > {log} 2>&1"
+        " --apex-required {params.apex_required} --expect-gpu {params.expect_gpu} --out {output.sanity} > {log} 2>&1"
         " && python -m amprepro.runinputs sanity --record {output.sanity} --out {output.verdicts}"
         " >> {log} 2>&1"

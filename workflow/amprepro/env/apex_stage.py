@@ -1,5 +1,8 @@
 """The apex stage: decide whether apex is needed and buildable here, then build and verify it or say why not.
 
+Two steps, two jobs: `--build-only` compiles (CPU only, beside the cells that need no apex), `--built FILE` installs
+and verifies that build on the GPU.
+
 The build itself (source fetch and checks, preflight, compile, cache, verification) lives in amprepro.env.apexbuild.
 """
 
@@ -56,28 +59,46 @@ def decide(settings: dict) -> dict | None:
     return None
 
 
+def provide(settings: dict, jobs: int, out: Path, build_record: dict | None) -> dict:
+    """build_record None: the compile only (the apex_build job). Else: install and verify what that job built."""
+    from amprepro.env import apexbuild
+
+    if build_record is not None and build_record["status"] != "built":
+        return build_record  # skipped or failed optionally: the build job already said why
+    record = decide(settings)
+    if record is not None:
+        return record
+    try:
+        if build_record is None:
+            return apexbuild.build_only(settings, jobs=jobs, results_dir=out.parent)
+        return apexbuild.build_and_verify(settings, jobs=jobs, results_dir=out.parent, built=build_record)
+    except apexbuild.ApexError as exc:
+        if settings["required"]:
+            print(f"ERROR (apex): {exc}", file=sys.stderr)
+            sys.exit(1)
+        # Optional apex that fails to build: the native torch.amp cells still run; apex cells say why not.
+        print(f"WARNING (apex, optional): {exc}", file=sys.stderr)
+        return skipped(settings, f"apex is optional here and its build failed: {exc}")
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--settings", required=True, help="JSON of config['apex'] with 'required' resolved")
     parser.add_argument("--out", required=True)
     parser.add_argument("--jobs", type=int, default=1)
+    step = parser.add_mutually_exclusive_group()
+    step.add_argument("--build-only", action="store_true", help="compile into the cache; write the build record")
+    step.add_argument("--built", help="the build record (results/apex/build.json): install and verify that build")
     args = parser.parse_args(argv)
     settings = json.loads(args.settings)
-    record = decide(settings)
-    if record is None:
-        from amprepro.env import apexbuild
-
-        try:
-            record = apexbuild.build_and_verify(settings, jobs=args.jobs, results_dir=Path(args.out).parent)
-        except apexbuild.ApexError as exc:
-            if settings["required"]:
-                print(f"ERROR (apex): {exc}", file=sys.stderr)
-                sys.exit(1)
-            # Optional apex that fails to build: the native torch.amp cells still run; apex cells say why not.
-            print(f"WARNING (apex, optional): {exc}", file=sys.stderr)
-            record = skipped(settings, f"apex is optional here and its build failed: {exc}")
-    write_json(args.out, record)
-    print(f"apex: {record['status']}: {record['reason']}")
+    out = Path(args.out)
+    build_record = None if args.build_only or not args.built else json.loads(Path(args.built).read_text())
+    if args.build_only or args.built:
+        record = provide(settings, args.jobs, out, build_record)
+    else:  # both steps in one process (tests, and anyone calling the stage by hand)
+        record = provide(settings, args.jobs, out, provide(settings, args.jobs, out, None))
+    write_json(out, record)
+    print(f"apex: {record['status']}: {record.get('reason') or record.get('cache')}")
 
 
 if __name__ == "__main__":

@@ -13,6 +13,15 @@ def cell_optimizer(train: dict, precision_name: str) -> str:
     return train["optimizer"]
 
 
+def needs_apex(spec: dict) -> bool:
+    """Whether the cell uses apex at all (amp, FusedAdam, FusedLayerNorm). A cell that does not never waits for the
+    apex build: its job does not depend on it (workflow/rules/runs.smk)."""
+    precision_name = spec["precision"]
+    return (precisions.get(precision_name).needs_apex
+            or cell_optimizer(spec["train"], precision_name) == "apex_fused_adam"
+            or bool(spec["model_config"].get("fused_layer_norm")))
+
+
 def optimizer_unsupported(name: str, device, apex: dict) -> str | None:
     if name == "apex_fused_adam" and (device.type != "cuda" or apex.get("status") != "built"):
         return "apex FusedAdam needs a CUDA GPU and a built apex"

@@ -71,6 +71,12 @@ def memory_stats(device: torch.device) -> dict:
     return stats
 
 
+def host_load() -> dict:
+    """How busy the host was over the last minute, read right after the timed steps: on a GPU box the apex compile may
+    run beside the first cells (workflow/rules/apex.smk), and a reader can see which ones."""
+    return {"cpus": os.cpu_count(), "load_1min": round(os.getloadavg()[0], 2)}
+
+
 def nvidia_smi_query(fields: str) -> str | None:
     if shutil.which("nvidia-smi") is None:
         return None

@@ -66,3 +66,11 @@ def items_per_step(model: dict) -> int:
 def runtime_minutes(model: dict, train: dict, factor: float) -> int:
     step_seconds = items_per_step(model) * SECONDS_PER_ITEM[model["arch"]]
     return math.ceil(factor * (STARTUP_MINUTES + train["steps"] * step_seconds / 60))
+
+
+def apex_build_threads(cores: int, local_gpus: int) -> int:
+    """The apex compile's threads. On one machine with GPUs (local_gpus > 0) the build runs beside the cells that need
+    no apex: it leaves each GPU's cell its CPUS_PER_GPU, as long as that leaves the build at least half the cores
+    (else it takes them all and runs alone). A cluster job (local_gpus 0) gets all it asks for."""
+    free = cores - CPUS_PER_GPU * local_gpus
+    return free if local_gpus and free >= max(1, cores // 2) else cores

@@ -17,6 +17,8 @@ import time
 from amprepro.train.cellsupport import cell_optimizer, skip_cause
 
 STEP_FIELDS = ["step", "loss", "loss_scale", "skipped", "step_time_s"]
+# The apex record of a cell that uses no apex (cellsupport.needs_apex): its job does not wait for the apex build.
+NO_APEX = {"status": "not used", "reason": "this cell uses no apex", "commit": None}
 
 
 def seed_everything(seed: int, deterministic: bool) -> None:
@@ -276,6 +278,7 @@ def train_loop(spec, dist, device, base, model, batches, trainer, breakdown, set
         if step % 20 == 0 and dist.is_main:
             print(f"step {step:5d} loss {loss:.4f} scale {scale} {timer.seconds * 1000:.1f} ms", flush=True)
     energy_end = energy.read_joules()
+    load = measure.host_load()
     energy_j = dist.total(energy_end - energy_start if None not in (energy_start, energy_end) else None, device)
     # Counted after training, on the last batch, so counting changes neither the data order nor the timings. Every
     # rank counts its own share (under DDP the backward's all-reduce needs them all); the global step is world times.
@@ -313,6 +316,7 @@ def train_loop(spec, dist, device, base, model, batches, trainer, breakdown, set
         "energy_j_per_item": energy_j / timed_items if energy_j is not None else None,
         **epoch_fields(model_config, stats["throughput_per_s"]),
         **settings,
+        "host_load": load,
         "wall_seconds": time.time() - started,
     }
     return metrics, rows
@@ -321,7 +325,7 @@ def train_loop(spec, dist, device, base, model, batches, trainer, breakdown, set
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--spec", required=True, help="JSON of this cell's settings")
-    parser.add_argument("--apex", required=True, help="results/apex/apex.json")
+    parser.add_argument("--apex", help="results/apex/runs.json, for a cell that uses apex")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--metrics", required=True)
     parser.add_argument("--steps", required=True)
@@ -338,19 +342,21 @@ def write_results(args: argparse.Namespace, metrics: dict, rows: list[dict]) -> 
           f"{metrics.get('reason', '')}")
 
 
-def write_not_run(argv: list[str], cause: str, needs: str, reason: str) -> None:
-    """For the launcher (amprepro.train.distributed): write the cell as skipped, with the reason, without running it."""
+def cell_apex(path: str | None) -> dict:
     from amprepro.files import read_json
 
+    return read_json(path) if path else NO_APEX
+
+
+def write_not_run(argv: list[str], cause: str, needs: str, reason: str) -> None:
+    """For the launcher (amprepro.train.distributed): write the cell as skipped, with the reason, without running it."""
     args = parse_args(argv)
-    write_results(args, not_run_record(json.loads(args.spec), read_json(args.apex), cause, needs, reason), [])
+    write_results(args, not_run_record(json.loads(args.spec), cell_apex(args.apex), cause, needs, reason), [])
 
 
 def main(argv=None) -> None:
-    from amprepro.files import read_json
-
     args = parse_args(argv)
-    spec, apex = json.loads(args.spec), read_json(args.apex)
+    spec, apex = json.loads(args.spec), cell_apex(args.apex)
     put_apex_on_path(apex)
     from amprepro.train import distributed
 

@@ -1,4 +1,7 @@
-"""build_and_verify: source check -> key -> cache or (preflight, patch, compile, publish) -> install -> verify."""
+"""build_and_verify: source check -> key -> cache or (preflight, patch, compile, publish) -> install -> verify.
+
+build_only stops after the cache: the compile, which needs no GPU.
+"""
 
 from __future__ import annotations
 
@@ -28,19 +31,27 @@ from amprepro.files import write_json
 RESULTS_DIR = Path("results/apex")
 
 
-def build_and_verify(settings: dict, jobs: int, results_dir: str | Path = RESULTS_DIR, env: dict | None = None,
-                     echo=print) -> dict:
-    """Provide apex as configured, verified, in a site dir under results_dir; the record for apex.json."""
-    start = time.monotonic()
-    env = dict(os.environ if env is None else env)
-    results = Path(results_dir)
+@dataclass
+class Located:
+    """A source, what its setup.py offers, and the cache entry holding its build for this machine's toolchain."""
+
+    store: Store
+    source: Source
+    setup: SetupFacts
+    promised: list[str]
+    key: str
+    entry: Path
+    cache: str
+
+
+def locate(settings: dict, jobs: int, results: Path, env: dict, echo) -> Located:
+    """Source check -> key -> the cache entry, built here on a miss (compiling needs no GPU: only nvcc and the arch)."""
     store = Store(results / "build", settings.get("cache_dir"))
     source = resolve(settings.get("source") or {}, git_cache=store.build_root / ".git-sources")
     for note in source.notes:
         echo(f"[apex] note: {note}", flush=True)
     setup = read_setup(source)
     flags = setup.core_flags()
-    promised = list(setup.promised(flags))
     tools = survey(setup.needs_cuda(flags), env, settings.get("cuda_arch_list"))
     inputs = key_inputs(source, tools, flags)
     key = cache_key(inputs)
@@ -48,27 +59,54 @@ def build_and_verify(settings: dict, jobs: int, results_dir: str | Path = RESULT
     if found is None:
         context = BuildContext(store, key, inputs, source, setup, flags, tools, settings, jobs, env, results, echo)
         found = build_entry(context)
-    entry, cache = found
-    manifest = json.loads((entry / "manifest.json").read_text())
-    site = install(entry / manifest["wheel"]["file"], manifest["wheel"]["sha256"], results / "site" / key)
-    verification = verify(site, promised, manifest["extensions_built"], setup.has_amp, manifest["wheel"]["sha256"],
-                          gpu_identity(env), env)
+    return Located(store, source, setup, list(setup.promised(flags)), key, found[0], found[1])
+
+
+def build_only(settings: dict, jobs: int, results_dir: str | Path = RESULTS_DIR, env: dict | None = None,
+               echo=print) -> dict:
+    """The compile, without installing or verifying: the record for results/apex/build.json. It runs beside the cells
+    that need no apex (workflow/rules/apex.smk); build_and_verify then finds the entry in the cache."""
+    start = time.monotonic()
+    found = locate(settings, jobs, Path(results_dir), dict(os.environ if env is None else env), echo)
+    seconds = time.monotonic() - start
+    echo(f"[apex] {found.cache}: {found.key} in {seconds:.1f} s", flush=True)
+    return {"status": "built", "key": found.key, "cache": found.cache, "commit": found.source.commit,
+            "entry": str(found.entry), "seconds": round(seconds, 2), "jobs": jobs}
+
+
+def build_and_verify(settings: dict, jobs: int, results_dir: str | Path = RESULTS_DIR, env: dict | None = None,
+                     echo=print, built: dict | None = None) -> dict:
+    """Provide apex as configured, verified, in a site dir under results_dir; the record for apex.json. built: the
+    build job's record, when one ran first (its cache status and time are this run's, not the cache hit's here)."""
+    start = time.monotonic()
+    env = dict(os.environ if env is None else env)
+    results = Path(results_dir)
+    found = locate(settings, jobs, results, env, echo)
+    cache = found.cache
+    if built and built.get("key") == found.key and found.cache.startswith("hit"):
+        cache = f"{built['cache']} by the apex_build job in {built['seconds']:.1f} s"
+    manifest = json.loads((found.entry / "manifest.json").read_text())
+    site = install(found.entry / manifest["wheel"]["file"], manifest["wheel"]["sha256"], results / "site" / found.key)
+    verification = verify(site, found.promised, manifest["extensions_built"], found.setup.has_amp,
+                          manifest["wheel"]["sha256"], gpu_identity(env), env)
     require_ok(verification, site)
     seconds = time.monotonic() - start
-    echo(f"[apex] {cache}: {key} verified in {seconds:.1f} s; site dir {site}", flush=True)
+    echo(f"[apex] {cache}: {found.key} verified in {seconds:.1f} s; site dir {site}", flush=True)
     return {
         "status": "built",
         "required": bool(settings.get("required")),
-        "reason": summary(source, cache, verification, seconds),
+        "reason": summary(found.source, cache, verification, seconds),
         "site_dir": str(site),
-        "has_amp": setup.has_amp,
-        "commit": source.commit,
+        "has_amp": found.setup.has_amp,
+        "commit": found.source.commit,
         "extensions": verification["extensions"],
         "verification": verification,
         "manifest": manifest,
         "settings": settings,
-        "cache": {"key": key, "status": cache, "entry": str(entry), "shared_root": str(store.shared_root or "")},
+        "cache": {"key": found.key, "status": cache, "entry": str(found.entry),
+                  "shared_root": str(found.store.shared_root or "")},
         "stage_seconds": round(seconds, 2),
+        "build_job": built,
     }
 
 

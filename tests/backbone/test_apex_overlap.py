@@ -1,0 +1,90 @@
+"""The cells that use no apex never wait for the apex compile, and on a GPU box the compile takes no GPU and leaves one
+cell's CPUs free, so Snakemake runs those cells beside it. Read from Snakemake's own DAG and dry run."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from amprepro.train.cellsupport import needs_apex
+from amprepro.train.resources import CPUS_PER_GPU, apex_build_threads
+from workflow_testing import copy_workflow, job_env, snakemake
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory) -> Path:
+    return copy_workflow(tmp_path_factory.mktemp("overlap") / "amprepro")
+
+
+def dag(workdir: Path, *args: str) -> tuple[dict[str, str], dict[str, set[str]]]:
+    """Each job's label and the jobs it waits for (directly or not), from `snakemake --dag`."""
+    dot = snakemake(workdir, "--dag", "--forceall", "--cores", "2", *args).stdout
+    labels = {node: label for node, label in re.findall(r'^\s*(\d+)\[label = "([^"]*)"', dot, re.M)}
+    parents: dict[str, set[str]] = {node: set() for node in labels}
+    for source, target in re.findall(r"^\s*(\d+) -> (\d+)", dot, re.M):
+        parents[target].add(source)
+
+    def ancestors(node: str) -> set[str]:
+        found, todo = set(), list(parents[node])
+        while todo:
+            parent = todo.pop()
+            if parent not in found:
+                found.add(parent)
+                todo.extend(parents[parent])
+        return found
+
+    return labels, {node: ancestors(node) for node in labels}
+
+
+def rule_of(label: str) -> str:
+    return label.split("\\n")[0]
+
+
+def test_only_the_cells_that_use_apex_wait_for_it(workdir):
+    labels, waits_for = dag(workdir, "--config", "preset=smoke")
+    cells = {node: label for node, label in labels.items() if rule_of(label) == "train"}
+    assert len(cells) == 12
+    for node, label in cells.items():
+        precision = re.search(r"precision: (\w+)", label).group(1)
+        upstream = {rule_of(labels[parent]) for parent in waits_for[node]}
+        assert {"sanity", "environment"} <= upstream, label
+        if precision.startswith("apex_"):
+            assert {"apex", "apex_build"} <= upstream, label
+        else:
+            assert not {"apex", "apex_build"} & upstream, f"{label} waits for the apex build"
+
+
+def test_needs_apex_names_every_apex_variant():
+    train = {"optimizer": "adamw"}
+    cell = lambda precision, **config: {"precision": precision, "train": train,  # noqa: E731
+                                        "model_config": {"arch": "vit_b_16", **config}}
+    assert needs_apex(cell("apex_o1")) and needs_apex(cell("apex_o2"))
+    assert needs_apex(cell("amp_bf16", fused_layer_norm=True))
+    assert needs_apex({**cell("amp_fp16"), "train": {"optimizer": "apex_fused_adam"}})
+    assert not needs_apex(cell("amp_bf16")) and not needs_apex(cell("fp32", channels_last=True))
+
+
+@pytest.mark.parametrize(("cores", "gpus", "expected"), [(16, 1, 8), (32, 2, 16), (16, 2, 16), (12, 1, 12),
+                                                         (16, 0, 16), (2, 0, 2)])
+def test_the_build_leaves_each_gpu_cell_its_cpus_when_half_the_cores_remain(cores, gpus, expected):
+    assert apex_build_threads(cores, gpus) == expected
+    if expected < cores:
+        assert expected + CPUS_PER_GPU * gpus <= cores
+
+
+def test_on_a_gpu_box_the_compile_takes_no_gpu_and_half_the_cores(workdir, tmp_path, monkeypatch):
+    fake = tmp_path / "bin" / "nvidia-smi"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\necho 'GPU 0: NVIDIA H200 (UUID: GPU-00000000)'\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:{job_env()['PATH']}")
+    dry = snakemake(workdir, "results/apex/apex.json", "results/runs/resnet50/amp_bf16/seed0/metrics.json", "-n", "-p",
+                    "--forceall", "--cores", "16", "--resources", "gpu=1").stdout
+    jobs = {block.split(":")[0].split()[-1]: block for block in re.split(r"\n(?=(?:rule|checkpoint) )", dry)}
+    build, verify = jobs["apex_build"], jobs["apex"]
+    assert re.search(r"threads: 8\b", build) and re.search(r"\bgpu=0\b", build), build
+    assert re.search(r"\bgpu=1\b", verify), verify
+    assert "--out results/apex/build.json --jobs 8" in dry
+    assert re.search(r"\bgpu=1\b", jobs["train"]) and re.search(r"threads: 8\b", jobs["train"])
