@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from amprepro.env.gpuslots import gpu_count
+from amprepro.train import cellserver
 
 ANOTHER_RUN_ACTIVE = 75  # EX_TEMPFAIL: try again when the other run has ended
 BAD_SETTING = 2
@@ -307,8 +308,8 @@ def say(line: str) -> None:
     print(f"amprepro: {line}", file=sys.stderr, flush=True)
 
 
-def run_snakemake(command: list[str], lock: RunLock) -> int:
-    child = subprocess.Popen(command)  # same process group: Ctrl-C reaches Snakemake, which stops cleanly
+def run_snakemake(command: list[str], lock: RunLock, env: dict) -> int:
+    child = subprocess.Popen(command, env=env)  # same process group: Ctrl-C reaches Snakemake, which stops cleanly
     lock.record(os.getpid(), child.pid)
     previous = {signal.SIGINT: signal.signal(signal.SIGINT, signal.SIG_IGN),
                 signal.SIGTERM: signal.signal(signal.SIGTERM, lambda signum, frame: child.send_signal(signum))}
@@ -341,7 +342,12 @@ def main(argv: list[str] | None = None, env: dict | None = None) -> int:
         if recovered := recover(workdir):
             say(recovered)
         say(f"{what}: snakemake {shlex.join(command[3:])}")
-        return run_snakemake(command, lock)
+        server = cellserver.start(env, str(workdir))
+        try:
+            return run_snakemake(command, lock, {**env, cellserver.ENV: server[1]} if server else env)
+        finally:
+            if server:
+                cellserver.stop(*server)
     finally:
         lock.release()
 

@@ -250,6 +250,12 @@ def main(argv=None) -> None:
         print(f"amprepro.train.distributed: not starting the cell: {missing[1]}", file=sys.stderr, flush=True)
         train.write_not_run(args.train, "machine", *missing)
         return
+    if args.per_node == 1 and args.nodes == 1:
+        from amprepro.train import cellserver
+
+        code = cellserver.run_cell(args.train, env)  # a child of the preloaded server, when make run started one
+        if code is not None:
+            sys.exit(code)
     run = command(args.per_node, args.nodes, args.device, job, args.train)
     print(f"amprepro.train.distributed: {' '.join(run[:24])} ...", file=sys.stderr, flush=True)
     os.execvpe(run[0], run, allocation_env(env, job))

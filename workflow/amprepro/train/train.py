@@ -167,7 +167,8 @@ def base_record(spec: dict, apex: dict, device, dist) -> dict:
 
     return {"model": spec["model"], "precision": spec["precision"], "seed": spec["seed"], "spec": spec,
             "hardware": measure.hardware(device), "software": measure.software(apex), "world_size": dist.world,
-            "nodes": dist.nodes, "gpus_used": dist.world if device.type == "cuda" else 0, "rank_nodes": dist.hosts}
+            "nodes": dist.nodes, "gpus_used": dist.world if device.type == "cuda" else 0, "rank_nodes": dist.hosts,
+            "process": os.environ.get("AMPREPRO_CELL_PROCESS", "a fresh interpreter")}
 
 
 def not_run_record(spec: dict, apex: dict, cause: str, needs: str, reason: str) -> dict:

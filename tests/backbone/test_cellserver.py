@@ -1,0 +1,165 @@
+"""amprepro.train.cellserver: a cell forked from the preloaded server is its own process with the job's output files,
+directory and environment, gives the numbers a fresh interpreter gives, passes its exit code on, and never outlives
+its job or the server; a job the server cannot serve faithfully starts a fresh interpreter."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from amprepro.train import cellserver
+from workflow_testing import REPO
+
+PYTHONPATH = str(REPO / "workflow")
+
+
+def cell_spec(steps: int) -> str:
+    return json.dumps({"model": "cnn", "precision": "fp32", "seed": 3,
+                       "model_config": {"arch": "small_cnn", "data": "digits", "batch_size": 32},
+                       "train": {"steps": steps, "warmup_steps": 2, "lr": 0.002, "optimizer": "adamw",
+                                 "weight_decay": 0.0, "deterministic": False}})
+
+
+def launcher(steps: int, out: Path, name: str) -> list[str]:
+    """The train rule's command after gpuslots (a one-process cell on the CPU)."""
+    return [sys.executable, "-m", "amprepro.train.distributed", "--per-node", "1", "--device", "cpu", "--",
+            "--spec", cell_spec(steps), "--metrics", str(out / f"{name}.json"), "--steps", str(out / f"{name}.csv")]
+
+
+@pytest.fixture
+def env(monkeypatch) -> dict:
+    monkeypatch.delenv(cellserver.ENV, raising=False)
+    monkeypatch.delenv("AMPREPRO_FRESH_CELLS", raising=False)
+    return {**os.environ, "PYTHONPATH": PYTHONPATH}
+
+
+@pytest.fixture
+def server(env, tmp_path):
+    started = cellserver.start(env, str(tmp_path))
+    assert started is not None
+    yield started
+    cellserver.stop(*started)
+    assert not Path(started[1]).parent.exists()
+
+
+def losses(path: Path) -> list[str]:
+    return [row["loss"] for row in csv.DictReader(path.open())]
+
+
+def test_a_forked_cell_writes_what_a_fresh_interpreter_writes(env, server, tmp_path):
+    job_env = {**env, cellserver.ENV: server[1]}
+    log = tmp_path / "job.log"
+    with log.open("w") as output:
+        forked = subprocess.run(launcher(12, tmp_path, "forked"), env=job_env, cwd=tmp_path, stdout=output,
+                                stderr=subprocess.STDOUT, timeout=300)
+    assert forked.returncode == 0, log.read_text()[-3000:]
+    fresh = subprocess.run(launcher(12, tmp_path, "fresh"), env=env, cwd=tmp_path, capture_output=True, text=True,
+                           timeout=300)
+    assert fresh.returncode == 0, fresh.stderr[-3000:]
+    assert losses(tmp_path / "forked.csv") == losses(tmp_path / "fresh.csv")  # same data order, same numbers
+    metrics = json.loads((tmp_path / "forked.json").read_text())
+    assert metrics["process"].startswith(f"forked from amprepro.train.cellserver pid {server[0].pid}")
+    assert "torch" in metrics["process"]
+    assert json.loads((tmp_path / "fresh.json").read_text())["process"] == "a fresh interpreter"
+    assert "cnn/fp32/seed3: ok" in log.read_text()  # the cell's stdout went to the job's own log
+    assert "starting a fresh interpreter" not in log.read_text()
+
+
+def test_the_exit_code_and_the_traceback_reach_the_job(env, server, tmp_path):
+    broken = launcher(5, tmp_path, "broken")
+    broken[broken.index("--spec") + 1] = json.dumps({"model": "cnn"})  # no precision: train.py raises KeyError
+    done = subprocess.run(broken, env={**env, cellserver.ENV: server[1]}, cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 1
+    assert "KeyError: 'precision'" in done.stderr and "Traceback" in done.stderr
+    assert "starting a fresh interpreter" not in done.stderr
+    assert not (tmp_path / "broken.json").exists()
+
+
+@pytest.mark.parametrize("setting", [{"OMP_NUM_THREADS": "1"}, {"TORCH_SHOW_CPP_STACKTRACES": "1"}])
+def test_a_job_with_other_import_time_settings_starts_a_fresh_interpreter(env, server, tmp_path, setting):
+    done = subprocess.run(launcher(4, tmp_path, "other"), env={**env, cellserver.ENV: server[1], **setting},
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"import-time settings differ from the server's: {list(setting)}" in done.stderr
+    assert json.loads((tmp_path / "other.json").read_text())["process"] == "a fresh interpreter"
+
+
+def test_no_server_or_a_dead_one_means_a_fresh_interpreter(env, tmp_path):
+    assert cellserver.run_cell(["--help"], env) is None
+    done = subprocess.run(launcher(4, tmp_path, "nosrv"), env={**env, cellserver.ENV: str(tmp_path / "gone")},
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "no cell server at" in done.stderr, done.stderr[-3000:]
+    assert cellserver.start({**env, "AMPREPRO_FRESH_CELLS": "1"}, str(tmp_path)) is None
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def forked_cell_of(server_pid: int, timeout: float = 60) -> int:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                try:
+                    parent = int((entry / "stat").read_text().rpartition(")")[2].split()[1])
+                except (OSError, ValueError):
+                    continue
+                if parent == server_pid and pid_alive(int(entry.name)):
+                    return int(entry.name)
+        time.sleep(0.1)
+    raise AssertionError("no cell was forked")
+
+
+def wait_gone(pid: int, timeout: float = 10) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not pid_alive(pid):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_a_killed_job_takes_its_cell_with_it(env, server, tmp_path):
+    job = subprocess.Popen(launcher(100_000, tmp_path, "long"), env={**env, cellserver.ENV: server[1]},
+                           cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    cell = forked_cell_of(server[0].pid)
+    job.send_signal(signal.SIGKILL)  # as Snakemake's process group dies: nothing can forward a signal
+    job.wait()
+    assert wait_gone(cell), "the forked cell outlived its killed job"
+    assert server[0].poll() is None  # the server goes on for the next cells
+
+
+def test_a_stopped_job_stops_its_cell_and_says_how(env, server, tmp_path):
+    job = subprocess.Popen(launcher(100_000, tmp_path, "stopped"), env={**env, cellserver.ENV: server[1]},
+                           cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    cell = forked_cell_of(server[0].pid)
+    job.send_signal(signal.SIGTERM)  # Snakemake stopping a job: forwarded to the cell
+    assert job.wait(timeout=30) == 128 + signal.SIGTERM
+    assert wait_gone(cell)
+
+
+def test_the_cells_end_with_the_server(env, tmp_path):
+    process, path = cellserver.start(env, str(tmp_path))
+    job = subprocess.Popen(launcher(100_000, tmp_path, "orphan"), env={**env, cellserver.ENV: path}, cwd=tmp_path,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    cell = forked_cell_of(process.pid)
+    process.kill()  # the launcher's run killed with SIGKILL: the server dies with it (its own death signal)
+    process.wait()
+    assert wait_gone(cell), "a forked cell outlived the server"
+    assert job.wait(timeout=30) == 1
+    assert "the cell server ended while cell process" in job.stderr.read()
+    cellserver.stop(process, path)

@@ -1,0 +1,324 @@
+"""Start each training cell in its own process without paying its imports again: a server that imported torch,
+torch._dynamo, torchvision, timm and scikit-learn once forks one child per cell.
+
+On the H200 box a fresh interpreter spends about 10 of a cell's 14 s importing (torch 3.4 s; torch._dynamo, which
+the first optimizer step imports, about 4 s; torchvision 5 s with it; scikit-learn 2.8 s), while the timed steps take
+1-4 s (tools/gpu/cell_profile.py). Each cell is still its own process: the child takes the job's environment
+(CUDA_VISIBLE_DEVICES), working directory and output files, starts CUDA itself (the server never touches CUDA), and
+ends with os._exit. apex, which O1 patches into torch, is imported only by the children whose cell uses it.
+
+    python -m amprepro.train.cellserver --socket PATH     # amprepro.env.launch starts it, AMPREPRO_CELL_SERVER=PATH
+    run_cell(train_args)                                   # a cell's launcher: the exit code, or None (start afresh)
+
+A cell starts a fresh interpreter instead when no server is announced or reachable, or when the server runs another
+Python or sys.path, or an environment whose settings change what its imports did (TORCH_*, OMP_*, ...).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import select
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass
+
+ENV = "AMPREPRO_CELL_SERVER"
+ORIGIN_ENV = "AMPREPRO_CELL_PROCESS"  # in a forked cell: which server it came from (recorded in metrics.json)
+PRELOAD = ["torch", "torch._dynamo", "torch.utils.flop_counter", "torch.utils.checkpoint", "numpy", "torchvision",
+           "timm", "sklearn.datasets", "sklearn.model_selection", "amprepro.train.train", "amprepro.train.models",
+           "amprepro.train.precision", "amprepro.train.measure", "amprepro.train.flops", "amprepro.train.memory",
+           "amprepro.train.data", "amprepro.train.distributed"]
+# Settings read while those modules are imported: a job that sets them differently gets a fresh interpreter.
+IMPORT_TIME_PREFIXES = ("TORCH", "PYTORCH", "OMP_", "KMP_", "MKL_", "OPENBLAS_", "GOTO", "LD_PRELOAD",
+                        "LD_LIBRARY_PATH", "PYTHONHASHSEED", "PYTHONWARNINGS", "CUDA_MODULE_LOADING")
+HEADER = struct.Struct("!I")
+PR_SET_PDEATHSIG = 1
+
+
+def import_settings(env: dict) -> dict:
+    return {key: value for key, value in env.items() if key.startswith(IMPORT_TIME_PREFIXES)}
+
+
+def interpreter(cwd: str) -> dict:
+    """What decides which modules an import finds: the prefix and sys.path (without the script's own entry)."""
+    paths = []
+    for entry in sys.path:
+        path = os.path.realpath(entry or cwd)
+        if path != os.path.realpath(cwd) and path not in paths:
+            paths.append(path)
+    return {"prefix": os.path.realpath(sys.prefix), "path": paths}
+
+
+# ---- the client: a cell's launcher (amprepro.train.distributed), torch-free -------------------------------------
+
+
+def send_message(conn: socket.socket, message: dict, fds: list[int] | None = None) -> None:
+    data = json.dumps(message).encode()
+    if fds:
+        socket.send_fds(conn, [HEADER.pack(len(data)) + data], fds)
+    else:
+        conn.sendall(HEADER.pack(len(data)) + data)
+
+
+def receive_message(conn: socket.socket, want_fds: int = 0) -> tuple[dict | None, list[int]]:
+    """One message, and the descriptors sent with it; (None, []) when the peer closed the connection first."""
+    buffer, fds = b"", []
+    while len(buffer) < HEADER.size or len(buffer) < HEADER.size + HEADER.unpack(buffer[:HEADER.size])[0]:
+        if want_fds and not fds:
+            chunk, fds, _, _ = socket.recv_fds(conn, 1 << 20, want_fds)
+        else:
+            chunk = conn.recv(1 << 20)
+        if not chunk:
+            return None, fds
+        buffer += chunk
+    return json.loads(buffer[HEADER.size:]), fds
+
+
+def say(line: str) -> None:
+    print(f"amprepro.train.cellserver: {line}", file=sys.stderr, flush=True)
+
+
+def run_cell(train_args: list[str], env: dict | None = None) -> int | None:
+    """Run amprepro.train.train with train_args in a child of the server: its exit code, or None when this cell must
+    start a fresh interpreter (no server, or one that is not this job's Python and settings; the reason is printed)."""
+    env = dict(os.environ if env is None else env)
+    path = env.get(ENV)
+    if not path:
+        return None
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        conn.connect(path)
+    except OSError as exc:
+        say(f"no cell server at {path} ({exc}); starting a fresh interpreter")
+        return None
+    cwd = os.getcwd()
+    send_message(conn, {"argv": train_args, "env": env, "cwd": cwd, "interpreter": interpreter(cwd)}, [0, 1, 2])
+    reply, _ = receive_message(conn)
+    if reply is None or "refused" in reply:
+        say(f"{reply['refused'] if reply else 'the server closed the connection'}; starting a fresh interpreter")
+        return None
+    pid = reply["pid"]
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # Snakemake stopping the job stops the cell
+        signal.signal(signum, lambda number, frame: os.kill(pid, number))
+    done, _ = receive_message(conn)
+    if done is None:
+        say(f"the cell server ended while cell process {pid} ran (the cell was stopped with it)")
+        return 1
+    return done["exit"]
+
+
+# ---- the server -------------------------------------------------------------------------------------------------
+
+
+def preload() -> list[str]:
+    """Import what the cells import. A module that fails to import is dropped again, so that a cell importing it gets
+    the same error a fresh interpreter would give."""
+    loaded = []
+    for name in PRELOAD:
+        before = set(sys.modules)
+        try:
+            __import__(name)
+            loaded.append(name)
+        except Exception:
+            for added in set(sys.modules) - before:
+                del sys.modules[added]
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        raise SystemExit("a preloaded module started CUDA: a forked cell could not use the GPU")
+    return loaded
+
+
+@dataclass(frozen=True)
+class Server:
+    interpreter: dict  # its prefix and sys.path
+    env: dict  # its environment before the imports
+    import_env: dict  # what the imports added to os.environ
+    loaded: list[str]
+
+
+def refusal(request: dict, server: Server) -> str | None:
+    mine = server.interpreter
+    if request["interpreter"] != mine:
+        return (f"the cell's Python ({request['interpreter']['prefix']}) or sys.path is not the server's "
+                f"({mine['prefix']})")
+    theirs, ours = import_settings(request["env"]), import_settings(server.env)
+    if theirs != ours:
+        differing = sorted(set(theirs.items()) ^ set(ours.items()))
+        return f"the cell's import-time settings differ from the server's: {sorted({k for k, _ in differing})}"
+    return None
+
+
+def become_cell(request: dict, fds: list[int], server_pid: int, server: Server) -> int:
+    """In the forked child: the job's stdio, directory and environment, then amprepro.train.train; its exit code."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # the server gone: no cell left running on its own
+    if os.getppid() != server_pid:
+        return 1
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD):
+        signal.signal(signum, signal.SIG_DFL)
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+        os.close(fd)
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update({**server.import_env, **request["env"]})
+    os.environ[ORIGIN_ENV] = (f"forked from amprepro.train.cellserver pid {server_pid} (preloaded: "
+                              f"{', '.join(server.loaded)})")
+    from amprepro.train import train
+
+    sys.argv = [train.__file__, *request["argv"]]
+    try:
+        train.main(request["argv"])
+        return 0
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException:
+        traceback.print_exc()
+        return 1
+
+
+def fork_cell(conn: socket.socket, listener: socket.socket, clients: dict, server: Server) -> int | None:
+    conn.settimeout(30)
+    request, fds = receive_message(conn, want_fds=3)
+    conn.settimeout(None)
+    if request is None or len(fds) != 3:
+        for fd in fds:
+            os.close(fd)
+        return None
+    why = refusal(request, server)
+    if why:
+        for fd in fds:
+            os.close(fd)
+        send_message(conn, {"refused": why})
+        return None
+    sys.stdout.flush()
+    sys.stderr.flush()
+    server_pid = os.getpid()
+    pid = os.fork()
+    if pid == 0:
+        listener.close()
+        for other in clients:
+            other.close()
+        conn.close()
+        code = 1
+        try:
+            code = become_cell(request, fds, server_pid, server)
+        finally:
+            for stream in (sys.stdout, sys.stderr):
+                try:
+                    stream.flush()
+                except Exception:
+                    pass
+            os._exit(code)
+    for fd in fds:
+        os.close(fd)
+    send_message(conn, {"pid": pid})
+    return pid
+
+
+def reap(clients: dict) -> None:
+    """Send each ended cell's exit code (128 + N when killed by signal N, as a shell says) to its client."""
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        code = os.waitstatus_to_exitcode(status)
+        for conn, child in list(clients.items()):
+            if child == pid:
+                try:
+                    send_message(conn, {"exit": 128 - code if code < 0 else code})
+                except OSError:
+                    pass
+                conn.close()
+                del clients[conn]
+
+
+def serve(path: str) -> None:
+    parent, mine, before = os.getppid(), interpreter(os.getcwd()), dict(os.environ)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)  # before the imports: early cells wait in the backlog instead of starting afresh
+    listener.listen(64)
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # torch.cuda.is_available() without starting CUDA
+    loaded = preload()
+    # What the imports themselves put into os.environ (torch: KMP_*, TORCHINDUCTOR_CACHE_DIR): a fresh interpreter
+    # would have it too, so the cells get it under their own environment.
+    server = Server(mine, before, {key: value for key, value in os.environ.items()
+                                   if key not in before and key != "PYTORCH_NVML_BASED_CUDA_CHECK"}, loaded)
+    say(f"ready: {len(loaded)} modules preloaded ({', '.join(loaded)})")
+    clients: dict[socket.socket, int] = {}
+    try:
+        while os.getppid() == parent:  # the launcher gone (even by SIGKILL): stop
+            readable, _, _ = select.select([listener, *clients], [], [], 0.05)
+            for ready in readable:
+                if ready is listener:
+                    conn, _ = listener.accept()
+                    pid = fork_cell(conn, listener, clients, server)
+                    if pid is None:
+                        conn.close()
+                    else:
+                        clients[conn] = pid
+                elif not ready.recv(1):  # the client ended first (its job was killed): end its cell too
+                    kill(clients[ready])
+            reap(clients)
+    finally:
+        for pid in clients.values():
+            kill(pid)
+
+
+def kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+# ---- the launcher's side: start and stop the server for one Snakemake run -----------------------------------------
+
+
+def start(env: dict, cwd: str) -> tuple[subprocess.Popen, str] | None:
+    """The server for one run, with env[ENV] to give the jobs; None when AMPREPRO_FRESH_CELLS=1 asks for none."""
+    if env.get("AMPREPRO_FRESH_CELLS") == "1":
+        return None
+    path = os.path.join(tempfile.mkdtemp(prefix="amprepro-cells-"), "socket")  # a 0700 folder: only this user
+    process = subprocess.Popen([sys.executable, "-m", "amprepro.train.cellserver", "--socket", path], env=env,
+                               cwd=cwd, stdin=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while not os.path.exists(path) and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return process, path
+
+
+def stop(process: subprocess.Popen, path: str) -> None:
+    process.terminate()
+    try:
+        process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+    shutil.rmtree(os.path.dirname(path), ignore_errors=True)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--socket", required=True, help="Unix socket path (its folder should be private: 0700)")
+    args = parser.parse_args(argv)
+    ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    signal.signal(signal.SIGTERM, lambda number, frame: sys.exit(0))
+    serve(args.socket)
+
+
+if __name__ == "__main__":
+    main()
