@@ -402,6 +402,10 @@ def test_make_run_finishes_after_sigkill_at_every_stage_keeping_what_was_done(tm
     assert cells_before_kill and all(cell_log(workdir, cell).stat().st_mtime_ns == mtime  # nor was its job run again
                                      for cell, mtime in cells_before_kill.items())
     assert len([name for name in now if name.endswith("metrics.json")]) == 12
+    ran = [json.loads((workdir / name).read_text()) for name in now if name.endswith("metrics.json")]
+    ran = [metrics["process"] for metrics in ran if metrics["status"] == "ok"]
+    assert len(ran) >= 8 and all(process.startswith("forked from amprepro.train.cellserver pid ") and "threads 1;"
+                                 in process for process in ran), ran  # Snakemake's OMP_NUM_THREADS=1, applied
     assert_whole(workdir, now)
     assert set(RESULT_FILES) <= set(now)
     assert not launch.snakemake_locks(workdir) and not launch.incomplete_markers(workdir)

@@ -34,19 +34,34 @@ from dataclasses import dataclass
 
 ENV = "AMPREPRO_CELL_SERVER"
 ORIGIN_ENV = "AMPREPRO_CELL_PROCESS"  # in a forked cell: which server it came from (recorded in metrics.json)
-PRELOAD = ["torch", "torch._dynamo", "torch.utils.flop_counter", "torch.utils.checkpoint", "numpy", "torchvision",
-           "timm", "sklearn.datasets", "sklearn.model_selection", "amprepro.train.train", "amprepro.train.models",
-           "amprepro.train.precision", "amprepro.train.measure", "amprepro.train.flops", "amprepro.train.memory",
-           "amprepro.train.data", "amprepro.train.distributed"]
+PRELOAD = ["torch", "torch._dynamo", "torch.utils.flop_counter", "torch.utils.checkpoint", "numpy", "threadpoolctl",
+           "torchvision", "timm", "sklearn.datasets", "sklearn.model_selection", "amprepro.train.train",
+           "amprepro.train.models", "amprepro.train.precision", "amprepro.train.measure", "amprepro.train.flops",
+           "amprepro.train.memory", "amprepro.train.data", "amprepro.train.distributed"]
 # Settings read while those modules are imported: a job that sets them differently gets a fresh interpreter.
 IMPORT_TIME_PREFIXES = ("TORCH", "PYTORCH", "OMP_", "KMP_", "MKL_", "OPENBLAS_", "GOTO", "LD_PRELOAD",
                         "LD_LIBRARY_PATH", "PYTHONHASHSEED", "PYTHONWARNINGS", "CUDA_MODULE_LOADING")
+# Thread counts Snakemake sets for every job (its threads): they differ between jobs, so a forked cell applies them
+# itself (torch.set_num_threads, threadpoolctl for the BLAS and OpenMP pools), as a fresh interpreter would read them.
+THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS",
+               "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
 HEADER = struct.Struct("!I")
 PR_SET_PDEATHSIG = 1
 
 
 def import_settings(env: dict) -> dict:
-    return {key: value for key, value in env.items() if key.startswith(IMPORT_TIME_PREFIXES)}
+    return {key: value for key, value in env.items()
+            if key.startswith(IMPORT_TIME_PREFIXES) and key not in THREAD_VARS}
+
+
+def thread_count(env: dict) -> int | str | None:
+    """The one thread count the job's THREAD_VARS give (None: none set), or why it cannot be applied."""
+    values = {env[key] for key in THREAD_VARS if key in env}
+    if not values:
+        return None
+    if len(values) > 1 or not next(iter(values)).isdigit() or int(next(iter(values))) < 1:
+        return f"the job's thread settings are not one whole number: {sorted(values)}"
+    return int(values.pop())
 
 
 def interpreter(cwd: str) -> dict:
@@ -151,6 +166,11 @@ def refusal(request: dict, server: Server) -> str | None:
     if request["interpreter"] != mine:
         return (f"the cell's Python ({request['interpreter']['prefix']}) or sys.path is not the server's "
                 f"({mine['prefix']})")
+    threads = thread_count(request["env"])
+    if isinstance(threads, str):
+        return threads
+    if threads is not None and "threadpoolctl" not in server.loaded:
+        return "threadpoolctl is not importable, so the job's thread settings could not be applied"
     theirs, ours = import_settings(request["env"]), import_settings(server.env)
     if theirs != ours:
         differing = sorted(set(theirs.items()) ^ set(ours.items()))
@@ -172,8 +192,16 @@ def become_cell(request: dict, fds: list[int], server_pid: int, server: Server) 
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update({**server.import_env, **request["env"]})
-    os.environ[ORIGIN_ENV] = (f"forked from amprepro.train.cellserver pid {server_pid} (preloaded: "
-                              f"{', '.join(server.loaded)})")
+    threads = thread_count(request["env"])
+    if threads is not None:
+        import torch
+        from threadpoolctl import threadpool_limits
+
+        torch.set_num_threads(threads)
+        # For the rest of the process, as a fresh one sizes them from those variables (OpenBLAS caps at the CPUs)
+        threadpool_limits(limits={"openmp": threads, "blas": min(threads, os.cpu_count() or threads)})
+    os.environ[ORIGIN_ENV] = (f"forked from amprepro.train.cellserver pid {server_pid} (threads "
+                              f"{threads or 'as the server'}; preloaded: {', '.join(server.loaded)})")
     from amprepro.train import train
 
     sys.argv = [train.__file__, *request["argv"]]

@@ -77,6 +77,18 @@ def host_load() -> dict:
     return {"cpus": os.cpu_count(), "load_1min": round(os.getloadavg()[0], 2)}
 
 
+def thread_pools() -> dict:
+    """The threads this process computes with on the host: torch's intra-op pool and each BLAS / OpenMP pool loaded."""
+    try:
+        from threadpoolctl import threadpool_info
+    except ImportError:
+        pools = None
+    else:
+        pools = sorted({f"{pool['user_api']}:{pool['internal_api']}={pool['num_threads']}"
+                        for pool in threadpool_info()})
+    return {"torch": torch.get_num_threads(), "pools": pools}
+
+
 def nvidia_smi_query(fields: str) -> str | None:
     if shutil.which("nvidia-smi") is None:
         return None

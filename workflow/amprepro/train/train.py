@@ -318,6 +318,7 @@ def train_loop(spec, dist, device, base, model, batches, trainer, breakdown, set
         **epoch_fields(model_config, stats["throughput_per_s"]),
         **settings,
         "host_load": load,
+        "host_threads": measure.thread_pools(),
         "wall_seconds": time.time() - started,
     }
     return metrics, rows
