@@ -489,3 +489,11 @@ def test_a_forked_cell_ends_with_its_killed_snakemake_and_the_next_run_goes_on(t
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "removed the lock of an earlier run that is no longer alive" in resumed.stderr
     assert json.loads((workdir / cell).read_text())["status"] == "ok"
+
+
+@pytest.mark.parametrize(("args", "served"), [("", True), ("--config preset=smoke -n", True),
+                                              ("--use-conda", False), ("--sdm conda", False), ("--sdm=conda", False),
+                                              ("--executor slurm", False), ("--workflow-profile profiles/slurm", False),
+                                              ("--use-apptainer", False)])
+def test_the_cell_server_starts_only_for_jobs_in_this_python(args, served):
+    assert launch.serves_cells(launch.user_args({"SNAKEMAKE_ARGS": args})) is served

@@ -12,6 +12,10 @@ it has shown that nothing of that run is alive: it holds an flock on .snakemake/
 (the kernel drops it when the launcher dies), and it looks in /proc for any snakemake or amprepro job process whose
 working directory is this one (jobs can outlive a killed Snakemake). A live run is never touched: the launcher names
 it and exits with ANOTHER_RUN_ACTIVE. Incomplete outputs are re-run (--rerun-incomplete); finished ones are kept.
+
+For the run it also starts amprepro.train.cellserver, which forks each one-process cell from a Python that imported
+torch once, unless the jobs run in another Python or elsewhere (--use-conda, an executor, a profile) or
+AMPREPRO_FRESH_CELLS=1 asks for fresh interpreters. It stops the server when Snakemake ends.
 """
 
 from __future__ import annotations
@@ -38,6 +42,9 @@ CORES_OPTIONS = ("--cores", "-c", "--jobs", "-j")
 RESOURCES_OPTIONS = ("--resources", "--res")
 PROFILE_OPTIONS = ("--profile", "--workflow-profile")
 DIRECTORY_OPTIONS = ("--directory", "-d")
+# Jobs that would not run here in the launcher's Python: the cell server would only refuse them, one by one.
+NOT_LOCAL_PYTHON_OPTIONS = ("--use-conda", "--sdm", "--software-deployment-method", "--executor", "-e",
+                            "--use-singularity", "--use-apptainer", *PROFILE_OPTIONS)
 # `python -m snakemake ...`, a job's `bash -c "... python -m amprepro.train.train ..."`, torchrun's workers, the
 # launcher.
 PIPELINE_MODULE = re.compile(r"(?:^|\s)-m\s+(?:snakemake|amprepro(?:\.\w+)+)(?:\s|$)")
@@ -163,6 +170,11 @@ def snakemake_command(targets: list[str], env: dict) -> tuple[list[str], str]:
     else:
         said.append(f"no GPU (none listed by {found[1]})")
     return [*command, "--rerun-incomplete", *extra], ", ".join(said)
+
+
+def serves_cells(extra: list[str]) -> bool:
+    """Whether the cells run here, in this Python: only then does a cell server (amprepro.train.cellserver) help."""
+    return option_index(extra, NOT_LOCAL_PYTHON_OPTIONS) is None
 
 
 def workdir_of(env: dict) -> Path:
@@ -342,7 +354,7 @@ def main(argv: list[str] | None = None, env: dict | None = None) -> int:
         if recovered := recover(workdir):
             say(recovered)
         say(f"{what}: snakemake {shlex.join(command[3:])}")
-        server = cellserver.start(env, str(workdir))
+        server = cellserver.start(env, str(workdir)) if serves_cells(user_args(env)) else None
         try:
             return run_snakemake(command, lock, {**env, cellserver.ENV: server[1]} if server else env)
         finally:
