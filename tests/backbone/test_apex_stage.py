@@ -1,4 +1,6 @@
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -73,3 +75,14 @@ def test_the_verify_step_verifies_what_the_build_step_built(monkeypatch, tmp_pat
     apex_stage.main(["--build-only", "--settings", json.dumps(settings(True)), "--out", str(build), "--jobs", "8"])
     apex_stage.main(["--built", str(build), "--settings", json.dumps(settings(True)), "--out", str(final)])
     assert seen["built"] == built and json.loads(final.read_text())["reason"] == "verified"
+
+
+def test_a_skipped_apex_needs_none_of_the_build_modules(tmp_path):
+    """A CPU conda env has no `packaging` (a build requirement): deciding to skip must not import apexbuild."""
+    out = tmp_path / "build.json"
+    argv = ["--build-only", "--settings", json.dumps({**settings(False), "source": {}}), "--out", str(out)]
+    code = ("import sys; sys.modules['amprepro.env.apexbuild'] = None; from amprepro.env import apex_stage; "
+            f"apex_stage.main({argv!r})")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(out.read_text())["status"] == "skipped"

@@ -61,13 +61,13 @@ def decide(settings: dict) -> dict | None:
 
 def provide(settings: dict, jobs: int, out: Path, build_record: dict | None) -> dict:
     """build_record None: the compile only (the apex_build job). Else: install and verify what that job built."""
-    from amprepro.env import apexbuild
-
     if build_record is not None and build_record["status"] != "built":
         return build_record  # skipped or failed optionally: the build job already said why
     record = decide(settings)
     if record is not None:
         return record
+    from amprepro.env import apexbuild  # only now: its imports (packaging, ...) are build requirements
+
     try:
         if build_record is None:
             return apexbuild.build_only(settings, jobs=jobs, results_dir=out.parent)
