@@ -186,3 +186,20 @@ def test_the_cells_end_with_the_server(env, tmp_path):
     assert job.wait(timeout=30) == 1
     assert "the cell server ended while cell process" in job.stderr.read()
     cellserver.stop(process, path)
+
+
+def test_a_malformed_request_leaves_the_server_and_its_cells_running(env, server, tmp_path):
+    import socket
+
+    job = subprocess.Popen(launcher(100_000, tmp_path, "busy"), env={**env, cellserver.ENV: server[1]},
+                           cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    cell = forked_cell_of(server[0].pid)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as bad:
+        bad.connect(server[1])
+        bad.sendall(cellserver.HEADER.pack(5) + b"{nope")
+        assert bad.recv(100) == b""  # closed, no answer
+    time.sleep(0.5)
+    assert server[0].poll() is None and pid_alive(cell)
+    job.kill()
+    job.wait()
+    assert wait_gone(cell)

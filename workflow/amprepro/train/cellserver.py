@@ -293,7 +293,11 @@ def serve(path: str) -> None:
             for ready in readable:
                 if ready is listener:
                     conn, _ = listener.accept()
-                    pid = fork_cell(conn, listener, clients, server)
+                    try:
+                        pid = fork_cell(conn, listener, clients, server)
+                    except (OSError, ValueError, KeyError, TypeError) as exc:  # one bad request; the cells run on
+                        say(f"a request could not be served ({exc!r}); its job starts a fresh interpreter")
+                        pid = None
                     if pid is None:
                         conn.close()
                     else:
