@@ -7,16 +7,17 @@ import pytest
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from amprepro import config
+from amprepro import config, memory
 from amprepro.report import summary
-from amprepro.train import flops, memory, models, train
+from amprepro.train import flops, measure, models, train
 
 NO_APEX = {"status": "skipped", "reason": "no apex source configured"}
 VOCAB, DIM, LAYERS, FFN = 32000, 4096, 32, 11008
 PARAMETERS_7B = VOCAB * DIM + LAYERS * (4 * DIM**2 + 3 * DIM * FFN + 2 * DIM) + DIM + DIM * VOCAB
 MATMUL_7B = LAYERS * (4 * DIM**2 + 3 * DIM * FFN) + DIM * VOCAB  # every Linear; not the embedding, not the norms
-# Bytes per parameter of weights + gradients + optimizer state + master weights; of the cast cache per matmul weight.
-BYTES_7B = {"fp32": (16, 0), "tf32": (16, 0), "amp_bf16": (16, 2), "amp_fp16": (16, 2), "apex_o1": (16, 2),
+# Bytes per parameter of weights + gradients + optimizer state + master weights; of the cast cache per matmul weight
+# (apex O1's cache is off when checkpointed blocks are recomputed: amprepro.train.precision).
+BYTES_7B = {"fp32": (16, 0), "tf32": (16, 0), "amp_bf16": (16, 2), "amp_fp16": (16, 2), "apex_o1": (16, 0),
             "apex_o2": (2 + 2 + 4 + 4 + 8, 0)}
 
 
@@ -41,16 +42,45 @@ def test_7b_is_built_on_the_meta_device_with_the_llama_parameter_count():
 
 @pytest.mark.parametrize("precision", sorted(BYTES_7B))
 def test_7b_memory_estimate_is_bytes_per_parameter_plus_activations(precision):
-    estimate = memory.estimate_for_cell({"arch": "llama", "data": "synthetic_tokens", "batch_size": 1,
-                                         "seq_len": 2048}, precision, torch.device("cpu"))
+    model_config = {"arch": "llama", "data": "synthetic_tokens", "batch_size": 1, "seq_len": 2048}
+    estimate = memory.estimate(model_config, precision, "adamw_fused")
+    assert memory.parameters(model_config) == (PARAMETERS_7B, MATMUL_7B)  # the built model's, without building it
     per_parameter, cast = BYTES_7B[precision]
-    state = (estimate["weights_bytes"] + estimate["gradients_bytes"] + estimate["optimizer_state_bytes"]
-             + estimate["master_weights_bytes"])
+    state = estimate.weights + estimate.gradients + estimate.optimizer_state + estimate.master_weights
     assert state == per_parameter * PARAMETERS_7B
-    assert estimate["cast_cache_bytes"] == cast * MATMUL_7B
-    assert 1 * memory.GIB < estimate["activations_bytes"] < 8 * memory.GIB  # checkpointed: a few GiB, not tens
-    assert estimate["total_bytes"] == state + estimate["cast_cache_bytes"] + estimate["activations_bytes"]
-    assert estimate["free_bytes_at_start"] is None  # the CPU has no free-memory reading
+    assert estimate.cast_cache == cast * MATMUL_7B
+    assert 1 * memory.GIB < estimate.activations < 8 * memory.GIB  # checkpointed: a few GiB, not tens
+    step = state + estimate.optimizer_temporaries  # fused AdamW: no temporaries
+    forward = state - estimate.gradients + estimate.cast_cache + estimate.activations
+    if precision == "apex_o2":  # O2's zero_grad keeps its gradients through the forward
+        forward += estimate.gradients
+    assert estimate.total == max(step, forward) + memory.WORKSPACE_BYTES
+
+
+def test_the_memory_models_shapes_are_the_built_models():
+    for arch in ("llama_tiny", "gpt_tiny", "small_cnn", "tiny_transformer"):
+        model_config = {"arch": arch, "seq_len": 32}
+        model = models.place(models.build(arch, model_config), "cpu")
+        assert memory.parameters(model_config)[0] == models.parameter_count(model), arch
+    for shape in memory.LLAMA_SHAPES:  # the ladder's LLaMA-family shapes, grouped KV heads included
+        model = models.build("llama", {"seq_len": 2048, "shape": shape})
+        assert memory.parameters({"arch": "llama", "shape": shape}) == (models.parameter_count(model),
+                                                                        model.matmul_parameters()), shape
+
+
+def test_a_grouped_kv_shape_trains_on_the_cpu():
+    spec = tiny_spec()
+    spec["model_config"]["shape"] = "llama_tiny"
+    memory.LLAMA_SHAPES["gqa_test"] = {**memory.LLAMA_SHAPES["llama_tiny"], "kv_heads": 2}
+    try:
+        spec["model_config"]["shape"] = "gqa_test"
+        model = models.build("llama_tiny", spec["model_config"])
+        assert model.blocks[0].attn.qkv.out_features == 64 + 2 * 2 * 16
+        metrics, rows = train.run(spec, NO_APEX, threads=1)
+    finally:
+        del memory.LLAMA_SHAPES["gqa_test"]
+    assert metrics["status"] == "ok", metrics["reason"]
+    assert rows[-1]["loss"] < rows[0]["loss"]
 
 
 def test_materialised_model_is_initialised_on_its_device_with_real_rotary_tables():
@@ -93,30 +123,53 @@ def test_tiny_llama_trains_on_the_cpu_and_writes_the_new_fields(precision):
     assert row["mem_weights_bytes"] is None
 
 
-def test_a_cell_whose_estimate_exceeds_free_memory_is_skipped_with_both_numbers(monkeypatch):
+def test_a_cell_the_plan_says_cannot_fit_is_skipped_with_both_numbers_and_nothing_built(monkeypatch):
     built = []
-    monkeypatch.setattr(memory, "free_bytes", lambda device: 100 * 2**20)  # a GPU with 100 MiB free
     monkeypatch.setattr(train, "prepare_model", lambda *a: built.append(a))
-    spec = tiny_spec(batch_size=4096)  # tiny weights, ~0.3 GiB of activations
-    metrics, rows = train.run(spec, NO_APEX, threads=1)
+    plan = {"model": "llama_tiny", "batch_size": 4096, "shape": None, "fits": False, "source": "config",
+            "why": "does not fit: llama_tiny/fp32 at batch 4096 estimate 350% of the budget; estimated peak 0.3 GiB "
+                   "against 0.1 GiB here; the batch is the config's, kept as written"}
+    metrics, rows = train.run(tiny_spec(batch_size=4096), NO_APEX, threads=1, plan=plan)
     assert metrics["status"] == "skipped" and metrics["skip_cause"] == "machine" and rows == []
-    estimate = metrics["memory_estimate"]
-    assert estimate["free_bytes_at_start"] == 100 * 2**20 < estimate["total_bytes"]
-    assert f"estimated need {memory.gib(estimate['total_bytes'])}" in metrics["reason"]
-    assert "exceeds the 0.1 GiB free" in metrics["reason"]
+    assert metrics["skip_needs"] == "more GPU memory"
+    assert "estimated peak 0.3 GiB against 0.1 GiB" in metrics["reason"] and "lower its batch_size" in metrics["reason"]
+    assert metrics["plan"] == plan and metrics["spec"]["model_config"]["batch_size"] == 4096
+    assert metrics["memory_estimate"]["total_bytes"] > 0
     assert built == []  # nothing was allocated
 
 
-def test_a_cell_that_fits_the_estimate_but_runs_out_of_memory_names_the_estimate(monkeypatch):
-    def too_big(model_config, device):
-        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+def test_the_plans_batch_and_shape_are_what_the_cell_runs_and_records():
+    plan = {"model": "llama_tiny", "batch_size": 1, "shape": None, "fits": True, "why": "1 of the preset's 2"}
+    metrics, _ = train.run(tiny_spec(), NO_APEX, threads=1, plan=plan)
+    assert metrics["status"] == "ok"
+    assert metrics["spec"]["model_config"]["batch_size"] == 1 and metrics["items_per_step"] == 32
+    assert metrics["plan"]["why"] == "1 of the preset's 2"
 
-    monkeypatch.setattr(memory, "free_bytes", lambda device: 2**40)
+
+@pytest.mark.parametrize("error", [
+    torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB"),
+    RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"),
+    RuntimeError("cuDNN error: CUDNN_STATUS_ALLOC_FAILED"),
+])
+def test_an_allocation_failure_is_memory_not_a_crash_and_names_the_batch_and_estimate(monkeypatch, error):
+    def too_big(model_config, device):
+        raise error
+
     monkeypatch.setattr(train, "prepare_model", too_big)
     metrics, _ = train.run(tiny_spec(), NO_APEX, threads=1)
-    assert metrics["status"] == "skipped" and metrics["skip_cause"] == "machine"
-    assert "Tried to allocate 20.00 GiB" in metrics["reason"]
-    assert "estimated need" in metrics["reason"] and "free at start 1024.0 GiB" in metrics["reason"]
+    assert metrics["status"] == "skipped" and metrics["skip_cause"] == "machine", metrics["reason"]
+    assert metrics["skip_needs"] == "more GPU memory"
+    assert str(error).split(".")[0][:30] in metrics["reason"]
+    assert "at batch size 2" in metrics["reason"] and "estimated peak" in metrics["reason"]
+
+
+def test_any_other_runtime_error_is_still_a_failure(monkeypatch):
+    def broken(model_config, device):
+        raise RuntimeError("CUBLAS_STATUS_EXECUTION_FAILED")
+
+    monkeypatch.setattr(train, "prepare_model", broken)
+    metrics, _ = train.run(tiny_spec(), NO_APEX, threads=1)
+    assert metrics["status"] == "failed"
 
 
 def test_breakdown_counts_the_tensors_of_the_first_optimizer_step():
@@ -125,7 +178,7 @@ def test_breakdown_counts_the_tensors_of_the_first_optimizer_step():
     model = torch.nn.Linear(64, 32)
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
     trainer = precision.Trainer("fp32", model, optimizer, torch.nn.functional.cross_entropy, torch.device("cpu"))
-    breakdown = memory.Breakdown(model, trainer.optimizer)
+    breakdown = measure.Breakdown(model, trainer.optimizer)
     for _ in range(3):
         trainer.step(torch.randn(8, 64), torch.randint(0, 32, (8,)))
     weights = (64 * 32 + 32) * 4
@@ -135,8 +188,8 @@ def test_breakdown_counts_the_tensors_of_the_first_optimizer_step():
     assert result["master_weights"] is None
     assert result["activations_and_workspace"] == 10 * weights - result["weights"] - result["gradients"] - result[
         "optimizer_state"]
-    disabled = memory.Breakdown(model, optimizer, enabled=False)
-    assert disabled.result(10 * weights) == dict.fromkeys(memory.Breakdown.KEYS)
+    disabled = measure.Breakdown(model, optimizer, enabled=False)
+    assert disabled.result(10 * weights) == dict.fromkeys(measure.Breakdown.KEYS)
 
 
 def test_breakdown_counts_apex_o2_master_weights_and_their_gradients():
@@ -147,7 +200,7 @@ def test_breakdown_counts_apex_o2_master_weights_and_their_gradients():
     master.grad = torch.zeros(10, 10)
     optimizer = torch.optim.SGD([master], lr=0.1, momentum=0.9)
     optimizer._amp_stash = type("Stash", (), {"all_fp32_from_fp16_params": [master]})()
-    breakdown = memory.Breakdown(model, optimizer)
+    breakdown = measure.Breakdown(model, optimizer)
     optimizer.step()
     result = breakdown.result(peak_allocated=2000)
     assert result["weights"] == 200 and result["master_weights"] == 400

@@ -114,6 +114,56 @@ def test_changed_settings_make_a_cell_not_comparable():
     assert any("not compared" in w for w in result["warnings"])
 
 
+def planned(here: dict, batch: int, source: str = "preset") -> dict:
+    spec = json.loads(json.dumps(here))
+    spec["model_config"]["batch_size"] = batch
+    return spec, {"batch_size": batch, "preset_batch_size": here["model_config"]["batch_size"], "source": source,
+                  "why": f"{batch} of the preset's 256: the largest at which resnet50/strict FP32 fits in 11.5 GiB"}
+
+
+def test_a_batch_the_memory_plan_lowered_is_not_comparable_here_and_says_both_batches():
+    here = verify.cell_specs(GPU / "runs")
+    specs, plans = dict(here), {}
+    for precision in ("fp32", "amp_bf16"):
+        key = f"resnet50/{precision}/0"
+        specs[key], plans[key] = planned(here[key], 64)
+    aggregate = reference.load_aggregate(REFERENCE_PASS / "nvidia-h200")
+    tolerances = reference.load_tolerances(REFERENCE_PASS, "nvidia-h200")
+    result = cellcompare.compare(load(GPU_SUMMARY), aggregate, tolerances, specs, plans)
+    (cell,) = [c for c in result["cells"] if c["cell"] == "resnet50/fp32/seed0"]
+    assert cell["verdict"] == "not_comparable_here"
+    assert cell["note"].startswith("not comparable here (planned batch 64, reference 256): 64 of the preset's 256")
+    assert result["counts"]["not_comparable_here"] == 2 and not result["failures"]
+    # the same batch written by the user in their config is a settings difference, not this machine's limit
+    specs["resnet50/fp32/0"], plans["resnet50/fp32/0"] = planned(here["resnet50/fp32/0"], 64, source="config")
+    result = cellcompare.compare(load(GPU_SUMMARY), aggregate, tolerances, specs, plans)
+    (cell,) = [c for c in result["cells"] if c["cell"] == "resnet50/fp32/seed0"]
+    assert cell["verdict"] == "not_comparable"
+
+
+def test_the_gates_contract_pass_fail_nothing_compared_no_reference_and_usage_errors(tmp_path):
+    """PASS 0, FAIL 1, usage or file error 2, nothing compared 3 (never a PASS), no reference / no GPU 0 (a warning)."""
+    out = tmp_path / "verify.json"
+    args = ["compare", "--summary", str(GPU_SUMMARY), "--runs-dir", str(GPU / "runs"), "--json", str(out)]
+    assert run_cli(*args, "--reference-dir", str(REFERENCE_PASS), "--strict").returncode == 0
+    assert run_cli(*args, "--reference-dir", str(REFERENCE_FAIL), "--strict").returncode == 1
+    summary = load(GPU_SUMMARY)
+    for cell in summary["cells"]:  # every cell skipped for this machine: a reference exists, nothing compares
+        cell.update(status="skipped", skip_cause="machine", reason="needs more GPU memory")
+    none_path = tmp_path / "summary.json"
+    none_path.write_text(json.dumps(summary))
+    nothing = run_cli("compare", "--summary", str(none_path), "--runs-dir", str(GPU / "runs"), "--json", str(out),
+                      "--reference-dir", str(REFERENCE_PASS), "--strict")
+    assert nothing.returncode == 3, nothing.stdout + nothing.stderr
+    assert "verify: NOTHING COMPARED:" in nothing.stdout and "which is not a pass" in nothing.stdout
+    assert load(out)["gate"] == {"result": "NOTHING COMPARED", "exit_code": 3, "gpu_count": load(out)["gate"][
+        "gpu_count"]}
+    assert run_cli("gate", "--verify", str(out)).returncode == 3
+    assert run_cli(*args, "--reference-dir", str(tmp_path / "none"), "--strict").returncode == 0
+    assert run_cli("gate", "--verify", str(tmp_path / "missing.json")).returncode == 2
+    assert run_cli("no-such-command").returncode == 2
+
+
 def test_tolerance_overrides_and_bad_tolerance_file(tmp_path):
     tolerances = reference.load_tolerances(REPO / "reference", None)
     rule = reference.band_for(tolerances, {"model": "m", "precision": "apex_o1", "seed": 0})["throughput_per_s"]

@@ -17,6 +17,7 @@ from pathlib import Path
 import jsonschema
 import yaml
 
+from amprepro.cellspec import CellSpec
 from amprepro.env.gpuslots import visible_gpus
 from amprepro.safevalues import apex_problems, shorten
 from amprepro.schemaerrors import bounded_message, field_name, first_error
@@ -281,6 +282,11 @@ def check_model_settings(model: str, settings: dict) -> None:
             f"Config error at runs.models.{model}.activation_checkpointing: arch {settings['arch']} has no "
             f"checkpointed blocks (only {', '.join(LLAMA_ARCHS)}). Fix: remove the key or use a llama arch."
         )
+    if "shape" in settings and settings["arch"] != "llama":
+        raise ConfigError(
+            f"Config error at runs.models.{model}.shape: arch {settings['arch']} has no LLaMA shapes (only llama). "
+            "Fix: remove the key or use arch: llama."
+        )
     if "epoch_tokens" in settings and settings["data"] != "synthetic_tokens":
         raise ConfigError(
             f"Config error at runs.models.{model}.epoch_tokens: data {settings['data']} is not counted in tokens. "
@@ -299,20 +305,36 @@ def cells(runs: dict) -> list[dict]:
     ]
 
 
-def cell_spec(runs: dict, model: str, precision: str, seed: int) -> dict:
-    """Everything a single run needs: the settings of this cell only, so other cells' edits don't rerun it."""
+def cell_record(runs: dict, model: str, precision: str, seed: int) -> CellSpec:
+    """Everything a single run needs: the settings of this cell only, so other cells' edits don't rerun it. Built
+    once here, at DAG build time; every later stage reads this record (amprepro.cellspec)."""
     settings = runs["models"][model]
-    return {
-        "model": model,
-        "precision": precision,
-        "seed": int(seed),
-        "model_config": {k: v for k, v in settings.items() if k not in ("precisions", "seeds", "train")},
-        "train": deep_merge(runs["train"], settings.get("train", {})),
-    }
+    return CellSpec(model=model, precision=precision, seed=int(seed),
+                    model_config={k: v for k, v in settings.items() if k not in ("precisions", "seeds", "train")},
+                    train=deep_merge(runs["train"], settings.get("train", {})))
+
+
+def cell_spec(runs: dict, model: str, precision: str, seed: int) -> dict:
+    return cell_record(runs, model, precision, seed).as_dict()
 
 
 def cell_spec_json(runs: dict, model: str, precision: str, seed: int) -> str:
-    return json.dumps(cell_spec(runs, model, precision, seed), sort_keys=True)
+    return cell_record(runs, model, precision, seed).to_json()
+
+
+def plan_cells(runs: dict, config: dict) -> list[dict]:
+    """What the memory plan decides over: every cell's spec, and whether its model's batch is the preset's (an upper
+    bound the plan may lower) or written in the user's config (kept as written)."""
+    written = {name for name, settings in ((config.get("runs") or {}).get("models") or {}).items()
+               if isinstance(settings, dict) and "batch_size" in settings}
+    return [{"spec": cell_spec(runs, c["model"], c["precision"], c["seed"]),
+             "batch_source": "config" if c["model"] in written else "preset"} for c in cells(runs)]
+
+
+def gpu_memory_limit(config: dict) -> float | None:
+    """gpu_memory_limit_gib as a number (a `--config` value arrives as text), or None."""
+    value = config.get("gpu_memory_limit_gib")
+    return None if value in (None, "null", "") else float(value)
 
 
 def apex_required(setting, gpus: list[str]) -> bool:

@@ -13,6 +13,8 @@ from amprepro.config import (  # noqa: E402
     resolve_runs,
     validate_config,
     gpus_for_jobs,
+    gpu_memory_limit,
+    plan_cells,
 )
 
 config.update(validate_config(config))  # the one validation pass: values made exact, defaults filled, or the fix
@@ -28,6 +30,7 @@ CORES = max(1, workflow.resource_settings.cores or 1)  # None under `snakemake -
 LOCAL_GPUS = len(GPUS) if workflow.local_exec else 0
 BUILD_THREADS = cell_resources.apex_build_threads(CORES, LOCAL_GPUS)
 RUNTIME_FACTOR = float(config["resources"]["runtime_factor"])  # nested --config values arrive as strings
+GPU_MEMORY_LIMIT = gpu_memory_limit(config)  # GiB of an emulated smaller card, or None
 
 # How every job finds the amprepro package: the one place. Each shell command starts with PYTHONPATH exported to the
 # package's absolute folder (PACKAGE_PATH, from the Snakefile), so rules run `python -m amprepro.<subpackage>.<stage>`
@@ -118,9 +121,9 @@ def launch_for_cell(wildcards):
 
 
 def train_inputs(wildcards):
-    """The sanity gate (the cell never reads it), and apex's view only for a cell that uses apex: the others start
-    without waiting for the apex build."""
-    inputs = {"sanity": "results/sanity/verdicts.json"}
+    """The sanity gate (the cell never reads it), its model's view of the memory plan, and apex's view only for a cell
+    that uses apex: the others start without waiting for the apex build."""
+    inputs = {"sanity": "results/sanity/verdicts.json", "plan": f"results/plan/models/{wildcards.model}.json"}
     if needs_apex(json.loads(spec_for_cell(wildcards))):
         inputs["apex"] = "results/apex/runs.json"
     return inputs

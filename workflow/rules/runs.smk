@@ -27,7 +27,7 @@ rule train:
     shell:
         "python -m amprepro.env.gpuslots --gpus {resources.gpu} --"
         " python -m amprepro.train.distributed {params.launch} -- --spec {params.spec:q} {params.apex:q}"
-        " --threads {threads} --metrics {output.metrics} --steps {output.steps} > {log} 2>&1"
+        " --plan {input.plan} --threads {threads} --metrics {output.metrics} --steps {output.steps} > {log} 2>&1"
 
 
 rule peak:

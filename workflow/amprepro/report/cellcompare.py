@@ -26,6 +26,32 @@ def _spec_diff(here: dict, ref: dict, prefix: str = "") -> list[str]:
 
 
 
+PLANNED_KEYS = ("batch_size", "shape")  # what the memory plan may change (amprepro.cellspec.PLANNED_KEYS)
+
+
+def planned_difference(spec_here: dict, spec_ref: dict, plan: dict | None) -> str | None:
+    """'planned batch 64, reference 256' when the memory plan, not the user, made this cell differ from the reference
+    (the preset's batch or shape lowered to fit this GPU); None when the settings differ otherwise."""
+    if not plan or plan.get("source") != "preset":
+        return None
+    here, ref = dict(spec_here.get("model_config") or {}), dict(spec_ref.get("model_config") or {})
+    changed = [k for k in PLANNED_KEYS if here.get(k) != ref.get(k)]
+    for key in PLANNED_KEYS:
+        here.pop(key, None)
+        ref.pop(key, None)
+    if not changed or here != ref or {k: v for k, v in spec_here.items() if k != "model_config"} != {
+            k: v for k, v in spec_ref.items() if k != "model_config"}:
+        return None
+    parts = []
+    if "shape" in changed:
+        parts.append(f"planned shape {plan.get('shape_name') or spec_here['model_config'].get('shape')}, reference "
+                     f"{spec_ref['model_config'].get('shape') or 'the 7B'}")
+    if "batch_size" in changed:
+        parts.append(f"planned batch {spec_here['model_config'].get('batch_size')}, reference "
+                     f"{spec_ref['model_config'].get('batch_size')}")
+    return ", ".join(parts)
+
+
 def _fmt(metric: str, value) -> str:
     if value is None:
         return "n/a"
@@ -94,7 +120,8 @@ def _machine_skip(row: dict | None) -> bool:
     return bool(row) and row.get("status") == "skipped" and row.get("skip_cause") == "machine"
 
 
-def compare_cell(name: str, row_here: dict | None, row_ref: dict | None, rules: dict, spec_here, spec_ref) -> dict:
+def compare_cell(name: str, row_here: dict | None, row_ref: dict | None, rules: dict, spec_here, spec_ref,
+                 plan_here: dict | None = None) -> dict:
     """One cell's verdict and checks; the verdicts are VERDICTS."""
     statuses = (row_ref or {}).get("statuses") or {}
     cell = {"model": (row_here or row_ref)["model"], "precision": (row_here or row_ref)["precision"],
@@ -115,6 +142,10 @@ def compare_cell(name: str, row_here: dict | None, row_ref: dict | None, rules: 
                 "note": "every reference run failed this cell, so there is nothing to compare: "
                         f"{row_ref.get('reason')}"}
     if spec_here and spec_ref and spec_here != spec_ref:
+        planned = planned_difference(spec_here, spec_ref, plan_here)
+        if planned:
+            return {**cell, "verdict": "not_comparable_here",
+                    "note": f"not comparable here ({planned}): {plan_here.get('why')}"}
         return {**cell, "verdict": "not_comparable", "note": "settings differ: " + "; ".join(_spec_diff(spec_here,
                                                                                                        spec_ref))}
     if _machine_skip(row_here) and row_ref["status"] != "skipped":
@@ -141,9 +172,10 @@ def compare_cell(name: str, row_here: dict | None, row_ref: dict | None, rules: 
     return cell
 
 
-def compare(summary: dict, aggregate: dict, tolerances: dict, specs_here: dict | None = None) -> dict:
+def compare(summary: dict, aggregate: dict, tolerances: dict, specs_here: dict | None = None,
+            plans_here: dict | None = None) -> dict:
     """Per-cell comparison with the aggregate. Returns cells, failures (the cells out of tolerance) and warnings."""
-    specs_here = specs_here or {}
+    specs_here, plans_here = specs_here or {}, plans_here or {}
     here = {ref_mod.cell_key(c["model"], c["precision"], c["seed"]): c for c in summary.get("cells", [])}
     ref = aggregate.get("cells", {})
     cells, failures = [], []
@@ -152,7 +184,7 @@ def compare(summary: dict, aggregate: dict, tolerances: dict, specs_here: dict |
         name = f"{model}/{precision}/seed{seed}"
         rules = band_for(tolerances, {"model": model, "precision": precision, "seed": int(seed)})
         cell = compare_cell(name, here.get(key), ref.get(key), rules, specs_here.get(key),
-                            (ref.get(key) or {}).get("spec"))
+                            (ref.get(key) or {}).get("spec"), plans_here.get(key))
         cells.append(cell)
         if cell["verdict"] == "fail":
             failed = [describe_failure(name, ch) for ch in cell["checks"] if ch["ok"] is False]

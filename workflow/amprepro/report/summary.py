@@ -16,6 +16,7 @@ COLUMNS = [
     "energy_j_per_item", "skip_cause", "skip_needs",
     "epoch_hours_derived", "mem_weights_bytes", "mem_gradients_bytes", "mem_optimizer_state_bytes",
     "mem_master_weights_bytes", "mem_activations_bytes", "mem_estimate_total_bytes",
+    "batch_size", "preset_batch_size", "shape", "shape_name", "parameters", "plan_note",
 ]
 # Flat columns from metrics.json's nested memory records: (column, record, key).
 MEMORY_COLUMNS = [
@@ -72,6 +73,25 @@ def add_mfu(rows: list[dict], metrics: list[dict], peak: dict) -> list[dict]:
     return rows
 
 
+def add_plan(rows: list[dict], metrics: list[dict]) -> list[dict]:
+    """The batch (and LLaMA shape) each cell ran at, and the memory plan's reason (amprepro.plan.memplan)."""
+    for row, m in zip(rows, metrics):
+        model_config = (m.get("spec") or {}).get("model_config") or {}
+        plan = m.get("plan") or {}
+        row["batch_size"] = model_config.get("batch_size")
+        row["preset_batch_size"] = plan.get("preset_batch_size", model_config.get("batch_size"))
+        row["shape"] = model_config.get("shape")
+        row["shape_name"] = plan.get("shape_name")
+        row["parameters"] = m.get("parameters")
+        row["plan_note"] = plan.get("why")
+    return rows
+
+
+def memory_limit(metrics: list[dict]) -> float | None:
+    """The emulated card's size (gpu_memory_limit_gib) the cells ran under, from their plan views."""
+    return next((m["plan"].get("cap_gib") for m in metrics if (m.get("plan") or {}).get("cap_gib")), None)
+
+
 def versions(environment: dict, apex: dict, metrics: list[dict]) -> dict:
     hardware = next((m["hardware"] for m in metrics if m.get("hardware")), {})
     packages = environment.get("packages", {})
@@ -88,6 +108,7 @@ def versions(environment: dict, apex: dict, metrics: list[dict]) -> dict:
         "driver": hardware.get("driver"),
         "cpu": hardware.get("cpu"),
         "isolation": environment.get("isolation", {}).get("mode"),
+        "gpu_memory_limit_gib": memory_limit(metrics),
         "packages": {name: packages.get(name) for name in KEY_PACKAGES if name in packages},
     }
 
@@ -97,7 +118,7 @@ def summarize(metric_files: list[str], environment: dict, apex: dict, preset: di
     rows = add_relative([{c: m.get(c) for c in COLUMNS if c in m} | {"model": m["model"], "precision": m["precision"],
                                                                      "seed": m["seed"], "status": m["status"]}
                          for m in metrics])
-    rows = add_memory(add_mfu(rows, metrics, peak or {}), metrics)
+    rows = add_plan(add_memory(add_mfu(rows, metrics, peak or {}), metrics), metrics)
     counts = {status: sum(r["status"] == status for r in rows) for status in ("ok", "skipped", "collapsed", "failed")}
     return {"preset": preset, "cells": rows, "counts": counts, "versions": versions(environment, apex, metrics),
             "peak": peak or {}}

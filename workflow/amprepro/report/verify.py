@@ -50,8 +50,8 @@ def reference_inputs(reference_dir: str | Path = "reference") -> list[str]:
     return sorted(str(p) for p in folder.rglob("*") if p.is_file() and p.suffix in (".csv", ".json", ".yaml"))
 
 
-def cell_specs(runs_dir: str | Path | None) -> dict:
-    """'model/precision/seed' -> the cell's full settings, from its metrics.json."""
+def cell_specs(runs_dir: str | Path | None, field: str = "spec") -> dict:
+    """'model/precision/seed' -> the cell's full settings (or its memory plan: field "plan"), from its metrics.json."""
     specs = {}
     if runs_dir and Path(runs_dir).is_dir():
         for path in sorted(Path(runs_dir).glob("*/*/seed*/metrics.json")):
@@ -59,8 +59,8 @@ def cell_specs(runs_dir: str | Path | None) -> dict:
                 metrics = json.loads(path.read_text())
             except (OSError, ValueError):
                 continue
-            if metrics.get("spec"):
-                specs[ref_mod.cell_key(metrics["model"], metrics["precision"], metrics["seed"])] = metrics["spec"]
+            if metrics.get(field):
+                specs[ref_mod.cell_key(metrics["model"], metrics["precision"], metrics["seed"])] = metrics[field]
     return specs
 
 
@@ -76,12 +76,14 @@ def machine_here(summary: dict, runs_dir: str | Path | None, probe=None) -> dict
     names, how = (probe or visible_gpus)()
     metrics = [m for _, m in promote.cell_metrics(Path(runs_dir))] if runs_dir and Path(runs_dir).is_dir() else []
     seen = promote.machine_identity(metrics, {})["gpu_count"] if metrics else None
+    limit = {"gpu_memory_limit_gib": summary.get("versions", {}).get("gpu_memory_limit_gib")}
     if names:
-        return {"gpu_count": len(names), "source": how, "gpus_seen_by_cells": seen}
+        return {"gpu_count": len(names), "source": how, "gpus_seen_by_cells": seen, **limit}
     if seen:
-        return {"gpu_count": seen, "source": f"GPUs the cells saw; {how} where verify ran", "gpus_seen_by_cells": seen}
+        return {"gpu_count": seen, "source": f"GPUs the cells saw; {how} where verify ran", "gpus_seen_by_cells": seen,
+                **limit}
     return {"gpu_count": summary.get("versions", {}).get("gpu_count") or 0, "source": f"the summary's GPU count; {how}",
-            "gpus_seen_by_cells": None}
+            "gpus_seen_by_cells": None, **limit}
 
 
 def _same(key: str, here, reference) -> bool:
@@ -114,7 +116,11 @@ def stack_differences(summary: dict, machine: dict, aggregate: dict) -> list[dic
 # The whole check
 
 
-GATE = {"pass": ("PASS", 0), "fail": ("FAIL", 1), "no_reference": ("WARNING", 0), "not_comparable": ("WARNING", 0)}
+# The gate's contract (docs/report.md): PASS 0; FAIL 1; a usage, file or reference error 2 (main); no reference for
+# this GPU, or no GPU, a WARNING with 0 (nothing here to be judged against); a reference exists but not one cell of
+# this run could be compared with it: NOTHING COMPARED, 3. Zero compared cells is never a PASS.
+GATE = {"pass": ("PASS", 0), "fail": ("FAIL", 1), "no_reference": ("WARNING", 0),
+        "not_comparable": ("NOTHING COMPARED", 3)}
 
 
 def verify(summary: dict, reference_dir: str | Path = "reference", runs_dir: str | Path | None = None,
@@ -147,7 +153,7 @@ def verify(summary: dict, reference_dir: str | Path = "reference", runs_dir: str
 
 def judge(result: dict, summary: dict, folder: Path, runs_dir) -> None:
     aggregate = ref_mod.load_aggregate(folder)
-    outcome = compare(summary, aggregate, result["tolerances"], cell_specs(runs_dir))
+    outcome = compare(summary, aggregate, result["tolerances"], cell_specs(runs_dir), cell_specs(runs_dir, "plan"))
     result.update(outcome)
     result["reference"] = {"path": str(folder), "n_runs": aggregate["n_runs"], "n_machines": aggregate["n_machines"],
                            "runs": aggregate["runs"]}
@@ -165,7 +171,8 @@ def judge(result: dict, summary: dict, folder: Path, runs_dir) -> None:
         result["message"] = f"{counts['fail']} of {compared} cells out of tolerance against {basis}{elsewhere}"
     elif compared == 0:
         result["status"] = "not_comparable"
-        result["message"] = f"a reference exists ({folder}) but no cell of this run is comparable with it{elsewhere}"
+        result["message"] = (f"a reference exists ({folder}) but no cell of this run is comparable with it"
+                             f"{elsewhere}: nothing was judged, which is not a pass")
     else:
         result["status"] = "pass"
         result["message"] = f"all {compared} compared cells within tolerance of {basis}{elsewhere}"
@@ -213,7 +220,9 @@ def report_lines(result: dict) -> list[str]:
         lines += [f"  {d['text']}" for d in result["stack"]["differences"]]
     head = GATE[result["status"]][0]
     lines.append(f"verify: {head}: {result['message']}")
-    lines.append(f"  this machine: {machine.get('gpu_count')} GPU(s) ({machine.get('source')}); gate "
+    capped = (f", memory capped at {machine['gpu_memory_limit_gib']:g} GiB (gpu_memory_limit_gib)"
+              if machine.get("gpu_memory_limit_gib") else "")
+    lines.append(f"  this machine: {machine.get('gpu_count')} GPU(s) ({machine.get('source')}){capped}; gate "
                  f"{result.get('gate', {}).get('result', head)}, exit code {GATE[result['status']][1]}")
     lines += [f"  out of tolerance: {line}" for line in result["failures"]]
     lines += [f"  warning: {line}" for line in result["warnings"]]

@@ -37,7 +37,7 @@ ORIGIN_ENV = "AMPREPRO_CELL_PROCESS"  # in a forked cell: which server it came f
 PRELOAD = ["torch", "torch._dynamo", "torch.utils.flop_counter", "torch.utils.checkpoint", "numpy", "threadpoolctl",
            "torchvision", "timm", "sklearn.datasets", "sklearn.model_selection", "amprepro.train.train",
            "amprepro.train.models", "amprepro.train.precision", "amprepro.train.measure", "amprepro.train.flops",
-           "amprepro.train.memory", "amprepro.train.data", "amprepro.train.distributed"]
+           "amprepro.memory", "amprepro.cellspec", "amprepro.train.data", "amprepro.train.distributed"]
 # Settings read while those modules are imported: a job that sets them differently gets a fresh interpreter.
 IMPORT_TIME_PREFIXES = ("TORCH", "PYTORCH", "OMP_", "KMP_", "MKL_", "OPENBLAS_", "GOTO", "LD_PRELOAD",
                         "LD_LIBRARY_PATH", "PYTHONHASHSEED", "PYTHONWARNINGS", "CUDA_MODULE_LOADING")

@@ -3,23 +3,18 @@ or a combination no machine runs; and which optimizer the cell uses (one of the 
 
 from __future__ import annotations
 
+from amprepro.cellspec import CellSpec
 from amprepro.train import precisions
 
 
 def cell_optimizer(train: dict, precision_name: str) -> str:
     """The optimizer this cell uses: train.apex_optimizer for the apex cells where it is set, else train.optimizer."""
-    if precisions.get(precision_name).needs_apex and train.get("apex_optimizer"):
-        return train["apex_optimizer"]
-    return train["optimizer"]
+    return CellSpec("", precision_name, 0, {}, train).optimizer
 
 
-def needs_apex(spec: dict) -> bool:
-    """Whether the cell uses apex at all (amp, FusedAdam, FusedLayerNorm). A cell that does not never waits for the
-    apex build: its job does not depend on it (workflow/rules/runs.smk)."""
-    precision_name = spec["precision"]
-    return (precisions.get(precision_name).needs_apex
-            or cell_optimizer(spec["train"], precision_name) == "apex_fused_adam"
-            or bool(spec["model_config"].get("fused_layer_norm")))
+def needs_apex(spec: CellSpec | dict) -> bool:
+    """Whether the cell uses apex at all (amp, FusedAdam, FusedLayerNorm): CellSpec.needs_apex."""
+    return CellSpec.of(spec).needs_apex
 
 
 def optimizer_unsupported(name: str, device, apex: dict) -> str | None:
@@ -38,7 +33,7 @@ def variant_unsupported(model_config: dict, precision_name: str, device, apex: d
     return None
 
 
-def skip_cause(spec: dict, device, apex: dict) -> tuple[str, str, str] | None:
+def skip_cause(spec: CellSpec | dict, device, apex: dict) -> tuple[str, str, str] | None:
     """Why this cell cannot run here: (skip_cause, what is missing, reason), or None.
 
     "machine": the GPU, the GPU count or the apex build lacks what the cell needs (verify: not comparable here);
@@ -46,17 +41,18 @@ def skip_cause(spec: dict, device, apex: dict) -> tuple[str, str, str] | None:
     "unsupported": a combination no machine runs (skipped in the reference too)."""
     from amprepro.train import models, precision
 
-    model_config, train = spec["model_config"], spec["train"]
-    reason = precision.unsupported_reason(spec["precision"], device, apex)
+    spec = CellSpec.of(spec)
+    model_config = spec.model_config
+    reason = precision.unsupported_reason(spec.precision, device, apex)
     if reason:
-        return "machine", precision_needs(spec["precision"], device, apex), reason
+        return "machine", precision_needs(spec.precision, device, apex), reason
     reason = models.unavailable_reason(model_config["arch"])
     if reason:
         return "software", "", reason
-    reason = optimizer_unsupported(cell_optimizer(train, spec["precision"]), device, apex)
+    reason = optimizer_unsupported(spec.optimizer, device, apex)
     if reason:
         return "machine", "a CUDA GPU and a built apex", reason
-    return variant_unsupported(model_config, spec["precision"], device, apex)
+    return variant_unsupported(model_config, spec.precision, device, apex)
 
 
 def precision_needs(name: str, device, apex: dict) -> str:

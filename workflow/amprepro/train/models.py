@@ -10,6 +10,8 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
 
+from amprepro.memory import LLAMA_SHAPES, llama_shape
+
 
 class SmallCNN(nn.Module):
     def __init__(self, num_classes: int = 10, in_channels: int = 1):
@@ -130,17 +132,23 @@ def rotate(x, cos, sin):
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, dim: int, heads: int):
+    def __init__(self, dim: int, heads: int, kv_heads: int | None = None):
         super().__init__()
-        self.heads = heads
-        self.qkv = nn.Linear(dim, 3 * dim, bias=False)  # q, k and v projections as one matmul
+        self.heads, self.kv_heads = heads, kv_heads or heads
+        self.kv_dim = self.kv_heads * (dim // heads)
+        # q, k and v projections as one matmul; grouped KV heads (TinyLlama, SmolLM) project k and v narrower
+        self.qkv = nn.Linear(dim, dim + 2 * self.kv_dim, bias=False)
         self.out = nn.Linear(dim, dim, bias=False)
 
     def forward(self, x, cos, sin):
         batch, seq, dim = x.shape
-        q, k, v = self.qkv(x).view(batch, seq, 3, self.heads, dim // self.heads).permute(2, 0, 3, 1, 4)
+        if self.kv_heads == self.heads:
+            q, k, v = self.qkv(x).view(batch, seq, 3, self.heads, dim // self.heads).permute(2, 0, 3, 1, 4)
+        else:
+            q, k, v = self.qkv(x).split([dim, self.kv_dim, self.kv_dim], dim=-1)
+            q, k, v = (t.view(batch, seq, -1, dim // self.heads).transpose(1, 2) for t in (q, k, v))
         q, k = rotate(q, cos[:seq], sin[:seq]), rotate(k, cos[:seq], sin[:seq])
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.kv_heads != self.heads)
         return self.out(y.transpose(1, 2).reshape(batch, seq, dim))
 
 
@@ -156,9 +164,9 @@ class SwiGLU(nn.Module):
 
 
 class LlamaBlock(nn.Module):
-    def __init__(self, dim: int, heads: int, ffn_dim: int):
+    def __init__(self, dim: int, heads: int, ffn_dim: int, kv_heads: int | None = None):
         super().__init__()
-        self.attn_norm, self.attn = RMSNorm(dim), LlamaAttention(dim, heads)
+        self.attn_norm, self.attn = RMSNorm(dim), LlamaAttention(dim, heads, kv_heads)
         self.ffn_norm, self.ffn = RMSNorm(dim), SwiGLU(dim, ffn_dim)
 
     def forward(self, x, cos, sin):
@@ -175,12 +183,12 @@ class Llama(nn.Module):
     """
 
     def __init__(self, vocab_size: int = 32000, seq_len: int = 2048, layers: int = 32, heads: int = 32,
-                 dim: int = 4096, ffn_dim: int = 11008, checkpointing: bool = True):
+                 dim: int = 4096, ffn_dim: int = 11008, checkpointing: bool = True, kv_heads: int | None = None):
         super().__init__()
         self.vocab_size, self.seq_len, self.layers, self.dim = vocab_size, seq_len, layers, dim
         self.heads, self.ffn_dim, self.checkpointing = heads, ffn_dim, checkpointing
         self.tok = nn.Embedding(vocab_size, dim)
-        self.blocks = nn.ModuleList(LlamaBlock(dim, heads, ffn_dim) for _ in range(layers))
+        self.blocks = nn.ModuleList(LlamaBlock(dim, heads, ffn_dim, kv_heads) for _ in range(layers))
         self.norm = RMSNorm(dim)
         self.lm_head = nn.Linear(dim, vocab_size, bias=False)
         cos, sin = rotary_tables(seq_len, dim // heads)
@@ -222,7 +230,7 @@ class Llama(nn.Module):
         return 6 * self.matmul_parameters() + 12 * self.layers * self.dim * seq_len
 
 
-LLAMA_SIZES = {"llama": {}, "llama_tiny": {"vocab_size": 256, "layers": 2, "heads": 4, "dim": 64, "ffn_dim": 172}}
+LLAMA_SIZES = {arch: LLAMA_SHAPES[arch] for arch in ("llama", "llama_tiny")}  # the archs; shapes: amprepro.memory
 # The package each arch needs besides torch; an arch not listed is plain torch. requirements.txt and envs/ must provide
 # every package named here (tests/backbone/test_routes.py).
 ARCH_PACKAGES = {"resnet50": "torchvision", "vit_b_16": "torchvision", "vit_base_patch16_224": "timm"}
@@ -246,10 +254,11 @@ def build(arch: str, model_config: dict) -> nn.Module:
         return TinyTransformer()
     if arch in GPT_SIZES:
         return GPT(seq_len=model_config.get("seq_len", 1024), **GPT_SIZES[arch])
-    if arch in LLAMA_SIZES:  # on the meta device: place() materialises it where it trains
+    if arch in ("llama", "llama_tiny"):  # on the meta device: place() materialises it where it trains
         with torch.device("meta"):
             return Llama(seq_len=model_config.get("seq_len", 2048),
-                         checkpointing=model_config.get("activation_checkpointing", True), **LLAMA_SIZES[arch])
+                         checkpointing=model_config.get("activation_checkpointing", True),
+                         **llama_shape({**model_config, "arch": arch}))
     if arch == "vit_base_patch16_224":
         import timm
 

@@ -21,7 +21,7 @@ class Precision:
     tf32: bool | None = None  # set matmul and cuDNN allow_tf32 to this; None keeps PyTorch's defaults
     apex_opt_level: str | None = None  # apex.amp.initialize's opt_level; None: not an apex precision
     # Bytes per parameter (weights, gradients incl. master gradients, optimizer state, master weights, cast cache per
-    # matmul weight), with an AdamW-type optimizer: amprepro.train.memory explains each figure.
+    # matmul weight), with an AdamW-type optimizer: amprepro.memory explains each figure.
     bytes_per_parameter: tuple[int, int, int, int, int] = (4, 4, 8, 0, 0)
     compute_bytes: int = 4  # bytes per element of matmul inputs and outputs
     residual_bytes: int = 4  # bytes per element of the residual stream

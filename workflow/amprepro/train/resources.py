@@ -8,7 +8,7 @@ No torch import: the rules evaluate this when Snakemake builds the DAG, on a log
   of the models built on the host before they move to the GPU. The LLaMA decoders are built on the meta device and
   materialised on the GPU (amprepro.train.models.place): their 6.7 B parameters never touch host memory. Their GPU
   memory
-  (amprepro.train.memory's estimate) is a property of the GPU type, which the site chooses (gpu_model, partition).
+  (amprepro.memory's estimate) is a property of the GPU type, which the site chooses (gpu_model, partition).
 - Time limit: a start-up allowance (imports, apex, torch.compile, materialising 7B weights) plus the cell's steps
   times a per-item budget, both times runtime_factor (config `resources: runtime_factor`) for slower GPUs.
 """

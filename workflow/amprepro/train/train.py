@@ -14,7 +14,8 @@ import random
 import sys
 import time
 
-from amprepro.train.cellsupport import cell_optimizer, skip_cause
+from amprepro.cellspec import CellSpec
+from amprepro.train.cellsupport import skip_cause
 
 STEP_FIELDS = ["step", "loss", "loss_scale", "skipped", "step_time_s"]
 # The apex record of a cell that uses no apex (cellsupport.needs_apex): its job does not wait for the apex build.
@@ -140,44 +141,50 @@ def step_flops(trainer, model, x, y, world: int) -> tuple[int | None, str]:
     return (total * world if total else None), "FlopCounterMode"
 
 
-def run(spec: dict, apex: dict, threads: int, dist=None) -> tuple[dict, list[dict]]:
+def run(spec: CellSpec | dict, apex: dict, threads: int, dist=None, plan: dict | None = None
+        ) -> tuple[dict, list[dict]]:
+    """One cell. plan: its model's view of the memory plan (amprepro.plan.memplan): the batch and shape it runs at,
+    whether that fits, and the allocator limit of an emulated smaller card."""
     import torch
 
     from amprepro.train import distributed
 
+    spec = CellSpec.of(spec).planned(plan)
     dist = dist or distributed.Dist()
     torch.set_num_threads(threads)
     device = dist.device()
-    base = base_record(spec, apex, device, dist)
+    base = base_record(spec, apex, device, dist, plan)
     skip = skip_cause(spec, device, apex)
     if skip:
         cause, needs, reason = skip
         return {**base, "status": "skipped", "reason": reason, "skip_cause": cause, "skip_needs": needs}, []
     try:
-        return train_cell(spec, apex, dist, device, base)
+        return train_cell(spec, apex, dist, device, base, plan)
     except Exception as exc:
         if dist.active:  # torchrun stops the other ranks; a half-written DDP record would be worse than none
             raise
         return failure_record(base, exc), []
 
 
-def base_record(spec: dict, apex: dict, device, dist) -> dict:
-    """What every record of a cell says: the cell, where it ran (nodes, GPUs, the node of each rank), the software."""
+def base_record(spec: CellSpec, apex: dict, device, dist, plan: dict | None = None) -> dict:
+    """What every record of a cell says: the cell, where it ran (nodes, GPUs, the node of each rank), the software,
+    and the memory plan's decision for its model (the batch and shape it ran at, and why)."""
     from amprepro.train import measure
 
-    return {"model": spec["model"], "precision": spec["precision"], "seed": spec["seed"], "spec": spec,
+    return {"model": spec.model, "precision": spec.precision, "seed": spec.seed, "spec": spec.as_dict(),
+            "plan": plan,
             "hardware": measure.hardware(device), "software": measure.software(apex), "world_size": dist.world,
             "nodes": dist.nodes, "gpus_used": dist.world if device.type == "cuda" else 0, "rank_nodes": dist.hosts,
             "process": os.environ.get("AMPREPRO_CELL_PROCESS", "a fresh interpreter")}
 
 
-def not_run_record(spec: dict, apex: dict, cause: str, needs: str, reason: str) -> dict:
+def not_run_record(spec: CellSpec, apex: dict, cause: str, needs: str, reason: str, plan: dict | None = None) -> dict:
     """The record of a cell its launcher found it cannot start (too few GPUs or nodes): no worker ever ran."""
     import torch
 
     from amprepro.train import distributed
 
-    base = base_record(spec, apex, torch.device("cpu"), distributed.Dist(hosts=[]))
+    base = base_record(spec.planned(plan), apex, torch.device("cpu"), distributed.Dist(hosts=[]), plan)
     return {**base, "world_size": 0, "nodes": 0, "status": "skipped", "skip_cause": cause, "skip_needs": needs,
             "reason": reason}
 
@@ -186,32 +193,81 @@ def failure_record(base: dict, exc: Exception) -> dict:
     """A cell that broke is a result the report shows (with the reason), not a hole that stops the summary."""
     import traceback
 
-    import torch
-
     traceback.print_exc()  # the whole traceback goes to the cell's log
     message = (str(exc).strip().splitlines() or [""])[0][:300]
-    if isinstance(exc, torch.cuda.OutOfMemoryError):
-        return {**base, "status": "skipped", "skip_cause": "machine",
+    if out_of_memory(exc):
+        return {**base, "status": "skipped", "skip_cause": "machine", "skip_needs": "more GPU memory",
                 "reason": f"out of GPU memory at batch size {base['spec']['model_config']['batch_size']}: "
-                          f"lower batch_size for this model. {message}{measured_need(base)}"}
+                          f"{message}{measured_need(base)}. The memory plan (results/plan/plan.json) sizes the "
+                          "presets' batches; a batch written in your config is kept as written: lower it"}
     return {**base, "status": "failed",
             "reason": f"{type(exc).__name__}: {message} (traceback in the cell's log; after fixing, rerun with "
                       "snakemake --forcerun <this cell's metrics.json>)"}
+
+
+# What CUDA, cuBLAS and cuDNN say when an allocation fails: memory, not a crash (issue 21: cublasCreate at 11.5 GiB).
+ALLOCATION_FAILURES = ("CUDA out of memory", "CUBLAS_STATUS_ALLOC_FAILED", "CUDNN_STATUS_ALLOC_FAILED",
+                       "CUSOLVER_STATUS_ALLOC_FAILED", "CUFFT_ALLOC_FAILED", "CUSPARSE_STATUS_ALLOC_FAILED",
+                       "cudaErrorMemoryAllocation", "CUDA error: out of memory")
+
+
+def out_of_memory(exc: BaseException) -> bool:
+    import torch
+
+    if isinstance(exc, torch.cuda.OutOfMemoryError):
+        return True
+    text = f"{exc}"
+    return isinstance(exc, RuntimeError) and any(marker in text for marker in ALLOCATION_FAILURES)
 
 
 def measured_need(base: dict) -> str:
     """What an out-of-memory cell had allocated at its peak, next to what it was estimated to need."""
     import torch
 
-    from amprepro.train import memory
+    from amprepro import memory
 
     parts = []
     if torch.cuda.is_available():
         parts.append(f"allocator peak before the failure {memory.gib(torch.cuda.max_memory_allocated())}")
     if base.get("memory_estimate"):
-        estimate = base["memory_estimate"]
-        parts.append(f"{memory.describe(estimate)}; free at start {memory.gib(estimate['free_bytes_at_start'])}")
+        parts.append(memory.describe_record(base["memory_estimate"]))
+    if base.get("memory_limit_bytes"):
+        parts.append(f"this cell's allocator limit {memory.gib(base['memory_limit_bytes'])}")
     return f" ({'; '.join(parts)})" if parts else ""
+
+
+def apply_memory_limit(plan: dict | None, device) -> int | None:
+    """An emulated smaller card (gpu_memory_limit_gib): cap this process's caching allocator before the model is
+    built. Returns the limit in bytes, or None."""
+    limit = (plan or {}).get("allocator_limit_bytes")
+    if device.type != "cuda" or not limit:
+        return None
+    import torch
+
+    total = torch.cuda.get_device_properties(device).total_memory
+    torch.cuda.set_per_process_memory_fraction(min(1.0, limit / total), device)
+    return limit
+
+
+def does_not_fit(spec: CellSpec, base: dict, plan: dict | None, device) -> dict | None:
+    """The skip record of a cell that cannot fit: the plan said so (a batch written in the config), or, run without a
+    plan, its estimate exceeds the GPU's free memory."""
+    from amprepro import memory
+
+    estimate = base["memory_estimate"]
+    if plan is not None and not plan.get("fits", True):
+        return {**base, "status": "skipped", "skip_cause": "machine", "skip_needs": "more GPU memory",
+                "reason": f"{plan['why']}; run it on a GPU with more memory or lower its batch_size"}
+    if plan is None and device.type == "cuda":
+        import torch
+
+        free = torch.cuda.mem_get_info(device)[0]
+        base["free_bytes_at_start"] = free
+        if estimate["total_bytes"] > free:
+            return {**base, "status": "skipped", "skip_cause": "machine", "skip_needs": "more GPU memory",
+                    "reason": f"does not fit: {memory.describe_record(estimate)} exceeds the {memory.gib(free)} "
+                              "free on this GPU at start; run it on a GPU with more memory"}
+    return None
 
 
 def epoch_fields(model_config: dict, tokens_per_s: float) -> dict:
@@ -222,26 +278,30 @@ def epoch_fields(model_config: dict, tokens_per_s: float) -> dict:
     return {"epoch_tokens": tokens, "epoch_hours_derived": tokens / tokens_per_s / 3600}
 
 
-def train_cell(spec: dict, apex: dict, dist, device, base: dict) -> tuple[dict, list[dict]]:
-    from amprepro.train import memory, precision
+def train_cell(spec: CellSpec, apex: dict, dist, device, base: dict, plan: dict | None = None
+               ) -> tuple[dict, list[dict]]:
+    from amprepro import memory
+    from amprepro.train import measure, precision
 
-    model_config, train = spec["model_config"], spec["train"]
+    model_config, train = spec.model_config, spec.train
     if train.get("deterministic"):
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    seed_everything(spec["seed"], train.get("deterministic", False))
-    tf32 = precision.configure_tf32(spec["precision"])
-    estimate = memory.estimate_for_cell(model_config, spec["precision"], device)
-    base["memory_estimate"] = estimate  # in place: failure_record names it when the cell runs out of memory anyway
-    if memory.does_not_fit(estimate):
-        return memory.skip_record(base, estimate), []
+    seed_everything(spec.seed, train.get("deterministic", False))
+    tf32 = precision.configure_tf32(spec.precision)
+    # in place: failure_record names them when the cell runs out of memory anyway
+    base["memory_estimate"] = memory.estimate(model_config, spec.precision, spec.optimizer).as_record()
+    base["memory_limit_bytes"] = apply_memory_limit(plan, device)
+    skipped = does_not_fit(spec, base, plan, device)
+    if skipped:
+        return skipped, []
     model = prepare_model(model_config, device)
-    optimizer_name = cell_optimizer(train, spec["precision"])
+    optimizer_name = spec.optimizer
     optimizer = make_optimizer(optimizer_name, model.parameters(), train["lr"], train.get("weight_decay", 0.0), device)
     wrap = lambda m: dist.wrap(m, device, model_config.get("sync_batchnorm", False))  # noqa: E731
-    trainer = precision.Trainer(spec["precision"], model, optimizer, cross_entropy, device, wrap=wrap,
+    trainer = precision.Trainer(spec.precision, model, optimizer, cross_entropy, device, wrap=wrap,
                                 recomputes=getattr(model, "checkpointing", False))
-    breakdown = memory.Breakdown(model, trainer.optimizer, enabled=device.type == "cuda")
-    batches = make_data(model_config, spec["seed"], device, model)
+    breakdown = measure.Breakdown(model, trainer.optimizer, enabled=device.type == "cuda")
+    batches = make_data(model_config, spec.seed, device, model)
     return train_loop(spec, dist, device, base, model, batches, trainer, breakdown,
                       {"tf32": tf32, "optimizer": optimizer_name, "apex_cast_cache": trainer.apex_cast_cache})
 
@@ -251,7 +311,7 @@ def train_loop(spec, dist, device, base, model, batches, trainer, breakdown, set
 
     from amprepro.train import flops, measure, models
 
-    model_config, train = spec["model_config"], spec["train"]
+    model_config, train = spec.model_config, spec.train
     if model_config.get("compile"):
         trainer.model = torch.compile(trainer.model)
 
@@ -312,7 +372,7 @@ def train_loop(spec, dist, device, base, model, batches, trainer, breakdown, set
         "flops_method": flops_method,
         "achieved_tflops": achieved,
         "items_per_step": items,
-        "datasheet_peak_tflops": dist.total(flops.datasheet_peak(gpu_name, spec["precision"]), device),
+        "datasheet_peak_tflops": dist.total(flops.datasheet_peak(gpu_name, spec.precision), device),
         "datasheet_note": flops.datasheet_note(gpu_name),
         "energy_j_per_item": energy_j / timed_items if energy_j is not None else None,
         **epoch_fields(model_config, stats["throughput_per_s"]),
@@ -331,6 +391,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--metrics", required=True)
     parser.add_argument("--steps", required=True)
+    parser.add_argument("--plan", help="results/plan/models/<model>.json: the memory plan's view for this model")
     return parser.parse_args(argv)
 
 
@@ -350,20 +411,28 @@ def cell_apex(path: str | None) -> dict:
     return read_json(path) if path else NO_APEX
 
 
+def cell_plan(path: str | None) -> dict | None:
+    from amprepro.files import read_json
+
+    return read_json(path) if path else None
+
+
 def write_not_run(argv: list[str], cause: str, needs: str, reason: str) -> None:
     """For the launcher (amprepro.train.distributed): write the cell as skipped, with the reason, without running it."""
     args = parse_args(argv)
-    write_results(args, not_run_record(json.loads(args.spec), cell_apex(args.apex), cause, needs, reason), [])
+    record = not_run_record(CellSpec.from_json(args.spec), cell_apex(args.apex), cause, needs, reason,
+                            cell_plan(args.plan))
+    write_results(args, record, [])
 
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    spec, apex = json.loads(args.spec), cell_apex(args.apex)
+    spec, apex, plan = CellSpec.from_json(args.spec), cell_apex(args.apex), cell_plan(args.plan)
     put_apex_on_path(apex)
     from amprepro.train import distributed
 
     dist = distributed.setup()
-    metrics, rows = run(spec, apex, args.threads, dist)
+    metrics, rows = run(spec, apex, args.threads, dist, plan)
     dist.close()
     if dist.is_main:
         write_results(args, metrics, rows)

@@ -1,0 +1,83 @@
+"""A cell's settings as one typed record, built once from the run matrix (at DAG build time) and read by every stage
+after it: the rules (its JSON is the train job's --spec), the memory plan, the cell itself, verify and the report.
+
+The JSON form (as_dict) is what metrics.json's "spec" and the reference's aggregate carry. The plan's decision (the
+batch and shape this GPU runs the model at, and why) is applied once, in the cell, by planned(): the record then says
+both what was asked for and what ran.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass, field
+
+from amprepro.train import precisions
+
+# Model settings the memory plan may change; everything else in model_config is the config's, as written.
+PLANNED_KEYS = ("batch_size", "shape")
+
+
+@dataclass(frozen=True)
+class CellSpec:
+    model: str
+    precision: str
+    seed: int
+    model_config: dict = field(default_factory=dict)
+    train: dict = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, value: CellSpec | dict) -> CellSpec:
+        """The record from itself or from its JSON form (metrics.json, a test, a tool)."""
+        if isinstance(value, CellSpec):
+            return value
+        return cls(model=value["model"], precision=value["precision"], seed=int(value["seed"]),
+                   model_config=copy.deepcopy(value.get("model_config") or {}),
+                   train=copy.deepcopy(value.get("train") or {}))
+
+    @classmethod
+    def from_json(cls, text: str) -> CellSpec:
+        return cls.of(json.loads(text))
+
+    def as_dict(self) -> dict:
+        return {"model": self.model, "precision": self.precision, "seed": self.seed,
+                "model_config": copy.deepcopy(self.model_config), "train": copy.deepcopy(self.train)}
+
+    def to_json(self) -> str:
+        return json.dumps(self.as_dict(), sort_keys=True)
+
+    @property
+    def arch(self) -> str:
+        return self.model_config["arch"]
+
+    @property
+    def batch_size(self) -> int:
+        return self.model_config["batch_size"]
+
+    @property
+    def optimizer(self) -> str:
+        """train.apex_optimizer for the apex cells where it is set, else train.optimizer."""
+        if precisions.get(self.precision).needs_apex and self.train.get("apex_optimizer"):
+            return self.train["apex_optimizer"]
+        return self.train["optimizer"]
+
+    @property
+    def needs_apex(self) -> bool:
+        """Whether the cell uses apex at all (amp, FusedAdam, FusedLayerNorm). A cell that does not never waits for
+        the apex build: its job does not depend on it (workflow/rules/runs.smk)."""
+        return (precisions.get(self.precision).needs_apex or self.optimizer == "apex_fused_adam"
+                or bool(self.model_config.get("fused_layer_norm")))
+
+    def planned(self, plan: dict | None) -> CellSpec:
+        """This spec at the batch and shape the memory plan chose for its model (its per-model view)."""
+        if not plan:
+            return self
+        config = dict(self.model_config)
+        config["batch_size"] = plan["batch_size"]
+        if plan.get("shape"):
+            config["shape"] = plan["shape"]
+        return CellSpec(self.model, self.precision, self.seed, config, copy.deepcopy(self.train))
+
+    def with_train(self, **changes) -> CellSpec:
+        return CellSpec(self.model, self.precision, self.seed, copy.deepcopy(self.model_config),
+                        {**copy.deepcopy(self.train), **changes})

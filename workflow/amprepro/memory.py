@@ -1,0 +1,276 @@
+"""The memory model: the GPU memory a training cell will hold at its peak, from the model's shape, the batch and the
+precision, before anything is allocated. One home for the formulas: the memory plan (amprepro.plan.memplan), the cell's
+own does-it-fit check, the LLaMA shape ladder and the report read it. No torch import: it runs at plan time, in the
+report and in CI, where torchvision may not even load.
+
+Parts (bytes), with an AdamW-type optimizer (two FP32 moments):
+- model states, per parameter (amprepro.train.precisions.bytes_per_parameter): fp32/tf32 4 weights + 4 gradients + 8
+  optimizer state; torch.amp and apex O1 the same plus a 2-byte cast of each matmul weight; apex O2 2-byte FP16 weights
+  + 2-byte FP16 and 4-byte FP32 master gradients + 8 optimizer state + 4-byte FP32 master weights (ZeRO's 16 bytes per
+  parameter of mixed-precision Adam, arXiv 1910.02054, plus O2's FP32 master gradients, read from apex 25.05).
+- activations: the tensors autograd saves for the backward, counted from the architecture (below), plus the largest
+  short-lived gradient at the start of the backward; the input batch.
+- workspace: cuBLAS/cuDNN workspaces and allocator rounding. WORKSPACE_BYTES is what the digits models (whose own
+  tensors are under 2 MiB) peaked at on the H200 reference (0.066-0.070 GiB): a measured constant, not derived.
+
+The peak is the larger of two moments:
+- A, the end of the forward: weights, master weights, optimizer state (from the second step on), the forward's cast
+  cache, the saved activations and the first gradients of the backward; gradients are freed before the forward
+  (zero_grad(set_to_none=True)), except under apex O2, whose patched zero_grad keeps them.
+- B, the optimizer step: every gradient, the optimizer state, the optimizer's temporaries (the default foreach AdamW
+  allocates one FP32 tensor per parameter; fused AdamW and apex FusedAdam update in place), and apex O1's cast cache,
+  which apex keeps until scale_loss exits after the backward (not when activation checkpointing recomputes blocks:
+  amprepro.train.precision turns the cache off then).
+
+Saved activations per architecture (what each op keeps for its backward; c = bytes of the matmul inputs under the
+precision, r = of the residual stream, g = of GELU's input: FP32 under apex O1, whose function lists run GELU in FP32):
+- transformer block (ViT, GPT: pre-norm, fused qkv, SDPA, 4x GELU MLP), per token: LayerNorm inputs 2 x r x d, the
+  linears' inputs and SDPA's q, k, v and output 11 x c x d, GELU's input 4 x g x d (Korthikanti et al. 2022's
+  34 s b h for 16-bit without the s^2 attention term, which SDPA does not keep, recounted for this block).
+- LM head: the FP32 log-softmax output kept by cross-entropy, and at the start of the backward two FP32 logit-sized
+  gradients: 12 x vocab bytes per token.
+- ResNet: each convolution's output (BatchNorm's input) and each ReLU's output (the next convolution's input), max
+  pooling's output and int64 indices, a downsample convolution's output; the first convolution's gradient.
+- LLaMA with one checkpoint per block: every block's input, one block's saved tensors and their gradients while it is
+  recomputed, the logits with cross-entropy's FP32 copies.
+The committed H200 reference checks every cell against this (tests/backbone/test_memory_model.py): within 15 % of
+the measured allocator peak.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from amprepro.train import precisions
+
+GIB = 2**30
+WORKSPACE_BYTES = 68 * 2**20
+
+# Shapes of the archs the presets use: what the model needs to know without building the model (torchvision and timm
+# need not be importable here). Parameter counts are the built models' (reference/nvidia-h200: weights bytes / 4).
+RESNET50 = {"parameters": 25_557_032, "bn_channels": 26_560, "blocks": ((64, 3, 1), (128, 4, 2), (256, 6, 2),
+                                                                        (512, 3, 2))}
+VIT_B_16 = {"layers": 12, "dim": 768, "patch": 16, "classes": 1000}
+GPT_SIZES = {"gpt": {"vocab_size": 50304, "layers": 12, "heads": 12, "dim": 768},
+             "gpt_tiny": {"vocab_size": 512, "layers": 2, "heads": 4, "dim": 128}}
+# Published LLaMA-family shapes, largest first: the ladder a card too small for the 7B shape steps down (issue 21).
+# Built as published (grouped KV heads where the original has them: kv_heads), with untied embeddings as the 7B shape
+# has: SmolLM ties its input and output embeddings, so its parameter count here is higher (parameters() says how many).
+LLAMA_LADDER = (
+    ("llama", "LLaMA-7B", {"vocab_size": 32000, "layers": 32, "heads": 32, "dim": 4096, "ffn_dim": 11008}),
+    ("openllama_3b", "OpenLLaMA-3B", {"vocab_size": 32000, "layers": 26, "heads": 32, "dim": 3200, "ffn_dim": 8640}),
+    ("tinyllama_1b", "TinyLlama-1.1B", {"vocab_size": 32000, "layers": 22, "heads": 32, "kv_heads": 4, "dim": 2048,
+                                        "ffn_dim": 5632}),
+    ("smollm_360m", "SmolLM-360M", {"vocab_size": 49152, "layers": 32, "heads": 15, "kv_heads": 5, "dim": 960,
+                                    "ffn_dim": 2560}),
+    ("smollm_135m", "SmolLM-135M", {"vocab_size": 49152, "layers": 30, "heads": 9, "kv_heads": 3, "dim": 576,
+                                    "ffn_dim": 1536}),
+)
+LLAMA_SHAPES = {key: shape for key, _, shape in LLAMA_LADDER} | {
+    "llama_tiny": {"vocab_size": 256, "layers": 2, "heads": 4, "dim": 64, "ffn_dim": 172}}
+LLAMA_NAMES = {key: name for key, name, _ in LLAMA_LADDER}
+# Optimizers that update in place; the others (torch's default foreach AdamW, SGD with momentum) allocate about one
+# FP32 tensor per parameter in their step.
+IN_PLACE_OPTIMIZERS = ("adamw_fused", "apex_fused_adam")
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A cell's predicted peak, by part (bytes), and which moment is the peak ("forward end" or "optimizer step")."""
+
+    weights: int
+    gradients: int
+    optimizer_state: int
+    master_weights: int
+    cast_cache: int
+    activations: int
+    workspace: int
+    optimizer_temporaries: int
+    total: int
+    peak_moment: str
+
+    def as_record(self) -> dict:
+        return {f"{k}_bytes": getattr(self, k) for k in ("weights", "gradients", "optimizer_state",
+                                                         "master_weights", "cast_cache", "activations",
+                                                         "workspace", "optimizer_temporaries", "total")} | {
+            "peak_moment": self.peak_moment}
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Parameters
+
+
+def _transformer_block_parameters(d: int, hidden: int) -> int:
+    return 2 * 2 * d + (d * 3 * d + 3 * d) + (d * d + d) + (d * hidden + hidden) + (hidden * d + d)
+
+
+def llama_parameters(shape: dict) -> tuple[int, int]:
+    """(parameters, matmul parameters) of amprepro.train.models.Llama at this shape."""
+    d, f, v, n = shape["dim"], shape["ffn_dim"], shape["vocab_size"], shape["layers"]
+    matmul = n * (d * (d + 2 * kv_dim(shape)) + d * d + 2 * d * f + f * d) + v * d
+    return matmul + v * d + n * 2 * d + d, matmul
+
+
+def kv_dim(shape: dict) -> int:
+    """Width of the key (and of the value) projection: kv_heads x head size (the width itself without grouped KV)."""
+    return shape.get("kv_heads", shape["heads"]) * (shape["dim"] // shape["heads"])
+
+
+def parameters(model_config: dict) -> tuple[int, int]:
+    """(parameters, matmul parameters: the weights a cast cache holds a 16-bit copy of) of a model config's arch."""
+    arch = model_config["arch"]
+    if arch == "resnet50":
+        total = RESNET50["parameters"]
+        return total, total - 2 * RESNET50["bn_channels"] - 1000
+    if arch in ("vit_b_16", "vit_base_patch16_224"):
+        d, tokens = VIT_B_16["dim"], vit_tokens(model_config)
+        matmul = VIT_B_16["layers"] * (4 * d * d + 8 * d * d) + 3 * VIT_B_16["patch"] ** 2 * d + d * 1000
+        blocks = VIT_B_16["layers"] * _transformer_block_parameters(d, 4 * d)
+        return blocks + 3 * VIT_B_16["patch"] ** 2 * d + d + tokens * d + d + 2 * d + d * 1000 + 1000, matmul
+    if arch in GPT_SIZES:
+        s = GPT_SIZES[arch]
+        d, seq = s["dim"], model_config.get("seq_len", 1024)
+        blocks = s["layers"] * _transformer_block_parameters(d, 4 * d)
+        matmul = s["layers"] * 12 * d * d + s["vocab_size"] * d
+        return s["vocab_size"] * d + seq * d + blocks + 2 * d, matmul
+    if arch in LLAMA_SHAPES:
+        return llama_parameters(llama_shape(model_config))
+    if arch == "small_cnn":
+        return 1 * 32 * 9 + 32 + 2 * 32 + 32 * 64 * 9 + 64 + 2 * 64 + 64 * 10 + 10, 32 * 9 + 32 * 64 * 9 + 640
+    if arch == "tiny_transformer":
+        d = 64
+        return 8 * d + d + 8 * d + 2 * _transformer_block_parameters(d, 4 * d) + 2 * d + d * 10 + 10, 2 * 12 * d * d
+    raise ValueError(f"no memory model for arch {arch!r}")
+
+
+def llama_shape(model_config: dict) -> dict:
+    return LLAMA_SHAPES[model_config.get("shape") or model_config["arch"]]
+
+
+def vit_tokens(model_config: dict) -> int:
+    return (model_config.get("image_size", 224) // VIT_B_16["patch"]) ** 2 + 1
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Activations
+
+
+def _bytes(precision: str) -> tuple[int, int, int]:
+    """(c, r, g): bytes of the matmul inputs, of the residual stream and of GELU's input under this precision."""
+    p = precisions.get(precision)
+    gelu = 4 if p.apex_opt_level == "O1" else p.compute_bytes
+    return p.compute_bytes, p.residual_bytes, gelu
+
+
+def transformer_block_bytes_per_token(d: int, precision: str) -> int:
+    c, r, g = _bytes(precision)
+    return 2 * r * d + 11 * c * d + 4 * g * d
+
+
+def resnet50_bytes_per_item(image_size: int, precision: str) -> tuple[int, int]:
+    """(saved, first gradient) per image."""
+    c = _bytes(precision)[0]
+    h = image_size // 4
+    stem = 64 * (image_size // 2) ** 2
+    elements = 2 * stem + 64 * h * h
+    for width, count, stride in RESNET50["blocks"]:
+        for i in range(count):
+            out = h // (stride if i == 0 else 1)
+            elements += 2 * width * h * h + 2 * width * out * out + 2 * 4 * width * out * out
+            elements += 4 * width * out * out if i == 0 else 0
+            h = out
+    indices = 8 * 64 * (image_size // 4) ** 2
+    cast_input = 3 * image_size**2 * c if c != 4 else 0  # the 16-bit copy of the image the first convolution keeps
+    return elements * c + indices + cast_input, stem * c
+
+
+def activation_bytes(model_config: dict, precision: str, batch: int) -> int:
+    """Saved activations plus the first gradients of the backward, and the input batch, for `batch` items."""
+    arch = model_config["arch"]
+    c = _bytes(precision)[0]
+    if arch == "resnet50":
+        size = model_config.get("image_size", 224)
+        saved, first_grad = resnet50_bytes_per_item(size, precision)
+        return batch * (saved + first_grad + 3 * size**2 * 4)
+    if arch in ("vit_b_16", "vit_base_patch16_224"):
+        d, tokens, size = VIT_B_16["dim"], vit_tokens(model_config), model_config.get("image_size", 224)
+        per_item = VIT_B_16["layers"] * tokens * transformer_block_bytes_per_token(d, precision)
+        return batch * (per_item + tokens * d * 4 * 2 + 3 * size**2 * (4 + (c if c != 4 else 0)))
+    if arch in GPT_SIZES:
+        s = GPT_SIZES[arch]
+        tokens = batch * model_config.get("seq_len", 1024)
+        blocks = s["layers"] * transformer_block_bytes_per_token(s["dim"], precision)
+        return tokens * (blocks + 12 * s["vocab_size"] + 2 * s["dim"] * 4 + 8)
+    if arch in LLAMA_SHAPES:
+        return llama_activation_bytes(llama_shape(model_config), batch, model_config.get("seq_len", 2048), precision,
+                                      model_config.get("activation_checkpointing", True))
+    if arch in ("small_cnn", "tiny_transformer"):
+        return batch * 64 * 64 * 4 * 4  # under 1 MiB at batch 64: the workspace dominates
+    raise ValueError(f"no memory model for arch {arch!r}")
+
+
+def llama_activation_bytes(shape: dict, batch: int, seq_len: int, precision: str, checkpointing: bool = True) -> int:
+    """Activations with one checkpoint per block: every block's input is kept, one block is recomputed at a time (its
+    saved tensors and their gradients), and the logits with cross-entropy's FP32 copies. Without checkpointing every
+    block keeps its saved tensors."""
+    c, r, _ = _bytes(precision)
+    tokens, dim, ffn = batch * seq_len, shape["dim"], shape["ffn_dim"]
+    block_inputs = shape["layers"] * tokens * dim * r
+    # q, k, v (dim + 2 kv), rotated q and k (dim + kv), attention output (1), two norm outputs (2), gate/up (2 ffn),
+    # silu and product (2 ffn), plus the two FP32 norm inputs; x2 for the gradients flowing through the block.
+    kv = kv_dim(shape)
+    saved = tokens * ((5 * dim + 3 * kv + 4 * ffn) * c + 2 * dim * 4)
+    logits = tokens * shape["vocab_size"] * (c + 4 + 4 + 4)  # logits, .float(), softmax, grad
+    if not checkpointing:
+        return shape["layers"] * saved + saved + logits
+    return block_inputs + 2 * saved + logits
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# The estimate
+
+
+def cell_batch(model_config: dict) -> int:
+    return model_config["batch_size"] // model_config.get("gpus", 1)  # each data-parallel rank's share
+
+
+def estimate(model_config: dict, precision: str, optimizer: str, batch: int | None = None,
+             apex_cast_cache: bool | None = None) -> Estimate:
+    """The predicted allocator peak of one cell (one GPU's share) at `batch` (default: the config's)."""
+    batch = cell_batch(model_config) if batch is None else batch
+    p = precisions.get(precision)
+    total_params, matmul_params = parameters(model_config)
+    w, g, o, m = (b * total_params for b in p.bytes_per_parameter[:4])
+    cast = p.bytes_per_parameter[4] * matmul_params
+    recomputes = model_config["arch"] in LLAMA_SHAPES and model_config.get("activation_checkpointing", True)
+    o1 = p.apex_opt_level == "O1"
+    if apex_cast_cache is None:
+        apex_cast_cache = o1 and not recomputes
+    cast_kept = cast if (o1 and apex_cast_cache) else 0
+    if o1 and not apex_cast_cache:
+        cast = 0
+    temporaries = 0 if optimizer in IN_PLACE_OPTIMIZERS else 4 * total_params
+    activations = activation_bytes(model_config, precision, batch)
+    grads_kept = g if p.apex_opt_level == "O2" else 0
+    forward_end = w + m + o + cast + grads_kept + activations
+    step = w + m + g + o + cast_kept + temporaries
+    peak_moment = "forward end" if forward_end >= step else "optimizer step"
+    return Estimate(weights=w, gradients=g, optimizer_state=o, master_weights=m, cast_cache=cast,
+                    activations=activations, workspace=WORKSPACE_BYTES, optimizer_temporaries=temporaries,
+                    total=max(forward_end, step) + WORKSPACE_BYTES, peak_moment=peak_moment)
+
+
+def gib(n: int | float | None) -> str:
+    return "unknown" if n is None else f"{n / GIB:.1f} GiB"
+
+
+def describe(e: Estimate) -> str:
+    return describe_record(e.as_record())
+
+
+def describe_record(r: dict) -> str:
+    """An estimate (Estimate.as_record(), as metrics.json and plan.json carry it) in words."""
+    return (f"estimated peak {gib(r['total_bytes'])} at the {r['peak_moment']} (weights {gib(r['weights_bytes'])}, "
+            f"gradients {gib(r['gradients_bytes'])}, optimizer state {gib(r['optimizer_state_bytes'])}, master "
+            f"weights {gib(r['master_weights_bytes'])}, cast cache {gib(r['cast_cache_bytes'])}, activations "
+            f"{gib(r['activations_bytes'])}, workspace {gib(r['workspace_bytes'])})")
