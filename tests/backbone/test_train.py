@@ -166,4 +166,5 @@ def test_out_of_memory_is_a_skip_that_names_the_batch_size(monkeypatch):
     monkeypatch.setattr(train, "prepare_model", too_big)
     metrics, _ = train.run(spec(), NO_APEX, 1)
     assert metrics["status"] == "skipped"
-    assert metrics["reason"].startswith("out of GPU memory at batch size 32: lower batch_size")
+    assert metrics["reason"].startswith("out of GPU memory at batch size 32: CUDA out of memory")
+    assert "a batch written in your config is kept as written: lower it" in metrics["reason"]

@@ -399,3 +399,26 @@ def test_the_cli_verify_and_the_report_give_every_claim_the_same_verdict_and_rea
     assert cli and [(c["id"], c["verdict"], c["reason"]) for c in cli] == [
         (c["id"], c["verdict"], c["reason"]) for c in report]
     assert cli == json.loads(json.dumps(report)) == json.loads(json.dumps(verified))
+
+
+def test_a_claim_names_the_batch_or_shape_the_memory_plan_ran_it_at():
+    planned = {"batch_size": 64, "preset_batch_size": 256, "plan_note": "64 of the preset's 256: the largest at which "
+               "m/strict FP32 fits in 11.5 GiB"}
+    cells = [{**cell("m", p, memory=m), **planned} for p, m in (("fp32", 10 * GIB), ("tf32", 10 * GIB),
+                                                                 ("apex_o1", int(6.2 * GIB)))]
+    result = claims.evaluate_claim(claim(metric="memory_reduction", variant="apex_o1", claimed={"about": 0.40},
+                                         tolerance=0.05), summary(cells))
+    assert "[at batch 64: 64 of the preset's 256: the largest at which m/strict FP32 fits in 11.5 GiB]" in result[
+        "measured_text"]
+    shaped = {"batch_size": 1, "preset_batch_size": 1, "shape_name": "TinyLlama-1.1B",
+              "plan_note": "TinyLlama-1.1B shape (1.10 B parameters), the largest LLaMA-family shape of the ladder "
+                           "whose every precision fits in 23.5 GiB"}
+    cells = [{**c, **shaped} for c in cells]
+    result = claims.evaluate_claim(claim(metric="memory_reduction", variant="apex_o1", claimed={"about": 0.40},
+                                         tolerance=0.05), summary(cells))
+    assert "[at the TinyLlama-1.1B shape (1.10 B parameters), the largest" in result["measured_text"]
+    unplanned = [
+        cell("m", p, memory=m) for p, m in (("fp32", 10 * GIB), ("apex_o1", int(6.2 * GIB)))]
+    result = claims.evaluate_claim(claim(metric="memory_reduction", variant="apex_o1", claimed={"about": 0.40},
+                                         tolerance=0.05, baseline=["fp32"]), summary(unplanned))
+    assert "[" not in result["measured_text"]

@@ -31,7 +31,7 @@ class CellSpec:
         """The record from itself or from its JSON form (metrics.json, a test, a tool)."""
         if isinstance(value, CellSpec):
             return value
-        return cls(model=value["model"], precision=value["precision"], seed=int(value["seed"]),
+        return cls(model=value.get("model", ""), precision=value["precision"], seed=int(value.get("seed", 0)),
                    model_config=copy.deepcopy(value.get("model_config") or {}),
                    train=copy.deepcopy(value.get("train") or {}))
 

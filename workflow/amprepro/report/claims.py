@@ -143,11 +143,24 @@ def evaluate_model(claim: dict, cells: dict, model: str, baseline: str) -> dict:
     out.update(stats)
     out["verdict"] = verdict_for(claim, stats["median"])
     out["borderline"] = len({verdict_for(claim, stats[k]) for k in ("min", "median", "max")}) > 1
-    out["measured_text"] = measured_text(metric, stats)
+    out["setting"] = setting_text(var_rows[0])
+    out["measured_text"] = measured_text(metric, stats) + (f" [{out['setting']}]" if out["setting"] else "")
     out["reason"] = (f"{model}: {out['measured_text']}"
                      + ("" if out["verdict"] == "holds" else f", {band_side(claim, stats['median'])}")
                      + (" (the spread straddles the band edge)" if out["borderline"] else ""))
     return out
+
+
+def setting_text(row: dict) -> str:
+    """Where the memory plan ran this model at another batch or LLaMA shape than the preset's, which and why
+    (amprepro.plan.memplan); empty where it ran as the preset says."""
+    note = row.get("plan_note") or ""
+    if row.get("shape_name"):  # the plan's note names the shape and its parameters
+        return f"at the {note}" if note else f"at the {row['shape_name']} shape"
+    batch, preset = row.get("batch_size"), row.get("preset_batch_size")
+    if batch is not None and preset is not None and batch != preset:
+        return f"at batch {batch}: {note}"
+    return ""
 
 
 def measured_text(metric: str, stats: dict) -> str:
