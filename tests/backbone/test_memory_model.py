@@ -137,3 +137,16 @@ def test_no_gpu_keeps_every_batch_and_decides_nothing():
 def test_the_ladder_keeps_multiples_of_8_then_goes_below_8():
     assert memplan.ladder(32) == [32, 24, 16, 8, 7, 6, 5, 4, 3, 2, 1]
     assert memplan.ladder(6) == [6, 5, 4, 3, 2, 1]
+
+
+def test_a_probe_runs_the_real_cell_for_a_few_steps_in_its_own_process(tmp_path):
+    from amprepro.plan.probe import PROBE_STEPS, Prober
+
+    spec = CellSpec.of({"model": "llama_tiny", "precision": "fp32", "seed": 0,
+                        "model_config": {"arch": "llama_tiny", "data": "synthetic_tokens", "batch_size": 2,
+                                         "seq_len": 32},
+                        "train": {"steps": 30, "warmup_steps": 10, "lr": 0.001, "optimizer": "adamw"}})
+    record = Prober(tmp_path, {"allocator_limit_bytes": None, "cap_gib": None}).run(spec)
+    assert record["status"] == "ok", record.get("reason")
+    assert record["spec"]["train"]["steps"] == PROBE_STEPS and record["plan"]["why"] == "a memory-plan probe"
+    assert (tmp_path / "01-llama_tiny-fp32-2" / "probe.log").exists()

@@ -16,7 +16,10 @@ apex:
   source: {path: ${APEX_SOURCE:-vendor/apex-25.05}, ref: "25.05", commit: 379937e1719b8190f38f3e666e2a8d32c97e221f, url: null}
   cache_dir: /tmp/amprepro-apex-cache
 YAML
+deadline=$((SECONDS + ${BUDGET:-570}))
 for cap in ${CAPS:?set CAPS, e.g. "none 12 16"}; do
+  if [ -f "$OUT/../done-$cap" ] || [ -f "/tmp/done-$cap" ]; then continue; fi
+  if [ $((deadline - SECONDS)) -lt "${NEED:-240}" ]; then echo "cap $cap: not started, $((deadline - SECONDS))s left: call again"; break; fi
   extra=""
   [ "$cap" = none ] || extra="--config gpu_memory_limit_gib=$cap"
   args=(VENV="$venv" SNAKEMAKE_ARGS="--configfile config/config.yaml /tmp/amprepro-gpu.yaml $extra")
@@ -35,6 +38,7 @@ for cap in ${CAPS:?set CAPS, e.g. "none 12 16"}; do
     "$OUT/make-run-$cap.log" "$OUT/make-verify-$cap.log" "$OUT/timing-$cap.txt" "/tmp/cap-$cap/" 2>/dev/null
   python3 tools/gpu/job_seconds.py "$OUT/make-run-$cap.log" > "/tmp/cap-$cap/job-seconds.txt" 2>&1
   tar czf "$OUT/cap-$cap.tgz" -C /tmp "cap-$cap"
+  [ "$rc" = 0 ] && touch "/tmp/done-$cap"
   rm -f "$OUT/make-run-$cap.log" "$OUT/make-verify-$cap.log" "$OUT/timing-$cap.txt"
 done
 ls -la "$OUT"
