@@ -150,3 +150,27 @@ def test_a_probe_runs_the_real_cell_for_a_few_steps_in_its_own_process(tmp_path)
     assert record["status"] == "ok", record.get("reason")
     assert record["spec"]["train"]["steps"] == PROBE_STEPS and record["plan"]["why"] == "a memory-plan probe"
     assert (tmp_path / "01-llama_tiny-fp32-2" / "probe.log").exists()
+
+
+CAPPED = Path(__file__).resolve().parents[2] / "results-reference" / "memory-caps"
+
+
+@pytest.mark.parametrize("run", ["uncapped", "12gib", "24gib"])
+def test_the_estimate_is_within_15_percent_on_the_capped_card_runs_too(run):
+    """The planned batches and LLaMA shapes of the committed emulated-card runs (results-reference/memory-caps)."""
+    import csv
+
+    import yaml
+
+    from amprepro import config as cfg
+
+    runs = yaml.safe_load((REFERENCE.parents[2] / "config" / "presets" / "paper.yaml").read_text())
+    views = {p.stem: json.loads(p.read_text()) for p in (CAPPED / run / "plan" / "models").glob("*.json")}
+    rows = [r for r in csv.DictReader((CAPPED / run / "summary.csv").open()) if r["status"] == "ok"]
+    assert len(rows) == 49
+    for row in rows:
+        spec = cfg.cell_record(runs, row["model"], row["precision"], int(row["seed"])).planned(views[row["model"]])
+        assert str(spec.batch_size) == row["batch_size"] and (spec.model_config.get("shape") or "") == row["shape"]
+        error = memory.estimate(spec.model_config, spec.precision, spec.optimizer).total / float(
+            row["peak_allocated_bytes"]) - 1
+        assert abs(error) <= TOLERANCE, f"{run} {row['model']}/{row['precision']}: {error:+.1%}"

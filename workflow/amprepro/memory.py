@@ -13,11 +13,13 @@ Parts (bytes), with an AdamW-type optimizer (two FP32 moments):
 - workspace: cuBLAS/cuDNN workspaces and allocator rounding. WORKSPACE_BYTES is what the digits models (whose own
   tensors are under 2 MiB) peaked at on the H200 reference (0.066-0.070 GiB): a measured constant, not derived.
 
-The peak is the larger of two moments:
+The peak is the largest of three moments:
 - A, the end of the forward: weights, master weights, optimizer state (from the second step on), the forward's cast
   cache, the saved activations and the first gradients of the backward; gradients are freed before the forward
-  (zero_grad(set_to_none=True)), except under apex O2, whose patched zero_grad keeps them.
-- B, the optimizer step: every gradient, the optimizer state, the optimizer's temporaries (the default foreach AdamW
+  (zero_grad(set_to_none=True)), except apex O2's FP32 master gradients, which its patched zero_grad zeroes and keeps.
+- B, the end of a checkpointed LLaMA's backward: almost every gradient, and the first block recomputed (its saved
+  tensors, their gradients and, in FP32 with grouped KV heads, its attention scores).
+- C, the optimizer step: every gradient, the optimizer state, the optimizer's temporaries (the default foreach AdamW
   allocates one FP32 tensor per parameter; fused AdamW and apex FusedAdam update in place), and apex O1's cast cache,
   which apex keeps until scale_loss exits after the backward (not when activation checkpointing recomputes blocks:
   amprepro.train.precision turns the cache off then).
@@ -209,21 +211,41 @@ def activation_bytes(model_config: dict, precision: str, batch: int) -> int:
     raise ValueError(f"no memory model for arch {arch!r}")
 
 
-def llama_activation_bytes(shape: dict, batch: int, seq_len: int, precision: str, checkpointing: bool = True) -> int:
-    """Activations with one checkpoint per block: every block's input is kept, one block is recomputed at a time (its
-    saved tensors and their gradients), and the logits with cross-entropy's FP32 copies. Without checkpointing every
-    block keeps its saved tensors."""
+def llama_block_bytes(shape: dict, batch: int, seq_len: int, precision: str) -> tuple[int, int, int]:
+    """(block inputs kept by the checkpoints, one block's saved tensors, one block's attention scores) in bytes."""
     c, r, _ = _bytes(precision)
     tokens, dim, ffn = batch * seq_len, shape["dim"], shape["ffn_dim"]
     block_inputs = shape["layers"] * tokens * dim * r
     # q, k, v (dim + 2 kv), rotated q and k (dim + kv), attention output (1), two norm outputs (2), gate/up (2 ffn),
-    # silu and product (2 ffn), plus the two FP32 norm inputs; x2 for the gradients flowing through the block.
+    # silu and product (2 ffn), plus the two FP32 norm inputs.
     kv = kv_dim(shape)
     saved = tokens * ((5 * dim + 3 * kv + 4 * ffn) * c + 2 * dim * 4)
-    logits = tokens * shape["vocab_size"] * (c + 4 + 4 + 4)  # logits, .float(), softmax, grad
+    # Grouped KV heads in FP32: no fused SDPA kernel takes them, so the math path keeps one block's attention scores,
+    # probabilities and their gradient, s^2 per head (measured on the H200: TinyLlama-1.1B strict FP32 +1.8 GiB).
+    scores = 3 * 4 * batch * shape["heads"] * seq_len**2 if c == 4 and kv < dim else 0
+    return block_inputs, saved, scores
+
+
+def llama_activation_bytes(shape: dict, batch: int, seq_len: int, precision: str, checkpointing: bool = True) -> int:
+    """Activations with one checkpoint per block: every block's input is kept, one block is recomputed at a time (its
+    saved tensors and their gradients), and the logits with cross-entropy's FP32 copies. Without checkpointing every
+    block keeps its saved tensors."""
+    c = _bytes(precision)[0]
+    block_inputs, saved, scores = llama_block_bytes(shape, batch, seq_len, precision)
+    logits = batch * seq_len * shape["vocab_size"] * (c + 4 + 4 + 4)  # logits, .float(), softmax, grad
     if not checkpointing:
-        return shape["layers"] * saved + saved + logits
-    return block_inputs + 2 * saved + logits
+        return shape["layers"] * (saved + scores) + saved + logits
+    return block_inputs + 2 * saved + scores + logits
+
+
+def llama_recompute_bytes(model_config: dict, precision: str, batch: int) -> int:
+    """What the last block recomputed in the backward holds, when almost every gradient already exists: its saved
+    tensors, their gradients and (FP32 with grouped KV heads) its attention scores. 0 for other models."""
+    if model_config["arch"] not in LLAMA_SHAPES or not model_config.get("activation_checkpointing", True):
+        return 0
+    _, saved, scores = llama_block_bytes(llama_shape(model_config), batch, model_config.get("seq_len", 2048),
+                                         precision)
+    return 2 * saved + scores
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -251,13 +273,15 @@ def estimate(model_config: dict, precision: str, optimizer: str, batch: int | No
         cast = 0
     temporaries = 0 if optimizer in IN_PLACE_OPTIMIZERS else 4 * total_params
     activations = activation_bytes(model_config, precision, batch)
-    grads_kept = g if p.apex_opt_level == "O2" else 0
+    grads_kept = 4 * total_params if p.apex_opt_level == "O2" else 0  # O2's FP32 master gradients: zeroed, kept
     forward_end = w + m + o + cast + grads_kept + activations
+    backward_end = w + m + g + o + cast_kept + llama_recompute_bytes(model_config, precision, batch)
     step = w + m + g + o + cast_kept + temporaries
-    peak_moment = "forward end" if forward_end >= step else "optimizer step"
+    moments = {"forward end": forward_end, "backward end": backward_end, "optimizer step": step}
+    peak_moment = max(moments, key=moments.get)
     return Estimate(weights=w, gradients=g, optimizer_state=o, master_weights=m, cast_cache=cast,
                     activations=activations, workspace=WORKSPACE_BYTES, optimizer_temporaries=temporaries,
-                    total=max(forward_end, step) + WORKSPACE_BYTES, peak_moment=peak_moment)
+                    total=moments[peak_moment] + WORKSPACE_BYTES, peak_moment=peak_moment)
 
 
 def gib(n: int | float | None) -> str:
