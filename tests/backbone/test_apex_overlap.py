@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from amprepro.plan.resources import CPUS_PER_GPU, apex_build_threads
 from amprepro.train.cellsupport import needs_apex
-from amprepro.train.resources import CPUS_PER_GPU, apex_build_threads
 from workflow_testing import copy_workflow, job_env, snakemake
 
 

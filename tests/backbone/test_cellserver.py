@@ -1,4 +1,4 @@
-"""amprepro.train.cellserver: a cell forked from the preloaded server is its own process with the job's output files,
+"""amprepro.plan.cellserver: a cell forked from the preloaded server is its own process with the job's output files,
 directory and environment, gives the numbers a fresh interpreter gives, passes its exit code on, and never outlives
 its job or the server; a job the server cannot serve faithfully starts a fresh interpreter."""
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from amprepro.train import cellserver
+from amprepro.plan import cellserver
 from workflow_testing import REPO
 
 PYTHONPATH = str(REPO / "workflow")
@@ -30,7 +30,7 @@ def cell_spec(steps: int) -> str:
 
 def launcher(steps: int, out: Path, name: str) -> list[str]:
     """The train rule's command after gpuslots (a one-process cell on the CPU)."""
-    return [sys.executable, "-m", "amprepro.train.distributed", "--per-node", "1", "--device", "cpu", "--",
+    return [sys.executable, "-m", "amprepro.plan.launcher", "--per-node", "1", "--device", "cpu", "--",
             "--spec", cell_spec(steps), "--metrics", str(out / f"{name}.json"), "--steps", str(out / f"{name}.csv")]
 
 
@@ -66,7 +66,7 @@ def test_a_forked_cell_writes_what_a_fresh_interpreter_writes(env, server, tmp_p
     assert fresh.returncode == 0, fresh.stderr[-3000:]
     assert losses(tmp_path / "forked.csv") == losses(tmp_path / "fresh.csv")  # same data order, same numbers
     metrics = json.loads((tmp_path / "forked.json").read_text())
-    assert metrics["process"].startswith(f"forked from amprepro.train.cellserver pid {server[0].pid}")
+    assert metrics["process"].startswith(f"forked from amprepro.plan.cellserver pid {server[0].pid}")
     assert "torch" in metrics["process"]
     assert json.loads((tmp_path / "fresh.json").read_text())["process"] == "a fresh interpreter"
     assert "cnn/fp32/seed3: ok" in log.read_text()  # the cell's stdout went to the job's own log

@@ -113,3 +113,11 @@ def test_gpu_setting_overrides_the_local_probe():
     assert cfg.gpus_for_jobs(True, no_probe)[0] == ["configured GPU"]
     assert cfg.gpus_for_jobs(False, no_probe)[0] == []
     assert cfg.gpus_for_jobs("auto", lambda: (["NVIDIA H200"], "probe"))[0] == ["NVIDIA H200"]
+
+
+def test_a_quoted_number_in_a_file_is_refused_but_the_same_text_from_the_command_line_is_read():
+    with pytest.raises(cfg.ConfigError, match=r"config\.runs\.seeds\[0\]: '0' is text .* Fix: write 0 without quotes"):
+        cfg.validate_config({"runs": {"seeds": ["0", "1"]}})
+    given = {"runs": {"seeds": ["0", "1"], "train": {"steps": "5"}}}  # what Snakemake makes of --config runs=...
+    assert cfg.validate_config(given, command_line=given)["runs"]["seeds"] == [0, 1]
+    assert cfg.validate_config({"runs": {"train": {"lr": "1e-3"}}})["runs"]["train"]["lr"] == 0.001  # YAML 1.1 text

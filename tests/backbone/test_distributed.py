@@ -59,7 +59,7 @@ def test_the_launcher_skips_a_cell_short_of_gpus_before_any_worker_starts(tmp_pa
            "PATH": f"{shim}{os.pathsep}{os.environ['PATH']}"}
     out = tmp_path / "cell"
     result = subprocess.run(
-        [sys.executable, "-m", "amprepro.train.distributed", "--per-node", "2", "--device", "cuda", "--",
+        [sys.executable, "-m", "amprepro.plan.launcher", "--per-node", "2", "--device", "cuda", "--",
          "--spec", json.dumps(spec(2)), "--apex", str(tmp_path / "apex.json"),
          "--metrics", str(out / "metrics.json"), "--steps", str(out / "steps.csv")],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
@@ -71,7 +71,7 @@ def test_the_launcher_skips_a_cell_short_of_gpus_before_any_worker_starts(tmp_pa
 
 
 def test_shortfall_names_missing_nodes_and_gpus():
-    from amprepro.train.distributed import shortfall
+    from amprepro.plan.launcher import shortfall
 
     two = {"NumNodes": "2"}
     assert shortfall(2, 1, "cuda", {}, {}, lambda: 2) is None
@@ -96,7 +96,7 @@ def test_the_launcher_counts_the_gpus_a_worker_will_see_without_importing_torch(
     env.pop("CUDA_VISIBLE_DEVICES", None)
     if shown is not None:
         env["CUDA_VISIBLE_DEVICES"] = shown
-    probe = ("import os, sys; from amprepro.train.distributed import cuda_devices_visible; "
+    probe = ("import os, sys; from amprepro.plan.launcher import cuda_devices_visible; "
              "print(cuda_devices_visible(dict(os.environ)), 'torch' in sys.modules)")
     result = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60)
     assert result.stdout.split() == [str(seen), "False"], result.stderr[-2000:]

@@ -87,10 +87,10 @@ def test_try_claim_holds_nothing_when_too_few_are_free(tmp_path):
 
 
 @pytest.mark.parametrize("gpu, expected", [
-    ("true", ["--gpus 2 -- python -m amprepro.train.distributed --per-node 2 --nodes 1 --device cuda --",
-              "--gpus 1 -- python -m amprepro.train.distributed --per-node 1 --nodes 1 --device cuda --",
+    ("true", ["--gpus 2 -- python -m amprepro.plan.launcher --per-node 2 --nodes 1 --device cuda --",
+              "--gpus 1 -- python -m amprepro.plan.launcher --per-node 1 --nodes 1 --device cuda --",
               "--gpus 1 -- python -m amprepro.env.apex_stage"]),
-    ("false", ["--gpus 0 -- python -m amprepro.train.distributed --per-node 1 --nodes 1 --device cpu --",
+    ("false", ["--gpus 0 -- python -m amprepro.plan.launcher --per-node 1 --nodes 1 --device cpu --",
                "--gpus 0 -- python -m amprepro.env.apex_stage"]),
 ])
 def test_rules_run_gpu_jobs_through_gpuslots(tmp_path, gpu, expected):

@@ -405,7 +405,7 @@ def test_make_run_finishes_after_sigkill_at_every_stage_keeping_what_was_done(tm
     assert len([name for name in now if name.endswith("metrics.json")]) == 12
     ran = [json.loads((workdir / name).read_text()) for name in now if name.endswith("metrics.json")]
     ran = [metrics["process"] for metrics in ran if metrics["status"] == "ok"]
-    assert len(ran) >= 4 and all(process.startswith("forked from amprepro.train.cellserver pid ") and "threads 1;"
+    assert len(ran) >= 4 and all(process.startswith("forked from amprepro.plan.cellserver pid ") and "threads 1;"
                                  in process for process in ran), ran  # Snakemake's OMP_NUM_THREADS=1, applied
     assert_whole(workdir, now)
     assert set(RESULT_FILES) <= set(now)
@@ -473,7 +473,7 @@ def test_a_forked_cell_ends_with_its_killed_snakemake_and_the_next_run_goes_on(t
         wait_for(lambda: train_log.exists() and "step    20" in train_log.read_text(), 240, "the cell to train")
         members = group_members(run.pid)
         snakemake_pids = [pid for pid in members if "-m snakemake" in command_line(pid)]
-        forked = [pid for pid in members if "-m amprepro.train.cellserver" in command_line(pid)]  # server, cells
+        forked = [pid for pid in members if "-m amprepro.plan.cellserver" in command_line(pid)]  # server, cells
         servers = [pid for pid in forked if launch.parent_of(pid) not in forked]
         assert len(snakemake_pids) == 1 and len(servers) == 1, [command_line(pid) for pid in members]
         cells = [pid for pid in forked if launch.parent_of(pid) == servers[0]]

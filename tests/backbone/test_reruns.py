@@ -62,7 +62,7 @@ def test_a_statement_in_the_stage_or_a_module_it_imports_changes_the_digest(pack
 
 def test_unrelated_modules_and_the_file_writer_do_not_count(package):
     before = code_digest("train.train", package_dir=package)
-    # gpuslots counts now: the cell's launcher (amprepro.train.distributed) reads its GPU listing
+    # gpuslots counts now: the cell's launcher (amprepro.plan.launcher) reads its GPU listing
     for module in ("env/sanity.py", "report/summary.py", "files.py", "config.py", "env/launch.py",
                    "env/apexbuild/verify_probe.py", "report/__init__.py", "__init__.py"):
         with open(package / module, "a") as handle:
@@ -146,7 +146,9 @@ def test_the_cells_read_the_views_and_sanity_is_the_checkpoint_that_re_judges_th
     assert "unpack(train_inputs)" in blocks["train"]  # the views: tests/backbone/test_apex_overlap.py runs the DAG
     common = (RULES / "common.smk").read_text()
     assert 'inputs["apex"] = "results/apex/runs.json"' in common
-    assert 'inputs = {"sanity": "results/sanity/verdicts.json"}' in common
+    assert 'inputs = {"sanity": "results/sanity/verdicts.json", "plan": f"results/plan/models/{wildcards.model}.json"}' \
+        in common  # each cell reads its own model's view of the memory plan, a checkpoint too
+    assert re.search(r"^checkpoint plan:", (RULES / "plan.smk").read_text(), re.M)
     assert re.search(r"^checkpoint apex:", (RULES / "apex.smk").read_text(), re.M)
     assert "results/sanity/verdicts.json" in blocks["peak"] and "results/sanity/verdicts.json" in blocks["summary"]
     assert re.search(r"^checkpoint sanity:", (RULES / "sanity.smk").read_text(), re.M)

@@ -35,7 +35,7 @@ def losses(tmp_path: Path, arch: str, gpus: int, sync_batchnorm=False) -> tuple[
     apex = tmp_path / "apex.json"
     apex.write_text(json.dumps({"status": "skipped", "reason": "not needed"}))
     out = tmp_path / f"{arch}-{gpus}-{sync_batchnorm}"
-    launcher = [sys.executable, "-m", "amprepro.train.distributed", "--per-node", str(gpus), "--device", "cuda", "--"]
+    launcher = [sys.executable, "-m", "amprepro.plan.launcher", "--per-node", str(gpus), "--device", "cuda", "--"]
     command = [*launcher, "--spec", json.dumps(spec(arch, gpus, sync_batchnorm)),
                "--apex", str(apex), "--metrics", str(out / "metrics.json"), "--steps", str(out / "steps.csv")]
     env = {**os.environ, "PYTHONPATH": str(REPO / "workflow"), "CUDA_VISIBLE_DEVICES": ",".join(map(str, range(gpus)))}

@@ -1,6 +1,6 @@
 """The paper preset's whole DAG through `--workflow-profile profiles/slurm` on the local test cluster, with the jobs
 on (fake) GPU nodes: every job's GPUs, nodes, CPUs, memory and time limit in Slurm's own records are what its cell
-asks for (amprepro.train.resources), and summary and report come out.
+asks for (amprepro.plan.resources), and summary and report come out.
 
 The test cluster's GPUs are gres entries without CUDA behind them (tools/slurm/start.sh). So every cell is written
 as skipped by its launcher (torch sees no CUDA device among the ones Slurm gave it) before any worker starts, which
@@ -21,7 +21,7 @@ import yaml
 from test_slurm_profile import REASON, VENV_BIN, Run, cancel_jobs_of, env_with
 
 from amprepro.config import resolve_runs, validate_config
-from amprepro.train import resources
+from amprepro.plan import resources
 from workflow_testing import copy_workflow
 
 pytestmark = [pytest.mark.slurm, pytest.mark.e2e, pytest.mark.skipif(REASON is not None, reason=REASON or "")]
@@ -123,7 +123,7 @@ def test_every_train_job_got_what_its_cell_asks_for(paper_run):
 
 
 def test_cell_resources_differ_by_cell_as_the_model_needs(paper_run):
-    """Anchors that do not come from amprepro.train.resources: the 7B cells' time, the 2-GPU cell, the 2-node cell."""
+    """Anchors that do not come from amprepro.plan.resources: the 7B cells' time, the 2-GPU cell, the 2-node cell."""
     records = paper_run.records().values()
     by_cell = {CELL.match(r["Comment"]).group(1, 2): r for r in records if CELL.match(r["Comment"])}
     assert minutes(by_cell["llama7b", "fp32"]["TimeLimit"]) == 15  # 10 steps of 2048 tokens: 5 min + start-up

@@ -18,11 +18,11 @@ sys.path.insert(0, str(REPO / "workflow"))
 sys.path.insert(0, str(REPO / "tools" / "gpu"))
 from cell_profile import spec_for  # noqa: E402
 
-from amprepro.train import cellserver  # noqa: E402
+from amprepro.plan import cellserver  # noqa: E402
 
 
 def run(cell: str, out: Path, env: dict, device: str) -> dict:
-    command = [sys.executable, "-m", "amprepro.train.distributed", "--per-node", "1", "--device", device, "--",
+    command = [sys.executable, "-m", "amprepro.plan.launcher", "--per-node", "1", "--device", device, "--",
                "--spec", spec_for(cell), "--threads", "8", "--metrics", str(out / "metrics.json"),
                "--steps", str(out / "steps.csv")]
     out.mkdir(parents=True, exist_ok=True)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import re
 import sys
 from pathlib import Path
@@ -203,9 +202,48 @@ def validate(instance: dict, definition: str | None, prefix: str, defaults: bool
         )
 
 
-def validate_config(config: dict) -> dict:
+def refuse_quoted_numbers(config: dict, command_line: dict | None, schema: dict | None = None) -> None:
+    """A quoted integer or boolean in a config file (`seeds: ["0", "1"]`) is text where the schema wants a number:
+    refused, naming the field, as any other type error. The same text from `--config` is fine: Snakemake passes every
+    nested `--config` value as text (normalized() reads it as YAML). YAML 1.1 floats such as `lr: 1e-3`, which PyYAML
+    reads as text though nobody quoted them, stay accepted."""
+    schema = schema or load_schema()
+
+    def walk(value, node, given, where):
+        while "$ref" in node:
+            node = schema["$defs"][node["$ref"].rsplit("/", 1)[1]]
+        if given is True:  # the whole value came from the command line
+            return
+        if isinstance(value, dict):
+            fields, others = node.get("properties", {}), node.get("additionalProperties")
+            for key, item in value.items():
+                inner = given.get(key) if isinstance(given, dict) and key in given else None
+                if isinstance(given, dict) and key in given and not isinstance(given[key], dict):
+                    inner = True
+                walk(item, fields.get(key, others if isinstance(others, dict) else {}), inner, f"{where}.{key}")
+        elif isinstance(value, list):
+            for i, item in enumerate(value):
+                walk(item, node.get("items", {}), given, f"{where}[{i}]")
+        elif isinstance(value, str):
+            types = node.get("type", [])
+            types = [types] if isinstance(types, str) else types
+            parsed = _scalar(value)
+            if ("integer" in types or "boolean" in types) and "string" not in types and not isinstance(
+                    parsed, float) and isinstance(parsed, (int, bool)):
+                wanted = " or ".join({"integer": "an integer", "boolean": "true/false", "number": "a number"}.get(t, t)
+                                     for t in types if t != "null")
+                written = str(parsed).lower() if isinstance(parsed, bool) else parsed
+                raise ConfigError(f"Config error at {where}: {value!r} is text (it is quoted in the file), where "
+                                  f"{wanted} is wanted. Fix: write {written} without quotes.")
+
+    walk(config, schema, dict(command_line or {}), "config")
+
+
+def validate_config(config: dict, command_line: dict | None = None) -> dict:
     """The normalized config with the schema's defaults filled in, or ConfigError naming the first bad field: the one
-    validation pass of a start. Nothing here runs or touches a file."""
+    validation pass of a start. command_line: the `--config` values (text where nested). Nothing here runs or touches
+    a file."""
+    refuse_quoted_numbers(config, command_line)
     config = normalized(config)
     validate(config, None, "config", defaults=True)
     problems = apex_problems(config.get("apex") or {})

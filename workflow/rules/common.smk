@@ -2,7 +2,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from amprepro.train import resources as cell_resources  # noqa: E402
+from amprepro.plan import resources as cell_resources  # noqa: E402
 from amprepro.train.cellsupport import needs_apex  # noqa: E402
 from amprepro.codedigest import code_digest  # noqa: E402
 from amprepro.config import (  # noqa: E402
@@ -17,7 +17,7 @@ from amprepro.config import (  # noqa: E402
     plan_cells,
 )
 
-config.update(validate_config(config))  # the one validation pass: values made exact, defaults filled, or the fix
+config.update(validate_config(config, dict(getattr(workflow.config_settings, "config", None) or {})))  # the one validation pass: values made exact, defaults filled, or the fix
 
 GPUS, GPU_PROBE = gpus_for_jobs(config.get("gpu", "auto"))
 RUNS, PRESET = resolve_runs(config, WORKFLOW_DIR / "config" / "presets", GPUS, GPU_PROBE)
@@ -108,7 +108,7 @@ def runtime_for_cell(wildcards):
 
 
 def launch_for_cell(wildcards):
-    """amprepro.train.distributed's arguments: processes per node, nodes, and whether they need CUDA devices."""
+    """amprepro.plan.launcher's arguments: processes per node, nodes, and whether they need CUDA devices."""
     model = model_of(wildcards)
     return [
         "--per-node",

@@ -23,10 +23,10 @@ rule train:
         spec=spec_for_cell,
         launch=launch_for_cell,
         apex=lambda wildcards, input: ["--apex", input.apex] if "apex" in input.keys() else [],
-        code=code_digest("train.train"),  # with what it imports: distributed, resources
+        code=code_digest("train.train", "plan.launcher"),  # with what they import: cellspec, memory, cellserver
     shell:
         "python -m amprepro.env.gpuslots --gpus {resources.gpu} --"
-        " python -m amprepro.train.distributed {params.launch} -- --spec {params.spec:q} {params.apex:q}"
+        " python -m amprepro.plan.launcher {params.launch} -- --spec {params.spec:q} {params.apex:q}"
         " --plan {input.plan} --threads {threads} --metrics {output.metrics} --steps {output.steps} > {log} 2>&1"
 
 

@@ -13,7 +13,7 @@ it has shown that nothing of that run is alive: it holds an flock on .snakemake/
 working directory is this one (jobs can outlive a killed Snakemake). A live run is never touched: the launcher names
 it and exits with ANOTHER_RUN_ACTIVE. Incomplete outputs are re-run (--rerun-incomplete); finished ones are kept.
 
-For the run it also starts amprepro.train.cellserver, which forks each one-process cell from a Python that imported
+For the run it also starts amprepro.plan.cellserver, which forks each one-process cell from a Python that imported
 torch once, unless the jobs run in another Python or elsewhere (--use-conda, an executor, a profile) or
 AMPREPRO_FRESH_CELLS=1 asks for fresh interpreters. It stops the server when Snakemake ends.
 """
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from amprepro.env.gpuslots import gpu_count
-from amprepro.train import cellserver
+from amprepro.plan import cellserver
 
 ANOTHER_RUN_ACTIVE = 75  # EX_TEMPFAIL: try again when the other run has ended
 BAD_SETTING = 2
@@ -173,7 +173,7 @@ def snakemake_command(targets: list[str], env: dict) -> tuple[list[str], str]:
 
 
 def serves_cells(extra: list[str]) -> bool:
-    """Whether the cells run here, in this Python: only then does a cell server (amprepro.train.cellserver) help."""
+    """Whether the cells run here, in this Python: only then does a cell server (amprepro.plan.cellserver) help."""
     return option_index(extra, NOT_LOCAL_PYTHON_OPTIONS) is None
 
 

@@ -87,8 +87,8 @@ class Planner:
             return {**out, "decision": "fits", "how": f"estimate {ratio:.0%} of the budget (<= {FIT:.0%})"}
         if precisions.get(spec.precision).needs_apex:
             if ratio <= APEX_UNPROBED:
-                return {**out, "decision": "fits", "how": f"estimate {ratio:.0%} of the budget (<= {APEX_UNPROBED:.0%}; "
-                        "apex cells are not probed: apex is built beside the plan)"}
+                return {**out, "decision": "fits", "how": f"estimate {ratio:.0%} of the budget (<= "
+                        f"{APEX_UNPROBED:.0%}; apex cells are not probed: apex is built beside the plan)"}
             return {**out, "decision": "does not fit", "how": f"estimate {ratio:.0%} of the budget (> "
                     f"{APEX_UNPROBED:.0%}, the most an unprobed apex cell may take)"}
         if ratio <= PROBE_UP_TO and self.probe_fn is not None:
@@ -160,7 +160,8 @@ class Planner:
                    + ("; the batch is the config's, kept as written" if source == "config" else
                       "; no batch of the ladder fits"))
         elif shape and shape != first.model_config.get("shape"):
-            why = (f"{memory.LLAMA_NAMES[shape]} shape ({memory.llama_parameters(memory.LLAMA_SHAPES[shape])[0] / 1e9:.2f} B "
+            parameters = memory.llama_parameters(memory.LLAMA_SHAPES[shape])[0]
+            why = (f"{memory.LLAMA_NAMES[shape]} shape ({parameters / 1e9:.2f} B "
                    f"parameters), the largest LLaMA-family shape of the ladder whose every precision fits in {limit}")
         elif self.budget is None:
             why = f"the {'config' if source == 'config' else 'preset'}'s batch {batch}: no GPU here, nothing to fit"
@@ -223,7 +224,7 @@ def make_plan(cells: list[dict], machine: dict, probe=None) -> dict:
         groups.setdefault(group_key(spec) + "/" + sources[spec.model], []).append(spec)
     planner = Planner(machine["budget_bytes"], probe if machine["device"] == "cuda" else None)
     decisions, models = [], {}
-    for key, members in groups.items():
+    for members in groups.values():
         decision = planner.plan_group(members, sources[members[0].model])
         decision["models"] = sorted({s.model for s in members})
         decisions.append(decision)

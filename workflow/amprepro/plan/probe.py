@@ -47,9 +47,9 @@ class Prober:
 
 
 def run_cell(args: list[str], log: Path) -> int:
-    """The cell, forked from the cell server when there is one (amprepro.train.cellserver), else in a fresh
+    """The cell, forked from the cell server when there is one (amprepro.plan.cellserver), else in a fresh
     interpreter; its output goes to the probe's log."""
-    from amprepro.train import cellserver
+    from amprepro.plan import cellserver
 
     env = dict(os.environ)
     handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}

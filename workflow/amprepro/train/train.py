@@ -7,7 +7,6 @@ is a finding (status "collapsed", first non-finite step recorded), not a crash.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import random
@@ -418,7 +417,7 @@ def cell_plan(path: str | None) -> dict | None:
 
 
 def write_not_run(argv: list[str], cause: str, needs: str, reason: str) -> None:
-    """For the launcher (amprepro.train.distributed): write the cell as skipped, with the reason, without running it."""
+    """For the launcher (amprepro.plan.launcher): write the cell as skipped, with the reason, without running it."""
     args = parse_args(argv)
     record = not_run_record(CellSpec.from_json(args.spec), cell_apex(args.apex), cause, needs, reason,
                             cell_plan(args.plan))

@@ -7,7 +7,7 @@ the first optimizer step imports, about 4 s; torchvision 5 s with it; scikit-lea
 (CUDA_VISIBLE_DEVICES), working directory and output files, starts CUDA itself (the server never touches CUDA), and
 ends with os._exit. apex, which O1 patches into torch, is imported only by the children whose cell uses it.
 
-    python -m amprepro.train.cellserver --socket PATH     # amprepro.env.launch starts it, AMPREPRO_CELL_SERVER=PATH
+    python -m amprepro.plan.cellserver --socket PATH     # amprepro.env.launch starts it, AMPREPRO_CELL_SERVER=PATH
     run_cell(train_args)                                   # a cell's launcher: the exit code, or None (start afresh)
 
 A cell starts a fresh interpreter instead when no server is announced or reachable, or when the server runs another
@@ -74,7 +74,7 @@ def interpreter(cwd: str) -> dict:
     return {"prefix": os.path.realpath(sys.prefix), "path": paths}
 
 
-# ---- the client: a cell's launcher (amprepro.train.distributed), torch-free -------------------------------------
+# ---- the client: a cell's launcher (amprepro.plan.launcher), torch-free -------------------------------------
 
 
 def send_message(conn: socket.socket, message: dict, fds: list[int] | None = None) -> None:
@@ -100,7 +100,7 @@ def receive_message(conn: socket.socket, want_fds: int = 0) -> tuple[dict | None
 
 
 def say(line: str) -> None:
-    print(f"amprepro.train.cellserver: {line}", file=sys.stderr, flush=True)
+    print(f"amprepro.plan.cellserver: {line}", file=sys.stderr, flush=True)
 
 
 def run_cell(train_args: list[str], env: dict | None = None) -> int | None:
@@ -200,7 +200,7 @@ def become_cell(request: dict, fds: list[int], server_pid: int, server: Server) 
         torch.set_num_threads(threads)
         # For the rest of the process, as a fresh one sizes them from those variables (OpenBLAS caps at the CPUs)
         threadpool_limits(limits={"openmp": threads, "blas": min(threads, os.cpu_count() or threads)})
-    os.environ[ORIGIN_ENV] = (f"forked from amprepro.train.cellserver pid {server_pid} (threads "
+    os.environ[ORIGIN_ENV] = (f"forked from amprepro.plan.cellserver pid {server_pid} (threads "
                               f"{threads or 'as the server'}; preloaded: {', '.join(server.loaded)})")
     from amprepro.train import train
 
@@ -325,7 +325,7 @@ def start(env: dict, cwd: str) -> tuple[subprocess.Popen, str] | None:
     if env.get("AMPREPRO_FRESH_CELLS") == "1":
         return None
     path = os.path.join(tempfile.mkdtemp(prefix="amprepro-cells-"), "socket")  # a 0700 folder: only this user
-    process = subprocess.Popen([sys.executable, "-m", "amprepro.train.cellserver", "--socket", path], env=env,
+    process = subprocess.Popen([sys.executable, "-m", "amprepro.plan.cellserver", "--socket", path], env=env,
                                cwd=cwd, stdin=subprocess.DEVNULL)
     deadline = time.monotonic() + 30
     while not os.path.exists(path) and process.poll() is None and time.monotonic() < deadline:
