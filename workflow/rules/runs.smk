@@ -77,3 +77,4 @@ rule summary:
         "python -m amprepro.report.summary"
         " --metrics {input.metrics} --env {input.env} --apex {input.apex} --peak {input.peak}"
         " --preset {params.preset:q} --csv {output.table} --json {output.summary} > {log} 2>&1"
+        " || {{ grep -h '^ERROR' {log} >&2 || true; exit 1; }}"  # e.g. a record of another interpreter, on the console
