@@ -12,14 +12,15 @@ min_version("9.0")
 WORKFLOW_DIR = Path(workflow.basedir).resolve()
 PACKAGE_PATH = WORKFLOW_DIR / "workflow"  # the folder holding the amprepro package
 sys.path.insert(0, str(PACKAGE_PATH))
-from amprepro.config import read_config_file  # noqa: E402
+from amprepro.config import read_config_file, stop_on_config_error  # noqa: E402
 
 # The workflow's default config. Before Snakemake reads it: a broken file stops with its line and column, and
 # __use_yte__ (a template that runs Python) is refused. Files given with --configfile are read by Snakemake before this
 # line (docs/config.md).
 DEFAULT_CONFIG = WORKFLOW_DIR / "config" / "config.yaml"
 if DEFAULT_CONFIG.exists():
-    read_config_file(DEFAULT_CONFIG)
+    with stop_on_config_error():
+        read_config_file(DEFAULT_CONFIG)
 
 
 configfile: DEFAULT_CONFIG
