@@ -167,6 +167,19 @@ def verify_html(result: dict | None) -> str:
     return render("verify.html.j2", result=result, rows=rows, columns=columns, metrics=metrics)
 
 
+def verify_section(result: dict | None) -> str:
+    """The reference check section; one line when there is nothing to compare (no reference for this machine)."""
+    no_gpu = not (result or {}).get("machine", {}).get("gpu_count")
+    if result is None or (result.get("status") == "no_reference" and no_gpu):  # a GPU without one: how to add it
+        why = "not run" if result is None else f"nothing compared: {result.get('message', 'no reference')}"
+        return section_html("Reference check", "", why)
+    body = render("verify_intro.html.j2") + verify_html(result)
+    figure = reportcharts.verify_chart(result)
+    if figure is not None:
+        body += figure_html(figure, "reference check chart: this run / reference per cell")
+    return section_html("Reference check", body, "")
+
+
 def ratio_check(check: dict) -> dict:
     """One metric of one cell: this run / the reference median, in bold when out of tolerance, and its band."""
     text = "n/a" if check.get("ratio") is None else f"{check['ratio']:.3f}×"
