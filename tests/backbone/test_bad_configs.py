@@ -116,7 +116,8 @@ BAD = [
     # --config values are checked as the same values in a file: the range, not the type of the text they arrive as
     ("cli-batch-negative", "config", ['runs={"models": {"cnn": {"batch_size": -8}}}'],
      "config.runs.models.cnn.batch_size: -8 is less than the minimum of 1"),
-    ("cli-steps-zero", "config", ['runs={"train": {"steps": 0}}'], "config.runs.train.steps: 0 is less than the minimum"),
+    ("cli-steps-zero", "config", ['runs={"train": {"steps": 0}}'],
+     "config.runs.train.steps: 0 is less than the minimum"),
     ("cli-key-typo", "config", ["prest=smoke"], "unknown key 'prest'. Did you mean `preset`?"),
     ("cli-ref", "config", [f'apex={{"source": {{"ref": "--upload-pack=touch {MARKER}"}}}}'], "config.apex.source.ref"),
 ]

@@ -266,7 +266,7 @@ def test_ctrl_c_says_it_was_interrupted_and_the_next_run_continues(env, tmp_path
     try:
         wait_for(lambda: (tmp_path / "slow.txt").exists(), 60, "the sleeping job to start")
         os.killpg(launcher.pid, signal.SIGINT)
-        out, err = launcher.communicate(timeout=60)
+        _, err = launcher.communicate(timeout=60)
     finally:
         if launcher.poll() is None:
             kill_group(launcher)

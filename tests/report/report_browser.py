@@ -194,7 +194,8 @@ def dump_dom(url: str, binary: str | None = None, timeout: float = 60) -> str:
 LAYOUT_JS = """JSON.stringify((() => {
   const wraps = Array.from(document.querySelectorAll('.table-wrap')).map(w => ({
     table: (w.querySelector('table') || {}).className || '', overflow: w.scrollWidth - w.clientWidth}));
-  const reason = Array.from(document.querySelectorAll('table.results th')).find(th => th.textContent.trim() === 'reason');
+  const reason = Array.from(document.querySelectorAll('table.results th'))
+    .find(th => th.textContent.trim() === 'reason');
   const marks = Array.from(document.querySelectorAll('h2, table, img, ul, .banner'));
   const sections = Array.from(document.querySelectorAll('h2')).map(h => {
     let content = 0;

@@ -1,4 +1,5 @@
-"""Which Python the jobs run: the `python` first on PATH (every rule calls `python -m amprepro...`), found before any job.
+"""Which Python the jobs run: the `python` first on PATH (every rule calls `python -m amprepro...`), found before any
+job.
 
 Without --use-conda (or a container) that interpreter is the jobs' whole software environment. Snakemake itself may
 run from another one (`.venv/bin/snakemake` from a shell where the venv is not active), and then the cells would run
