@@ -1,4 +1,5 @@
-# Two commands on a fresh machine: `make run` (the whole pipeline) and `make test` (the test suite).
+# Two commands on a fresh machine: `make run` (the whole pipeline) and `make test` (the test suite). `make help` lists
+# every target.
 PYTHON ?= python3
 VENV ?= .venv
 # CORES (default: every core) and SNAKEMAKE_ARGS reach amprepro.env.launch through the environment, never through a
@@ -13,33 +14,60 @@ export PATH := $(abspath $(BIN)):$(PATH)
 # stays: a venv made elsewhere (tools/gpu/make_run.sh, from carried wheels) has no amprepro installed.
 LAUNCH := PYTHONPATH=$(CURDIR)/workflow $(BIN)/python -m amprepro.env.launch
 
-.PHONY: run test lint clean-venv verify
+# The venv is finished only when its stamp holds the sha256 of the files it was installed from (VENV_INPUTS).
+# The stamp is written last, after every install succeeded, so a venv whose install failed or was interrupted, one
+# made by `python -m venv` alone, or one whose requirements changed is completed by the next make. pip keeps what
+# already satisfies a pin: a torch 2.13.0 you installed first (CPU or CUDA 12.9 build) stays.
+VENV_STAMP := $(VENV)/.amprepro-installed
+VENV_INPUTS := requirements.txt requirements-dev.txt profiles/slurm/requirements.txt pyproject.toml
+VENV_HASH := $(firstword $(shell cat $(VENV_INPUTS) | sha256sum))
+ifneq ($(shell cat $(VENV_STAMP) 2>/dev/null),$(VENV_HASH))
+.PHONY: $(VENV_STAMP)
+endif
+
+.PHONY: help run test lint verify clean-venv venv-hash
+
+help:
+	@echo "make run         create or complete .venv (pinned requirements), then run the whole pipeline:"
+	@echo "                 results/report/report.html; job logs in results/logs/ (CORES=N, SNAKEMAKE_ARGS=...)"
+	@echo "make verify      compare a finished run with the committed reference of the same GPU model"
+	@echo "make test        the test suite (what CI runs: .ci/run)"
+	@echo "make lint        snakemake --lint, snakefmt --check, ruff check"
+	@echo "make clean-venv  remove .venv (results/ stays)"
+	@echo "make help        this list"
 
 # The pinned requirements, then amprepro itself, editable (workflow/amprepro) and --no-deps (the pins stay the source
 # of truth), so the venv's python imports it from any directory.
-$(BIN)/activate: requirements.txt requirements-dev.txt profiles/slurm/requirements.txt
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -r requirements-dev.txt
-	$(BIN)/python -m pip install --quiet --no-deps -e .
-	touch $(BIN)/activate
+$(VENV_STAMP):
+	@echo "amprepro: installing the pinned requirements into $(VENV) (a torch there that matches the pin is kept)"
+	@$(PYTHON) -m venv $(VENV) && \
+	  $(BIN)/python -m pip install --quiet --upgrade pip && \
+	  $(BIN)/python -m pip install --quiet -r requirements-dev.txt && \
+	  $(BIN)/python -m pip install --quiet --no-deps -e . || \
+	  { echo "amprepro: the install into $(VENV) did not finish; run make again (it continues from what is there)" >&2; \
+	    exit 1; }
+	@printf '%s\n' '$(VENV_HASH)' > $(VENV_STAMP).tmp && mv $(VENV_STAMP).tmp $(VENV_STAMP)
 
-run: $(BIN)/activate
+run: $(VENV_STAMP)
 	$(LAUNCH)
-	@echo "Report: $(CURDIR)/results/report/report.html"
+	@echo "Report: $(CURDIR)/results/report/report.html (job logs: results/logs/)"
 
 # Compare this run with the committed reference results of the same GPU model (reference/<gpu-slug>/); exits non-zero
 # when a cell is out of tolerance, naming the cells and by how much; exits 0 with a warning when there is no reference.
-verify: $(BIN)/activate
+verify: $(VENV_STAMP)
 	$(LAUNCH) verify
 
-test: $(BIN)/activate
+test: $(VENV_STAMP)
 	$(BIN)/python -m pytest -q tests
 
-lint: $(BIN)/activate
+lint: $(VENV_STAMP)
 	$(BIN)/snakemake --lint
 	$(BIN)/snakefmt --check Snakefile workflow/rules
 	$(BIN)/ruff check workflow tools tests
 
 clean-venv:
 	rm -rf $(VENV)
+
+# The hash a finished venv's stamp holds; tools/gpu/venv.sh writes it into a venv it made from carried wheels.
+venv-hash:
+	@echo $(VENV_HASH)

@@ -23,7 +23,8 @@ LONG_NAME = "vit_b_16_channels_last_fused_adamw_compiled_batch128_seed_repeat_1"
 BAD = [
     ("preset", "file", {"preset": "fast"}, "config.preset"),
     ("gpu", "file", {"gpu": "maybe"}, "config.gpu"),
-    ("unknown-key", "file", {"runz": {}}, "'runz' was unexpected"),
+    ("unknown-key", "file", {"runz": {}}, "unknown key 'runz'. Did you mean `runs`? Fix: rename it to runs"),
+    ("unknown-key-far", "file", {"colour": "red"}, "unknown key 'colour'. Fix: remove it"),
     ("runs-list", "file", {"runs": [1]}, "config.runs"),
     ("precision", "file", {"runs": {"precisions": ["fp8"]}}, "config.runs.precisions[0]"),
     ("precisions-empty", "file", {"runs": {"precisions": []}}, "config.runs.precisions"),
@@ -101,12 +102,23 @@ BAD = [
      "at config:"),
     ("use-yte", "main", "__use_yte__: true\npreset: smoke\n", "config/config.yaml: sets __use_yte__"),
     ("yaml-syntax", "main", "preset: smoke\nruns:\n  seeds: [0,\n", "config/config.yaml, line 4, column 1"),
+    # an unclosed quote or bracket: the line where it opens, not where the reader gave up (the end of the file)
+    ("yaml-unclosed-quote", "main", 'preset: smoke\nreport:\n  title: "abc\nruns:\n  seeds: [0]\napex:\n  x: 1\n',
+     "config/config.yaml, line 3, column 10: not valid YAML (a quoted value starts here and is not closed"),
+    ("yaml-unclosed-list", "main", "preset: smoke\nruns:\n  seeds: [0,\n  train: {steps: 3}\nreport:\n  title: x\n",
+     "config/config.yaml, line 3, column 10: not valid YAML (a [ list starts here"),
     ("yaml-tab", "main", "preset: smoke\nruns:\n\tseeds: [0]\n", "config/config.yaml, line 3, column 1"),
     ("latin-1", "main", b"preset: smoke\nreport:\n  title: caf\xe9\n", "config/config.yaml, line 3, column 13"),
     ("top-level-list", "main", "- preset\n", "config/config.yaml: holds a list"),
     ("cli-preset", "config", ["preset=fast"], "config.preset"),
     ("cli-seed", "config", ['runs={"seeds": [-1]}'], "config.runs.seeds[0]"),
     ("cli-lr", "config", ['runs={"train": {"lr": "abc"}}'], "config.runs.train.lr"),
+    # --config values are checked as the same values in a file: the range, not the type of the text they arrive as
+    ("cli-batch-negative", "config", ['runs={"models": {"cnn": {"batch_size": -8}}}'],
+     "config.runs.models.cnn.batch_size: -8 is less than the minimum of 1"),
+    ("cli-steps-zero", "config", ['runs={"train": {"steps": 0}}'],
+     "config.runs.train.steps: 0 is less than the minimum"),
+    ("cli-key-typo", "config", ["prest=smoke"], "unknown key 'prest'. Did you mean `preset`?"),
     ("cli-ref", "config", [f'apex={{"source": {{"ref": "--upload-pack=touch {MARKER}"}}}}'], "config.apex.source.ref"),
 ]
 VALID = [
@@ -207,6 +219,7 @@ def test_a_bad_config_stops_before_any_job_and_names_the_field(bad_runs, case_id
     assert result.returncode != 0, output[-2000:]
     assert field in output, output[-2000:]
     assert "Traceback (most recent call last)" not in output, output[-3000:]
+    assert 'File "' not in output, output[-3000:]  # no Python frames either
     assert len(output) < 6000, f"{len(output)} characters of output"
     assert results_untouched
     assert not marker

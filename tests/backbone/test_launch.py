@@ -256,6 +256,31 @@ def test_the_lock_of_a_killed_run_is_removed_and_its_job_rerun(env, tmp_path, mo
     assert not launch.snakemake_locks(tmp_path)
 
 
+def test_ctrl_c_says_it_was_interrupted_and_the_next_run_continues(env, tmp_path):
+    """Ctrl-C in a terminal reaches the launcher and Snakemake (one process group); the last word is the launcher's."""
+    (tmp_path / "Snakefile").write_text(SLEEPING_SNAKEFILE)
+    (tmp_path / "pause").write_text("30")
+    run_env = {**env, "CORES": "1", "AMPREPRO_FRESH_CELLS": "1", "PYTHONPATH": str(REPO / "workflow")}
+    launcher = subprocess.Popen([sys.executable, "-m", "amprepro.env.launch"], cwd=tmp_path, env=run_env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        wait_for(lambda: (tmp_path / "slow.txt").exists(), 60, "the sleeping job to start")
+        os.killpg(launcher.pid, signal.SIGINT)
+        _, err = launcher.communicate(timeout=60)
+    finally:
+        if launcher.poll() is None:
+            kill_group(launcher)
+    assert launcher.returncode == launch.INTERRUPTED, err
+    said = [line for line in err.splitlines() if line.startswith("amprepro:")]
+    assert said[-1] == "amprepro: interrupted; `make run` continues where it stopped (finished cells are kept)"
+    assert err.rstrip().endswith(said[-1])  # after Snakemake's own lines, the last one
+    (tmp_path / "pause").write_text("0")
+    again = subprocess.run([sys.executable, "-m", "amprepro.env.launch"], cwd=tmp_path, env=run_env,
+                           capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0, again.stderr
+    assert (tmp_path / "slow.txt").read_text() == "done\n"
+
+
 # ---- `make run` itself, killed for real -------------------------------------------------------------------------
 
 SMOKE = "--config preset=smoke"
@@ -266,7 +291,7 @@ RESULT_FILES = ["results/environment/environment.json", "results/apex/apex.json"
 
 def make_command(target: str, snakemake_args: str) -> list[str]:
     """`make <target> SNAKEMAKE_ARGS=...` as a user types it, with this test's venv (-o: never rebuild it)."""
-    return ["make", "--no-print-directory", "-o", f"{VENV}/bin/activate", target, f"VENV={VENV}",
+    return ["make", "--no-print-directory", "-o", f"{VENV}/.amprepro-installed", target, f"VENV={VENV}",
             f"SNAKEMAKE_ARGS={snakemake_args}"]
 
 

@@ -174,6 +174,46 @@ def test_apex_and_sanity_run_again_with_the_same_outcome_rerun_no_cell(smoke_run
         sanity.write_text(original)
 
 
+def test_a_run_from_another_python_then_a_normal_run_reports_the_cells_interpreter(smoke_run, tmp_path):
+    """The new user's path of issue 22: `snakemake --forcerun environment` from a shell whose `python` is another one
+    (no torch) is warned before any job, records that Python and stops at sanity with the fix on the console; the next
+    normal run records the cells' interpreter again (the jobs' python is a parameter of `environment`), re-runs no
+    cell, and the report shows the cells' torch."""
+    import sys
+    import venv
+
+    import torch
+
+    workdir, _ = smoke_run
+    bare = tmp_path / "bare"
+    venv.create(bare, with_pip=False)  # a Python without torch, as the system one is
+    env = {**job_env(), "PATH": f"{bare / 'bin'}{os.pathsep}{os.environ['PATH']}"}
+    wrong = subprocess.run([*SNAKEMAKE, "--cores", "2", "--config", "preset=smoke", "--forcerun", "environment"],
+                           cwd=workdir, env=env, capture_output=True, text=True, timeout=600)
+    assert wrong.returncode != 0
+    warned = wrong.stderr.find(f"amprepro: WARNING: the jobs run `python`, which on this PATH is {bare}/bin/python")
+    assert 0 <= warned < wrong.stderr.index("rule environment:"), wrong.stderr[-3000:]  # before any job
+    assert f"not the Python running Snakemake ({sys.prefix})" in wrong.stderr
+    assert "the `python` the jobs run has no torch: start the pipeline with `make run`" in wrong.stderr  # sanity's fix
+    record = json.loads((workdir / "results/environment/environment.json").read_text())
+    assert record["torch"]["importable"] is False and record["isolation"]["prefix"] == str(bare)
+
+    cells = sorted((workdir / "results/runs").rglob("metrics.json"))
+    before = {path: path.stat().st_mtime_ns for path in cells}
+    right = snakemake(workdir, "--cores", "2", "--config", "preset=smoke")
+    ran = ran_rules(right.stdout + right.stderr)
+    assert "environment" in ran and "train" not in ran, ran  # summary and report: only if the record's bytes changed
+    assert {path: path.stat().st_mtime_ns for path in cells} == before
+    cell = json.loads(cells[0].read_text())["software"]
+    assert cell["torch"] == torch.__version__ and os.path.realpath(cell["prefix"]) == os.path.realpath(sys.prefix)
+    record = json.loads((workdir / "results/environment/environment.json").read_text())
+    assert record["torch"]["version"] == cell["torch"] and record["isolation"]["prefix"] == sys.prefix
+    summary = json.loads((workdir / "results/summary/summary.json").read_text())
+    assert summary["versions"]["torch"] == cell["torch"]
+    html = (workdir / "results/report/report.html").read_text()
+    assert torch.__version__ in html and str(bare) not in html
+
+
 def test_report_without_cores_gets_past_the_workflow(workflow_copy):
     """`snakemake --report report.zip` sets no --cores: the workflow must still load (it then needs finished
     results)."""

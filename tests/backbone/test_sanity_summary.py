@@ -53,3 +53,51 @@ def test_speedups_against_both_baselines():
     assert fp16["speedup_vs_tf32"] == pytest.approx(2.0)
     assert fp16["memory_ratio_vs_fp32"] == pytest.approx(0.6)
     assert rows[3]["speedup_vs_fp32"] is None
+
+
+def cell_metrics(tmp_path, **software) -> str:
+    record = {"model": "cnn", "precision": "fp32", "seed": 0, "status": "ok", "throughput_per_s": 10.0,
+              "software": {"python": "3.11.7", "prefix": "/work/.venv", "torch": "2.13.0+cpu", "cuda": None,
+                           **software}}
+    path = tmp_path / "metrics.json"
+    path.write_text(__import__("json").dumps(record))
+    return str(path)
+
+
+ENVIRONMENT = {"python": {"version": "3.11.7"}, "torch": {"version": "2.13.0+cpu", "cuda": None},
+               "isolation": {"mode": "current", "prefix": "/work/.venv"}}
+
+
+def test_summary_accepts_a_record_of_the_cells_interpreter(tmp_path):
+    made = summary.summarize([cell_metrics(tmp_path)], ENVIRONMENT, {}, {"preset": "smoke"})
+    assert made["versions"]["torch"] == "2.13.0+cpu"
+
+
+@pytest.mark.parametrize("record, named", [
+    ({**ENVIRONMENT, "torch": {"importable": False, "error": "No module named 'torch'"},
+      "isolation": {"mode": "current", "prefix": "/usr"}}, "describes python 3.11.7 at /usr, torch None"),
+    ({**ENVIRONMENT, "isolation": {"mode": "current", "prefix": "/elsewhere"}}, "at /elsewhere"),
+    ({**ENVIRONMENT, "torch": {"version": "2.13.0+cu130", "cuda": "13.0"}}, "torch 2.13.0+cu130, CUDA 13.0"),
+])
+def test_summary_stops_on_a_record_of_another_interpreter_naming_both(tmp_path, record, named):
+    with pytest.raises(summary.EnvironmentMismatch) as stopped:
+        summary.summarize([cell_metrics(tmp_path)], record, {}, {"preset": "smoke"}, env_path="env.json")
+    message = str(stopped.value)
+    assert f"env.json {named}" in message or named in message
+    assert "cell cnn/fp32/seed0 ran in python 3.11.7 at /work/.venv, torch 2.13.0+cpu, CUDA None" in message
+    assert "Fix: run `make run` again" in message
+
+
+def test_jobpython_names_a_python_on_path_that_is_not_snakemakes(tmp_path):
+    import sys
+
+    from amprepro.env import jobpython
+
+    here = jobpython.job_python(str(__import__("pathlib").Path(sys.executable).parent))
+    assert jobpython.warning(here, sys.prefix) is None
+    other = {"executable": "/usr/bin/python", "prefix": "/usr", "version": "3.11.2", "torch": False}
+    said = jobpython.warning(other, "/work/.venv")
+    assert "/usr/bin/python (Python 3.11.2, prefix /usr, has no torch)" in said and "(/work/.venv)" in said
+    assert "source .venv/bin/activate" in said and "make run" in said
+    assert "there is none on PATH" in jobpython.warning(jobpython.job_python(str(tmp_path)), "/work/.venv")
+    assert jobpython.parameter(here) != jobpython.parameter(other)  # a change of interpreter re-runs environment

@@ -189,3 +189,45 @@ def dump_dom(url: str, binary: str | None = None, timeout: float = 60) -> str:
     if result.returncode != 0:
         raise RuntimeError(f"chromium --dump-dom failed ({result.returncode}): {result.stderr[-2000:]}")
     return result.stdout
+
+
+LAYOUT_JS = """JSON.stringify((() => {
+  const wraps = Array.from(document.querySelectorAll('.table-wrap')).map(w => ({
+    table: (w.querySelector('table') || {}).className || '', overflow: w.scrollWidth - w.clientWidth}));
+  const reason = Array.from(document.querySelectorAll('table.results th'))
+    .find(th => th.textContent.trim() === 'reason');
+  const marks = Array.from(document.querySelectorAll('h2, table, img, ul, .banner'));
+  const sections = Array.from(document.querySelectorAll('h2')).map(h => {
+    let content = 0;
+    for (let i = marks.indexOf(h) + 1; i < marks.length && marks[i].tagName !== 'H2'; i++) content++;
+    const empty = h.closest('.section-empty');
+    return {title: h.textContent.replace('\\u00b6', '').trim(), collapsed: !!empty, content: content,
+            why: empty ? (empty.querySelector('.why') || {}).textContent || '' : '',
+            height: empty ? empty.getBoundingClientRect().height : null};
+  });
+  return {scrollWidth: document.documentElement.scrollWidth, innerWidth: window.innerWidth, wraps: wraps,
+          reasonRight: reason ? reason.getBoundingClientRect().right : null, sections: sections};
+})())"""
+
+
+def page_layout(url: str, binary: str | None = None, width: int = 1400, height: int = 900,
+                timeout: float = 60) -> dict:
+    """The page laid out in a window `width` CSS pixels wide: the document's and every table wrapper's sideways
+    overflow, the right edge of the results table's reason header, and each h2 section with how much it shows (tables,
+    images, lists, banners before the next h2) or, collapsed, why not."""
+    binary = binary or chromium_binary()
+    with tempfile.TemporaryDirectory(prefix="amprepro-chromium-") as profile:
+        pipe = _Pipe(binary, profile)
+        try:
+            target = pipe.send("Target.createTarget", {"url": "about:blank"}, timeout=timeout)["targetId"]
+            session = pipe.send("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
+            pipe.send("Page.enable", session=session)
+            pipe.send("Emulation.setDeviceMetricsOverride", {"width": width, "height": height,
+                                                             "deviceScaleFactor": 1, "mobile": False}, session=session)
+            pipe.send("Page.navigate", {"url": url}, session=session)
+            pipe.wait_event("Page.loadEventFired", timeout=timeout)
+            pipe.pump(0.5)
+            found = pipe.send("Runtime.evaluate", {"expression": LAYOUT_JS, "returnByValue": True}, session=session)
+            return json.loads(found["result"]["value"])
+        finally:
+            pipe.close()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from report_browser import chromium_binary, dump_dom, open_page
+from report_browser import chromium_binary, dump_dom, open_page, page_layout
 
 BINARY = chromium_binary()
 if BINARY is None:
@@ -50,3 +50,33 @@ def test_dump_dom_has_the_summary_and_the_charts(gpu_html):
     assert '<section class="glance">' in dom
     assert dom.count('class="chart"') >= 7
     assert "Provenance" in dom
+
+
+def test_the_cpu_report_fits_1400_px_and_has_no_empty_section(smoke_html):
+    """Issue 22: on the CPU report nothing scrolls sideways at 1400 px (the results table's reason stays in view), and
+    every section shows something or is one line saying why not."""
+    layout = page_layout(smoke_html.as_uri(), BINARY, width=1400)
+    assert layout["innerWidth"] == 1400
+    assert layout["scrollWidth"] <= 1400, layout["scrollWidth"]
+    assert [w for w in layout["wraps"] if w["overflow"] > 0] == [], layout["wraps"]
+    assert layout["reasonRight"] is not None and layout["reasonRight"] <= 1400, layout["reasonRight"]
+    sections = {s["title"]: s for s in layout["sections"]}
+    assert [s["title"] for s in layout["sections"] if not s["collapsed"] and s["content"] == 0] == [], sections
+    for title in ("Loss scale", "Where the peak memory goes (7B)"):  # nothing of them runs on a CPU
+        assert sections[title]["collapsed"] and "nothing to show on this run" in sections[title]["why"], sections[title]
+        assert sections[title]["height"] < 60, sections[title]  # one line
+    for title in ("Results", "Throughput", "Speedup against both baselines", "Peak memory",
+                  "Loss curves: FP32 against AMP", "Sanity checks", "Environment", "Provenance"):
+        assert not sections[title]["collapsed"] and sections[title]["content"] > 0, sections[title]
+
+
+def test_the_harness_sees_sideways_scroll_and_empty_sections(tmp_path):
+    """Negative control for the layout check: a too-wide table and a heading with nothing under it are caught."""
+    page = tmp_path / "wide.html"
+    page.write_text("<html><body><h2>Empty</h2><h2>Wide</h2><div class='table-wrap' style='overflow-x:auto'>"
+                    "<table class='results'><tr><th style='min-width:2000px'>x</th><th>reason</th></tr></table>"
+                    "</div></body></html>")
+    layout = page_layout(page.as_uri(), BINARY, width=1400)
+    assert [w["overflow"] > 0 for w in layout["wraps"]] == [True]
+    assert layout["reasonRight"] > 1400
+    assert [(s["title"], s["content"]) for s in layout["sections"]] == [("Empty", 0), ("Wide", 1)]

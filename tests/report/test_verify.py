@@ -300,7 +300,7 @@ def make_verify(workdir: Path) -> subprocess.CompletedProcess:
     venv = Path(sys.prefix)  # the venv running the tests (make test: .venv)
     env = {**os.environ, "PATH": f"{venv / 'bin'}:{os.environ['PATH']}"}
     # -o: never rebuild the venv from here; --allowed-rules: never train, only compare and gate.
-    return subprocess.run(["make", "verify", f"VENV={venv}", "-o", f"{venv}/bin/activate",
+    return subprocess.run(["make", "verify", f"VENV={venv}", "-o", f"{venv}/.amprepro-installed",
                            "SNAKEMAKE_ARGS=--config preset=paper --allowed-rules verify_compare verify"],
                           cwd=workdir, env=env, capture_output=True, text=True, timeout=600)
 

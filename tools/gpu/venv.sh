@@ -15,7 +15,9 @@ venv=${venv:-${AMPREPRO_VENV:-/tmp/amprepro-venv}}
     python3 -m venv "$venv" &&
       echo "$image_site" > "$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/image.pth" &&
       "$venv/bin/python" -m pip install -q --no-index --no-deps --no-cache-dir .whl/*.whl &&
-      touch "$venv/bin/activate" "$venv/.ready" || { echo "venv setup failed"; exit 1; }
+      touch "$venv/.ready" || { echo "venv setup failed"; exit 1; }
   fi
   "$venv/bin/python" -c 'import torch, snakemake, wrapt' || { echo "venv lacks torch or snakemake"; exit 1; }
+  # The Makefile's stamp of a finished venv (without it `make run` would reinstall, from PyPI, which is not reachable).
+  make -s --no-print-directory venv-hash > "$venv/.amprepro-installed" || { echo "venv stamp not written"; exit 1; }
 ) 9>/tmp/amprepro-venv.lock || exit 1

@@ -8,7 +8,9 @@ Every check here happens at DAG build time, before Snakemake touches an output (
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
+import difflib
 import re
 import sys
 from pathlib import Path
@@ -32,6 +34,18 @@ NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?\Z")
 
 class ConfigError(ValueError):
     """A config value is wrong; the message names the field and the fix."""
+
+
+@contextlib.contextmanager
+def stop_on_config_error():
+    """Around the Snakefile's config reading: a ConfigError ends Snakemake with its message alone. Snakemake prints
+    any exception raised in a Snakefile with its Python frames ("File .../config.py, line 199"), which say nothing to
+    someone fixing a config value; SystemExit passes through it."""
+    try:
+        yield
+    except ConfigError as exc:
+        print(f"amprepro: {exc}", file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
 
 
 def gpus_for_jobs(setting, probe=visible_gpus) -> tuple[list[str], str]:
@@ -115,10 +129,25 @@ def _position(data: bytes, offset: int) -> tuple[int, int]:
     return before.count(b"\n") + 1, offset - (before.rfind(b"\n") + 1) + 1
 
 
+# A construct PyYAML reads until it is closed: a missing closing quote or bracket is found only where the reading
+# ends (often the end of the file), so the line to show is where the construct opened (the error's context mark).
+UNCLOSED = {"while scanning a quoted scalar": ("a quoted value", "its closing quote"),
+            "while parsing a flow sequence": ("a [ list", "its ]"),
+            "while parsing a flow mapping": ("a { mapping", "its }")}
+
+
 def _yaml_message(path: Path, exc: yaml.YAMLError) -> str:
-    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
-    where = f"{path}, line {mark.line + 1}, column {mark.column + 1}" if mark else str(path)
+    problem_mark, context_mark = getattr(exc, "problem_mark", None), getattr(exc, "context_mark", None)
     problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    unclosed = UNCLOSED.get(getattr(exc, "context", None) or "")
+    if unclosed and context_mark is not None:
+        what, closing = unclosed
+        stopped = f"line {problem_mark.line + 1}" if problem_mark is not None else "the end"
+        return (f"{path}, line {context_mark.line + 1}, column {context_mark.column + 1}: not valid YAML ({what} "
+                f"starts here and is not closed; the reader stopped at {stopped}: {shorten(problem, 80)}). "
+                f"Fix: add {closing} on that line, or quote the value.")
+    mark = problem_mark or context_mark
+    where = f"{path}, line {mark.line + 1}, column {mark.column + 1}" if mark else str(path)
     if "\t" in problem or "'\\t'" in problem:
         fix = "indent with spaces; YAML does not allow tabs there."
     else:
@@ -162,7 +191,10 @@ def _coerce(value, node: dict, schema: dict):
                 for key, item in value.items()}
     if isinstance(value, list):
         return [_coerce(item, node.get("items", {}), schema) for item in value]
-    if (isinstance(value, str) and (parsed := _scalar(value)) is not value and _valid(parsed, node, schema)
+    # A nested --config value arrives as text ('-8'): read as YAML when that gives a valid value, or one of the type
+    # the field wants (an integer out of range), so that it is checked as the same value in a file would be.
+    if (isinstance(value, str) and (parsed := _scalar(value)) is not value
+            and (_valid(parsed, node, schema) or _of_type(parsed, types))
             and (not _valid(value, node, schema) or parsed is None)):
         value = parsed
     if isinstance(value, float) and value.is_integer() and "integer" in types and "number" not in types:
@@ -181,6 +213,12 @@ def _scalar(text: str):
     return parsed if parsed is None or isinstance(parsed, (bool, int, float)) else text
 
 
+def _of_type(value, types: list[str]) -> bool:
+    """value has one of the JSON-schema types (booleans are not numbers); False when the field names no type."""
+    checker = jsonschema.Draft202012Validator.TYPE_CHECKER
+    return any(checker.is_type(value, name) for name in types if name != "string")
+
+
 def _valid(value, node: dict, schema: dict) -> bool:
     resolved = {"$defs": schema["$defs"], **node}
     return jsonschema.Draft202012Validator(resolved).is_valid(value)
@@ -195,11 +233,28 @@ def validate(instance: dict, definition: str | None, prefix: str, defaults: bool
     validator_class = jsonschema.Draft202012Validator
     validator = (_filling_defaults(validator_class) if defaults else validator_class)(schema)
     error = first_error(validator, instance)
+    if error is not None and error.validator == "additionalProperties" and isinstance(error.instance, dict):
+        raise ConfigError(unknown_key_message(error, field_name(error, prefix)))
     if error is not None:
         raise ConfigError(
             f"Config error at {field_name(error, prefix)}: {bounded_message(error)}. "
             f"Fix that value in your config (allowed values are in {SCHEMA_PATH.name})."
         )
+
+
+def unknown_key_message(error: jsonschema.ValidationError, where: str) -> str:
+    """A key the schema does not know, with the closest known one ("did you mean") and the keys allowed there."""
+    known = list(error.schema.get("properties", {}))
+    unknown = [key for key in error.instance if key not in known]
+    key = unknown[0] if unknown else "?"
+    shown = shorten(key, 80)
+    allowed = ", ".join(known) if known else "none"
+    close = difflib.get_close_matches(str(key), known, n=1, cutoff=0.6)
+    if close:
+        return (f"Config error at {where}: unknown key {shown}. Did you mean `{close[0]}`? Fix: rename it to "
+                f"{close[0]} (the keys allowed in {where}: {allowed}).")
+    return (f"Config error at {where}: unknown key {shown}. Fix: remove it, or use one of the keys allowed in "
+            f"{where}: {allowed} ({SCHEMA_PATH.name}).")
 
 
 def refuse_quoted_numbers(config: dict, command_line: dict | None, schema: dict | None = None) -> None:

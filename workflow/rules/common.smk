@@ -15,16 +15,19 @@ from amprepro.config import (  # noqa: E402
     gpus_for_jobs,
     gpu_memory_limit,
     plan_cells,
+    stop_on_config_error,
 )
 
-config.update(validate_config(config, dict(getattr(workflow.config_settings, "config", None) or {})))  # the one validation pass: values made exact, defaults filled, or the fix
-
-GPUS, GPU_PROBE = gpus_for_jobs(config.get("gpu", "auto"))
-RUNS, PRESET = resolve_runs(config, WORKFLOW_DIR / "config" / "presets", GPUS, GPU_PROBE)
-PRESET["config_sha256"] = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()
-CELLS = cells(RUNS)
-APEX_REQUIRED = apex_required(config["apex"]["required"], GPUS)
-check_apex_source(config["apex"], APEX_REQUIRED)  # before the apex job clears apex.json
+# A bad value stops here with the field and the fix, and no Python frames (stop_on_config_error). The --config values
+# go with it: there, nested values arrive as text, which a config file may not quote (refuse_quoted_numbers).
+with stop_on_config_error():
+    config.update(validate_config(config, dict(getattr(workflow.config_settings, "config", None) or {})))
+    GPUS, GPU_PROBE = gpus_for_jobs(config.get("gpu", "auto"))
+    RUNS, PRESET = resolve_runs(config, WORKFLOW_DIR / "config" / "presets", GPUS, GPU_PROBE)
+    PRESET["config_sha256"] = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()
+    CELLS = cells(RUNS)
+    APEX_REQUIRED = apex_required(config["apex"]["required"], GPUS)
+    check_apex_source(config["apex"], APEX_REQUIRED)  # before the apex job clears apex.json
 CORES = max(1, workflow.resource_settings.cores or 1)  # None under `snakemake --report`; workflow.cores raises
 # Jobs on this machine share its GPUs through `--resources gpu=N`; a cluster job gets its own node's.
 LOCAL_GPUS = len(GPUS) if workflow.local_exec else 0

@@ -20,7 +20,7 @@ if (
 ):
     from amprepro.env import condacheck
 
-    _rules_dir = Path(workflow.basedir) / "workflow" / "rules"
+    _rules_dir = WORKFLOW_DIR / "workflow" / "rules"
     try:
         condacheck.preflight(
             [(_rules_dir / env).resolve() for env in (TRAIN_ENV, REPORT_ENV)],

@@ -77,3 +77,5 @@ rule summary:
         "python -m amprepro.report.summary"
         " --metrics {input.metrics} --env {input.env} --apex {input.apex} --peak {input.peak}"
         " --preset {params.preset:q} --csv {output.table} --json {output.summary} > {log} 2>&1"
+        # its error (a record of another interpreter than the cells') on the console, not only in the log
+        " || {{ grep -h '^ERROR' {log} >&2 || true; exit 1; }}"

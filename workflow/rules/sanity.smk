@@ -28,5 +28,7 @@ checkpoint sanity:
     shell:
         "python -m amprepro.env.gpuslots --gpus {resources.gpu} -- python -m amprepro.env.sanity"
         " --apex-required {params.apex_required} --expect-gpu {params.expect_gpu} --out {output.sanity} > {log} 2>&1"
-        " && python -m amprepro.runinputs sanity --record {output.sanity} --out {output.verdicts}"
+        # the failed checks and their fixes on the console, not only in the log
+        " || {{ grep -h '^ERROR' {log} >&2 || true; exit 1; }};"
+        " python -m amprepro.runinputs sanity --record {output.sanity} --out {output.verdicts}"
         " >> {log} 2>&1"

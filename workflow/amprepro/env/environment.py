@@ -13,6 +13,8 @@ from pathlib import Path
 
 from amprepro.files import write_json
 
+VENV_STAMP = ".amprepro-installed"  # the Makefile's VENV_STAMP
+
 
 def packages() -> dict[str, str]:
     found = {}
@@ -60,10 +62,15 @@ def isolation() -> dict:
     in_snakemake_env = prefix is not None
     if in_snakemake_env:
         return {"mode": "conda", "isolated": True, "prefix": prefix, "message": f"Isolated conda env {prefix}."}
+    stamp = Path(sys.prefix, VENV_STAMP)
     return {
         "mode": "current",
         "isolated": False,
         "prefix": sys.prefix,
+        # The Makefile's venv (`make run`): its stamp, written after every pinned requirement was installed, holds the
+        # requirements' sha256. The report names that route as such instead of warning about an unpinned environment.
+        "project_venv": stamp.is_file(),
+        "venv_stamp": stamp.read_text().strip() if stamp.is_file() else None,
         "message": (
             "NOT ISOLATED: jobs ran in the current environment "
             f"({sys.prefix}), not in a pinned conda env. Versions below are whatever is installed there; "

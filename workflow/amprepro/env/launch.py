@@ -320,16 +320,25 @@ def say(line: str) -> None:
     print(f"amprepro: {line}", file=sys.stderr, flush=True)
 
 
+INTERRUPTED = 128 + signal.SIGINT  # what a shell reports for a command ended by Ctrl-C
+
+
 def run_snakemake(command: list[str], lock: RunLock, env: dict) -> int:
     child = subprocess.Popen(command, env=env)  # same process group: Ctrl-C reaches Snakemake, which stops cleanly
     lock.record(os.getpid(), child.pid)
-    previous = {signal.SIGINT: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    interrupted = []  # Ctrl-C: Snakemake got it too (same process group); the launcher only notes it
+    previous = {signal.SIGINT: signal.signal(signal.SIGINT, lambda signum, frame: interrupted.append(signum)),
                 signal.SIGTERM: signal.signal(signal.SIGTERM, lambda signum, frame: child.send_signal(signum))}
     try:
-        code = child.wait()
+        code = child.wait()  # a handled signal does not end the wait (PEP 475)
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+    if interrupted and code != 0:
+        # Snakemake's last lines are the cells it stopped ("Error in rule train: ... CalledProcessError"): say what
+        # happened and what to do instead. Finished outputs are kept; the stopped jobs' outputs are re-run.
+        say("interrupted; `make run` continues where it stopped (finished cells are kept)")
+        return INTERRUPTED
     return 128 - code if code < 0 else code  # killed by signal N: 128 + N, as a shell reports it
 
 

@@ -47,14 +47,20 @@ def png_bytes(fig) -> bytes:
     return buffer.getvalue()
 
 
-def claims_chart(results: list[dict], summary: dict):
-    """Measured (median, min-max bar over seeds) against the claimed band, per claim, baseline and model."""
+def claim_points(results: list[dict] | None) -> list[tuple]:
+    """(claim, baseline, model, measured) for every claim, baseline and model with a measured median."""
     points = []
-    for r in results:
+    for r in results or []:
         for baseline, b in r.get("by_baseline", {}).items():
             for model, m in b["models"].items():
                 if m.get("median") is not None:
                     points.append((r, baseline, model, m))
+    return points
+
+
+def claims_chart(results: list[dict], summary: dict):
+    """Measured (median, min-max bar over seeds) against the claimed band, per claim, baseline and model."""
+    points = claim_points(results)
     metrics = [mt for mt in ("speedup", "memory_reduction", "accuracy_delta")
                if any(p[0]["metric"] == mt for p in points)]
     if not metrics:
@@ -248,10 +254,26 @@ def breakdown_chart(frame: pd.DataFrame):
     return fig
 
 
-def speedup_chart(summary: dict):
+SPEEDUP_BASELINES = [("speedup_vs_fp32", "strict FP32"), ("speedup_vs_tf32", "TF32")]
+
+
+def speedup_baselines(summary: dict) -> list[tuple[str, str]]:
+    """(column, label) of each baseline with at least one other precision measured against it on this run."""
     frame = ok_cells(summary)
-    fig, axes = plt.subplots(1, 2, figsize=(11, 3.4))
-    for ax, column, baseline in zip(axes, ["speedup_vs_fp32", "speedup_vs_tf32"], ["strict FP32", "TF32"]):
+    return [(column, label) for column, label in SPEEDUP_BASELINES
+            if not frame[frame[column].notna()
+                         & (frame["precision"].astype(str) != column.removeprefix("speedup_vs_"))].empty]
+
+
+def speedup_chart(summary: dict, only_measured: bool = False):
+    """Speedup against strict FP32 and against TF32, a panel each; only_measured: only the baselines that have a
+    measurement on this run (a CPU run has no TF32)."""
+    frame = ok_cells(summary)
+    shown_baselines = speedup_baselines(summary) if only_measured else SPEEDUP_BASELINES
+    shown_baselines = shown_baselines or SPEEDUP_BASELINES
+    fig, axes = plt.subplots(1, len(shown_baselines), figsize=(11 if len(shown_baselines) == 2 else 6.5, 3.4),
+                             squeeze=False)
+    for ax, (column, baseline) in zip(axes[0], shown_baselines):
         base = column.removeprefix("speedup_vs_")
         sub = frame[frame[column].notna() & (frame["precision"].astype(str) != base)]
         if sub.empty:
@@ -273,7 +295,8 @@ def speedup_chart(summary: dict):
             ax.legend(fontsize=7.5)
         ax.set_title(f"Speedup vs {baseline} (same model and seed)")
         ax.set_ylabel(f"throughput / {baseline} throughput (×)")
-    fig.suptitle("Speedup against both baselines: median over seeds, error bars span min–max (higher is faster)",
+    which = "both baselines" if len(shown_baselines) == 2 else shown_baselines[0][1]
+    fig.suptitle(f"Speedup against {which}: median over seeds, error bars span min–max (higher is faster)",
                  fontsize=10)
     fig.tight_layout()
     return fig
@@ -304,6 +327,12 @@ def loss_curves(summary: dict, runs_dir: str):
     fig.suptitle("Loss curves: median over seeds, shaded band spans min–max over seeds", fontsize=10)
     fig.tight_layout()
     return fig
+
+
+def has_loss_scale(summary: dict, runs_dir: str) -> bool:
+    """Whether any cell that ran recorded a loss scale per step (the fp16 cells with GradScaler)."""
+    frame = ok_cells(summary)
+    return any(steps_by_precision(summary, runs_dir, model, "loss_scale") for model in dict.fromkeys(frame["model"]))
 
 
 def loss_scale_chart(summary: dict, runs_dir: str):

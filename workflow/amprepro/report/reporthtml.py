@@ -9,12 +9,14 @@ workflow/report/nbconvert/amprepro/static/report.css.
 from __future__ import annotations
 
 import base64
+import re
 from pathlib import Path
 
 import jinja2
 import pandas as pd
 
 from amprepro.report import claims as claims_mod
+from amprepro.report import reportcharts
 from amprepro.report.cellcompare import METRIC_LABEL
 from amprepro.report.reportcharts import breakdown_chart, png_bytes
 from amprepro.report.reportlib import (
@@ -51,16 +53,56 @@ def figure_html(fig, alt: str, caption: str = "") -> str:
 
 
 def glance_html(data: dict, title: str = "") -> str:
-    """Verdicts, reference check and hardware: what a reader needs before scrolling."""
+    """Verdicts, reference check and hardware: what a reader needs before scrolling. On a CPU run, one banner says what
+    the run shows and what needs a GPU; claims none of which is measurable are listed with what each needs, instead of
+    the same verdict and reason on every row."""
     summary, isolation = data["summary"], data["environment"].get("isolation", {})
     claims = data.get("claims")
+    pending = bool(claims) and all(r["verdict"] == "not_measurable" for r in claims)
     return render("glance.html.j2", title=title, hardware=hardware(summary), versions=summary["versions"],
                   counts=summary["counts"], preset=summary["preset"], n_cells=len(summary["cells"]),
                   sanity=data["sanity"], apex=data["apex"], verify=data.get("verify"),
-                  isolation_warning=(None if isolation.get("isolated", True)
-                                     else isolation.get("message", "NOT ISOLATED")),
-                  claims=None if claims is None else [{**r, "detail": claim_detail(r)} for r in claims],
-                  claim_counts=None if claims is None else claims_mod.counts(claims))
+                  isolation=environment_route(isolation), cpu=cpu_run(summary),
+                  context=claims_mod.run_context(summary),
+                  claims=None if claims is None else [{**r, "detail": claim_detail(r),
+                                                       "needs": claim_needs(r, summary)} for r in claims],
+                  claims_pending=pending, claim_counts=None if claims is None else claims_mod.counts(claims))
+
+
+def environment_route(isolation: dict) -> dict:
+    """How the jobs' environment is named: a pinned conda env, the project's venv (`make run`: the pinned requirements,
+    its stamp written after they all installed), or an environment nobody pinned (the amber warning)."""
+    if isolation.get("isolated", True):
+        return {"kind": "conda", "text": isolation.get("message", "")}
+    if isolation.get("project_venv"):
+        return {"kind": "venv", "prefix": isolation.get("prefix", "")}
+    return {"kind": "unpinned", "text": isolation.get("message", "NOT ISOLATED")}
+
+
+def cpu_run(summary: dict) -> dict | None:
+    """What a run without a GPU measured (the precisions and models that ran) and what it could not; None on a GPU."""
+    if summary.get("versions", {}).get("gpu"):
+        return None
+    cells = summary["cells"]
+    ran = [c for c in cells if c["status"] == "ok"]
+    ran_precisions = [p for p in precisions.names() if any(c["precision"] == p for c in ran)]
+    not_here = [p for p in precisions.names()
+                if any(c["precision"] == p for c in cells) and p not in ran_precisions]
+    return {"ran": len(ran), "precisions": ran_precisions, "models": list(dict.fromkeys(c["model"] for c in ran)),
+            "not_here": not_here, "skipped": sum(c["status"] == "skipped" for c in cells)}
+
+
+def claim_needs(result: dict, summary: dict) -> str:
+    """What a claim that is not measurable here needs: its reason without the run context the banner states once."""
+    if result["verdict"] != "not_measurable":
+        return ""
+    reason = (result.get("reason") or "").split(f": {claims_mod.run_context(summary)}")[0].split("; no CUDA GPU")[0]
+    missing = re.fullmatch(r"no (.+) cell ran \((.+)\)", reason)
+    if missing is None:
+        return reason
+    if set(result.get("models") or []) & {"any", "benchmark"}:
+        return "cells of the paper preset's benchmark models, on a GPU"
+    return f"{missing.group(1)} cells ({missing.group(2)}), on a GPU (paper preset)"
 
 
 def claim_detail(result: dict) -> str:
@@ -125,17 +167,104 @@ def verify_html(result: dict | None) -> str:
     return render("verify.html.j2", result=result, rows=rows, columns=columns, metrics=metrics)
 
 
+def verify_section(result: dict | None) -> str:
+    """The reference check section; one line when there is nothing to compare (no reference for this machine)."""
+    no_gpu = not (result or {}).get("machine", {}).get("gpu_count")
+    if result is None or (result.get("status") == "no_reference" and no_gpu):  # a GPU without one: how to add it
+        why = "not run" if result is None else f"nothing compared: {result.get('message', 'no reference')}"
+        return section_html("Reference check", "", why)
+    body = render("verify_intro.html.j2") + verify_html(result)
+    figure = reportcharts.verify_chart(result)
+    if figure is not None:
+        body += figure_html(figure, "reference check chart: this run / reference per cell")
+    return section_html("Reference check", body, "")
+
+
 def ratio_check(check: dict) -> dict:
     """One metric of one cell: this run / the reference median, in bold when out of tolerance, and its band."""
     text = "n/a" if check.get("ratio") is None else f"{check['ratio']:.3f}×"
     return {"text": text, "bold": check["ok"] is False, "allowed": check["allowed"]}
 
 
+# The results table as shown: related columns folded into one ("a / b"), so the table fits a 1400 px window with the
+# reason visible. (shown column, the results_table columns in it); a folded column with no value in any row is left out.
+RESULTS_FOLDED = [
+    ("model", ["model"]), ("precision", ["precision"]), ("seed", ["seed"]), ("status", ["status"]),
+    ("throughput", ["throughput", "unit"]), ("step ms median / p90", ["median step ms", "p90 step ms"]),
+    ("peak memory", ["peak memory"]), ("× fp32 / × tf32", ["× fp32", "× tf32"]),
+    ("final loss", ["final loss"]), ("eval acc", ["eval acc"]), ("skipped steps", ["skipped steps"]),
+    ("TFLOP/s", ["TFLOP/s"]), ("MFU measured / datasheet peak", ["MFU measured peak", "MFU datasheet"]),
+]
+RESULTS_FOLDED_NUMERIC = {"seed", "throughput", "step ms median / p90", "× fp32 / × tf32", "final loss", "eval acc",
+                          "skipped steps", "TFLOP/s", "MFU measured / datasheet peak"}
+ALWAYS_SHOWN = {"model", "precision", "seed", "status"}
+
+
+def fold(row: dict, parts: list[str]) -> str:
+    """The values of one folded column: "a / b", a missing one as "—"; "" when none has a value."""
+    values = [str(row.get(part) or "") for part in parts]
+    if not any(values):
+        return ""
+    if len(parts) == 2 and parts[1] == "unit":  # throughput and its unit
+        return f"{values[0]} {values[1]}".strip()
+    return " / ".join(value or "—" for value in values)
+
+
 def results_html(summary: dict) -> str:
-    """The results table; a skipped cell's reason spans the measurement columns instead of squeezing into one."""
+    """The results table; a skipped cell's reason spans the measurement columns instead of squeezing into one.
+    Related columns are folded, and a column no cell filled is named once under the table instead of shown empty."""
     frame = results_table(summary)
-    return render("results.html.j2", columns=[c for c in frame.columns if c != "reason"],
-                  rows=frame.to_dict("records"), numeric=RESULTS_NUMERIC)
+    records = frame.to_dict("records")
+    rows = [{"status": r["status"], "reason": r["reason"], **{shown: fold(r, parts) for shown, parts in RESULTS_FOLDED}}
+            for r in records]
+    columns = [shown for shown, _ in RESULTS_FOLDED if shown in ALWAYS_SHOWN or any(row[shown] for row in rows)]
+    empty = [shown for shown, _ in RESULTS_FOLDED if shown not in columns]
+    return render("results.html.j2", columns=columns, rows=rows, numeric=RESULTS_FOLDED_NUMERIC, empty=empty)
+
+
+def section_html(title: str, body: str | None, empty: str, intro: str = "") -> str:
+    """A report section: its heading, intro and body; or, with nothing to show (body None or ""), one line: the heading
+    and why there is nothing, instead of an empty chart or table."""
+    return render("section.html.j2", title=title, body=body or "", empty=empty, intro=intro)
+
+
+def claims_chart_html(results: list[dict] | None, summary: dict) -> str:
+    """The claims chart, or nothing when no claim has a measured value on this run (the banner says why)."""
+    if not reportcharts.claim_points(results):
+        return ""
+    return figure_html(reportcharts.claims_chart(results, summary), "claims chart: measured against claimed")
+
+
+def speedup_section(summary: dict) -> str:
+    baselines = reportcharts.speedup_baselines(summary)
+    body = (figure_html(reportcharts.speedup_chart(summary, only_measured=True), "speedup chart") if baselines
+            else "")
+    missing = [label for column, label in reportcharts.SPEEDUP_BASELINES if (column, label) not in baselines]
+    intro = (f"No {' or '.join(missing)} baseline ran here, so there is no speedup against it (Results says why)."
+             if body and missing else "")
+    return section_html("Speedup against both baselines", body, "nothing to show on this run: no cell ran beside a "
+                        "strict FP32 or TF32 baseline of the same model and seed", intro)
+
+
+def loss_scale_section(summary: dict, runs_dir: str) -> str:
+    body = (figure_html(reportcharts.loss_scale_chart(summary, runs_dir), "loss scale chart")
+            if reportcharts.has_loss_scale(summary, runs_dir) else "")
+    return section_html("Loss scale", body, "nothing to show on this run: no fp16 cell with a loss scaler ran "
+                        "(fp16 with GradScaler needs a CUDA GPU)")
+
+
+def breakdown_section(table: str, runs_dir: str | None = None) -> str:
+    frame = breakdown_frame(table, runs_dir)
+    body = breakdown_html(table, runs_dir) if not frame.empty else ""
+    return section_html("Where the peak memory goes (7B)", body, "nothing to show on this run: no cell records how "
+                        "its peak memory splits (the paper preset's 7B cells on a GPU do)", intro=BREAKDOWN_INTRO)
+
+
+BREAKDOWN_INTRO = (
+    "For the cells that record it (the paper preset's 7B cells), the GPU allocator peak split into weights, gradients, "
+    "optimizer state, FP32 master weights (apex O2) and activations with workspace, next to the estimate each cell "
+    "made before allocating; and the epoch time per precision, derived from the measured tokens/s for the stated "
+    "token count (not timed over an epoch).")
 
 
 def breakdown_html(table: str, runs_dir: str | None = None) -> str:
@@ -150,7 +279,8 @@ def breakdown_html(table: str, runs_dir: str | None = None) -> str:
 
 
 def sanity_html(sanity: dict) -> str:
-    return render("sanity.html.j2", checks=sanity["checks"])
+    checks = [{**check, "required": "yes" if check.get("required") else "no"} for check in sanity["checks"]]
+    return render("sanity.html.j2", checks=checks)
 
 
 def kv_html(frame: pd.DataFrame, classes: str = "kv") -> str:

@@ -295,13 +295,23 @@ def sanity_table(sanity: dict) -> pd.DataFrame:
 
 
 def environment_table(env: dict) -> pd.DataFrame:
+    """The environment record as item / value rows; what a CPU-only torch build lacks is said, not left blank."""
     torch = env.get("torch", {})
     platform = env.get("platform", {})
+    isolation = env.get("isolation", {})
+    if not isolation.get("isolated", True) and isolation.get("project_venv"):
+        route = (f"the project's venv ({isolation.get('prefix')}: the pinned requirements*.txt, installed by make), "
+                 "not a pinned conda env")
+    else:
+        route = isolation.get("message")
+    no_gpu = "none (no CUDA GPU)" if torch.get("cuda") else "none (a CPU-only torch build)"
+    version = torch.get("version") or f"not importable ({torch.get('error') or 'no torch'})"
     rows = [("Python", env.get("python", {}).get("version")),
             ("Platform", f"{platform.get('system')} {platform.get('release')} {platform.get('machine')}"),
-            ("CPU cores", platform.get("cpu_count")), ("Environment", env.get("isolation", {}).get("message")),
-            ("torch", torch.get("version")), ("torch CUDA", torch.get("cuda")), ("cuDNN", torch.get("cudnn")),
-            ("NCCL", torch.get("nccl")), ("Packages recorded", len(env.get("packages", {})))]
+            ("CPU cores", platform.get("cpu_count")), ("Environment", route),
+            ("torch", version), ("torch CUDA", torch.get("cuda") or "none (a CPU-only torch build)"),
+            ("cuDNN", torch.get("cudnn") or no_gpu), ("NCCL", torch.get("nccl") or no_gpu),
+            ("Packages recorded", len(env.get("packages", {})))]
     return pd.DataFrame(rows, columns=["item", "value"])
 
 

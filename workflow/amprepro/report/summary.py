@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 
 from amprepro.files import read_json, write_csv, write_json
 from amprepro.train import precisions
@@ -113,8 +115,60 @@ def versions(environment: dict, apex: dict, metrics: list[dict]) -> dict:
     }
 
 
-def summarize(metric_files: list[str], environment: dict, apex: dict, preset: dict, peak: dict | None = None) -> dict:
+class EnvironmentMismatch(ValueError):
+    """environment.json describes another interpreter than the one the cells ran in."""
+
+
+def interpreter_of_record(environment: dict) -> dict:
+    torch = environment.get("torch") or {}
+    return {"python": (environment.get("python") or {}).get("version"), "torch": torch.get("version"),
+            "cuda": torch.get("cuda"), "prefix": (environment.get("isolation") or {}).get("prefix")}
+
+
+def interpreter_of_cell(metrics: dict) -> dict:
+    software = metrics.get("software") or {}
+    return {key: software.get(key) for key in ("python", "torch", "cuda", "prefix")}
+
+
+def differences(recorded: dict, cell: dict) -> list[str]:
+    """The fields where the record and the cell differ; a field the cell did not record is not compared."""
+    found = []
+    for key in ("python", "torch", "cuda", "prefix"):
+        if key not in cell or (cell[key] is None and key in ("prefix", "python")):
+            continue
+        a, b = recorded.get(key), cell[key]
+        if key == "prefix" and a and b:
+            a, b = os.path.realpath(a), os.path.realpath(b)
+        if a != b:
+            found.append(key)
+    return found
+
+
+def describe(interpreter: dict) -> str:
+    return (f"python {interpreter.get('python')} at {interpreter.get('prefix')}, torch {interpreter.get('torch')}, "
+            f"CUDA {interpreter.get('cuda')}")
+
+
+def check_environment(environment: dict, metrics: list[dict], env_path: str = "environment.json") -> None:
+    """Every cell ran in the interpreter environment.json describes, or EnvironmentMismatch naming both: a report whose
+    provenance describes another Python than the cells' is never written."""
+    recorded = interpreter_of_record(environment)
+    for m in metrics:
+        if not m.get("software"):
+            continue
+        cell = interpreter_of_cell(m)
+        if differences(recorded, cell):
+            raise EnvironmentMismatch(
+                f"{env_path} describes {describe(recorded)}, but cell {m['model']}/{m['precision']}/seed{m['seed']} "
+                f"ran in {describe(cell)}. The record was made by another Python than the cells' (a run started "
+                "with another `python` first on PATH). Fix: run `make run` again, or `snakemake --forcerun "
+                "environment` from the shell the cells run in (venv active), to record the cells' interpreter.")
+
+
+def summarize(metric_files: list[str], environment: dict, apex: dict, preset: dict, peak: dict | None = None,
+              env_path: str = "environment.json") -> dict:
     metrics = [read_json(path) for path in metric_files]
+    check_environment(environment, metrics, env_path)
     rows = add_relative([{c: m.get(c) for c in COLUMNS if c in m} | {"model": m["model"], "precision": m["precision"],
                                                                      "seed": m["seed"], "status": m["status"]}
                          for m in metrics])
@@ -134,8 +188,12 @@ def main(argv=None) -> None:
     parser.add_argument("--csv", required=True)
     parser.add_argument("--json", required=True)
     args = parser.parse_args(argv)
-    summary = summarize(args.metrics, read_json(args.env), read_json(args.apex), json.loads(args.preset),
-                        read_json(args.peak))
+    try:
+        summary = summarize(args.metrics, read_json(args.env), read_json(args.apex), json.loads(args.preset),
+                            read_json(args.peak), env_path=args.env)
+    except EnvironmentMismatch as exc:
+        print(f"ERROR: {exc}", file=sys.stderr)
+        sys.exit(1)
     write_csv(args.csv, summary["cells"], COLUMNS)
     write_json(args.json, summary)
     print(f"summary: {len(summary['cells'])} cells, {summary['counts']}")
