@@ -146,8 +146,9 @@ def test_the_cells_read_the_views_and_sanity_is_the_checkpoint_that_re_judges_th
     assert "unpack(train_inputs)" in blocks["train"]  # the views: tests/backbone/test_apex_overlap.py runs the DAG
     common = (RULES / "common.smk").read_text()
     assert 'inputs["apex"] = "results/apex/runs.json"' in common
+    # each cell reads its own model's view of the memory plan, a checkpoint too
     plan_view = '"plan": f"results/plan/models/{wildcards.model}.json"'
-    assert 'inputs = {"sanity": "results/sanity/verdicts.json", ' + plan_view + "}" in common  # each cell reads its own model's view of the memory plan, a checkpoint too
+    assert 'inputs = {"sanity": "results/sanity/verdicts.json", ' + plan_view + "}" in common
     assert re.search(r"^checkpoint plan:", (RULES / "plan.smk").read_text(), re.M)
     assert re.search(r"^checkpoint apex:", (RULES / "apex.smk").read_text(), re.M)
     assert "results/sanity/verdicts.json" in blocks["peak"] and "results/sanity/verdicts.json" in blocks["summary"]
