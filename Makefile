@@ -13,7 +13,7 @@ export PATH := $(abspath $(BIN)):$(PATH)
 # stays: a venv made elsewhere (tools/gpu/make_run.sh, from carried wheels) has no amprepro installed.
 LAUNCH := PYTHONPATH=$(CURDIR)/workflow $(BIN)/python -m amprepro.env.launch
 
-.PHONY: run test lint clean-venv verify
+.PHONY: run test lint clean-venv verify container-test
 
 # The pinned requirements, then amprepro itself, editable (workflow/amprepro) and --no-deps (the pins stay the source
 # of truth), so the venv's python imports it from any directory.
@@ -43,3 +43,8 @@ lint: $(BIN)/activate
 
 clean-venv:
 	rm -rf $(VENV)
+
+# Build the image (container/Containerfile) with podman, no network, and run the smoke preset in it; minutes, so not
+# part of `make test`. Its output goes to results-reference/container/ (docs/containers.md).
+container-test:
+	bash container/test.sh

@@ -16,6 +16,8 @@ from amprepro.config import (  # noqa: E402
 )
 
 config.update(validate_config(config))  # the one validation pass: values made exact, defaults filled, or the fix
+if config.get("container_image"):  # checked by the schema's pattern; with --sdm apptainer every job runs in it
+    workflow.global_container(config["container_image"])
 
 GPUS, GPU_PROBE = gpus_for_jobs(config.get("gpu", "auto"))
 RUNS, PRESET = resolve_runs(config, WORKFLOW_DIR / "config" / "presets", GPUS, GPU_PROBE)

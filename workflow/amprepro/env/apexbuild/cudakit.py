@@ -101,6 +101,11 @@ def decide(env: dict, torch_cuda: str | None, system: Nvcc | None, system_proble
         return Decision("system", f"{FORCE_VARIABLE}=system", system)
     if force == "pip":
         return Decision("pip", f"{FORCE_VARIABLE}=pip", system, pip_requirements(torch_cuda, f"{FORCE_VARIABLE}=pip"))
+    configured = next((variable for variable in ("CUDA_HOME", "CUDA_PATH") if env.get(variable)), None)
+    if system is None and configured:  # set by hand to something that is no toolkit: not overruled silently
+        return Decision(None, f"{system_problem}, {pip_route_hint(torch_cuda, env)}.", None)
+    if system is not None and system.release is None and configured:  # a broken toolkit set by hand: reported
+        return Decision("system", f"{configured} names it, but it prints no release", system)
     if torch_cuda is None:  # a CPU torch: the preflight says that, whatever nvcc there is
         if system is None:
             return Decision(None, f"{system_problem}.", None)
@@ -118,18 +123,19 @@ def decide(env: dict, torch_cuda: str | None, system: Nvcc | None, system_proble
 
 
 def choose(env: dict, torch_cuda: str | None, system: Nvcc | None, system_problem: str | None,
-           prefix: Path | None = None, echo=print) -> tuple[Nvcc | None, str | None]:
+           prefix: Path | None = None, torch_site: str | None = None, echo=print) -> tuple[Nvcc | None, str | None]:
     """The nvcc the build uses (or None and the problem), with the reason in Nvcc.reason. Installs the pip toolkit
-    when it is chosen and not yet in the env (prefix: that env; default: the running interpreter's)."""
+    when it is chosen and not yet in the env (prefix: that env; default: the running interpreter's). torch_site: the
+    site-packages holding the building interpreter's torch (its CUDA wheels' headers are there)."""
     decision = decide(env, torch_cuda, system, system_problem)
     if decision.route is None:
         return None, decision.reason
     if decision.route == "system":
         return with_reason(decision.system, decision.reason), None
     home = ensure_installed(decision.requirements, torch_cuda, prefix or env_prefix(env), env, echo)
-    nvcc = home / "bin" / "nvcc"
-    return Nvcc(str(nvcc), str(home), f"pip ({decision.requirements.name})", nvcc_release(str(nvcc)), "pip",
-                f"{decision.reason}: nvcc from pip ({decision.requirements.name})", build_env(home, env)), None
+    nvcc, name = home / "bin" / "nvcc", decision.requirements.name
+    return Nvcc(str(nvcc), str(home), f"pip ({name})", nvcc_release(str(nvcc)), "pip",
+                f"{decision.reason}: nvcc from pip ({name})", build_env(home, env, torch_site)), None
 
 
 def installed_home(requirements: Path, prefix: Path) -> Path | None:
@@ -247,21 +253,17 @@ def write_marker(staging: Path, requirements: Path, version: str, torch_cuda: st
     (staging / MARKER).write_text(json.dumps(record, indent=1) + "\n")
 
 
-def torch_include() -> list[str]:
-    """Headers of torch's own CUDA wheels (cusparse, cublas, ...): torch's CUDA headers include them."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("torch")
-    if spec is None or not spec.origin:
+def torch_include(torch_site: str | None) -> list[str]:
+    """Headers of torch's own CUDA wheels (cusparse, cublas, ...), which torch's CUDA headers include."""
+    if not torch_site:
         return []
-    site = Path(spec.origin).parent.parent
-    return [str(path) for path in sorted(site.glob("nvidia/cu*/include")) if path.is_dir()]
+    return [str(path) for path in sorted(Path(torch_site).glob("nvidia/cu*/include")) if path.is_dir()]
 
 
-def build_env(home: Path, env: dict) -> dict:
+def build_env(home: Path, env: dict, torch_site: str | None) -> dict:
     paths = [str(home / "bin")] + [p for p in env.get("PATH", "").split(os.pathsep) if p]
     out = {"CUDA_HOME": str(home), "PATH": os.pathsep.join(paths)}
-    include = torch_include()
+    include = torch_include(torch_site)
     if include:
         out["CPATH"] = os.pathsep.join(include + [p for p in env.get("CPATH", "").split(os.pathsep) if p])
     return out

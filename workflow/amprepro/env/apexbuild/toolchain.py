@@ -24,9 +24,11 @@ DEFAULT_CUDA_HOMES = ("/usr/local/cuda",)
 KEY_PROBE = r"""
 import importlib.util, json, pathlib, sys, sysconfig
 out = {"python": sys.version.split()[0], "soabi": sysconfig.get_config_var("SOABI"), "executable": sys.executable,
-       "torch": None, "torch_cuda": None, "torch_git": None}
+       "torch": None, "torch_cuda": None, "torch_git": None, "torch_site": None}
 spec = importlib.util.find_spec("torch")
 version_file = pathlib.Path(spec.origin).parent / "version.py" if spec and spec.origin else None
+if spec and spec.origin:
+    out["torch_site"] = str(pathlib.Path(spec.origin).parent.parent)
 if version_file and version_file.is_file():
     found = {}
     exec(compile(version_file.read_text(), str(version_file), "exec"), found)
@@ -75,7 +77,8 @@ def survey(needs_cuda: bool, env: dict, configured_arch: str | None, echo=print)
     if not needs_cuda:
         return Toolchain(python, None, None, None, "not needed: no CUDA extension is requested")
     system, problem = find_nvcc(env)
-    nvcc, problem = cudakit.choose(env, python["torch_cuda"], system, problem, echo=echo)
+    nvcc, problem = cudakit.choose(env, python["torch_cuda"], system, problem, torch_site=python["torch_site"],
+                                   echo=echo)
     if nvcc is not None:
         echo(f"[apex] nvcc: {nvcc.source} {nvcc.release} at {nvcc.path} ({nvcc.reason})", flush=True)
     if configured_arch:

@@ -1,0 +1,54 @@
+#!/bin/bash
+# make container-test: build the image with podman and run the smoke preset in it, with no network for either.
+#
+# 1. the base: localhost/amprepro-base:bookworm (container/make_base.sh, mmdebstrap) unless BASE names another
+# 2. the wheelhouse: `pip wheel` of the pins into container/wheels/ (here, where pip reaches an index), so the image
+#    build needs no network; on this CPU machine torch==2.13.0 resolves to the CPU wheel
+# 3. podman build --network=none (apex's build step runs: with a CPU torch it records why apex is not built)
+# 4. podman run --network=none with the smoke preset: make run, the image's default command
+# Output: $OUT (default results-reference/container/): build.log, run.log, the run's summary, timings.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-results-reference/container}
+BASE=${BASE:-localhost/amprepro-base:bookworm}
+TAG=${TAG:-localhost/amprepro:test}
+mkdir -p "$OUT"
+# PODMAN_SANDBOX=1: the podman settings this repository's test machine needs (container/podman-sandbox.conf says why)
+[ "${PODMAN_SANDBOX:-0}" = 1 ] && export CONTAINERS_CONF=$PWD/container/podman-sandbox.conf
+stamp() { date -u +%Y-%m-%dT%H:%M:%SZ; }
+{
+  echo "container test at $(git rev-parse --short HEAD 2>/dev/null || echo '?') on $(uname -n), $(stamp)"
+  podman --version; buildah --version 2>/dev/null || true
+} | tee "$OUT/info.txt"
+if ! podman image exists "$BASE"; then
+  [ "$BASE" = localhost/amprepro-base:bookworm ] || { echo "base image $BASE not found"; exit 1; }
+  SECONDS=0; bash container/make_base.sh; echo "base: ${SECONDS} s (mmdebstrap + import)" | tee -a "$OUT/info.txt"
+fi
+SECONDS=0
+python3 -m pip wheel --quiet --find-links container/wheels -w container/wheels -r requirements.txt \
+  -r profiles/slurm/requirements.txt 2>&1 | { grep -v "^WARNING: Location 'file:" || true; }
+echo "wheelhouse: $(ls container/wheels/*.whl | wc -l) wheels, $(du -sh container/wheels | cut -f1), ${SECONDS} s" \
+  | tee -a "$OUT/info.txt"
+SECONDS=0
+set +e
+podman build --network=none --build-arg BASE="$BASE" --build-arg PIP_NO_INDEX=1 -f container/Containerfile -t "$TAG" . > "$OUT/build.log" 2>&1
+rc=$?
+set -e
+echo "image build: rc=$rc, ${SECONDS} s, network none" | tee -a "$OUT/info.txt"
+[ "$rc" = 0 ] || { tail -n 40 "$OUT/build.log"; exit "$rc"; }
+podman image inspect --format 'image {{.Id}}, {{.Size}} bytes' "$TAG" | tee -a "$OUT/info.txt"
+rm -rf "$OUT/results"; mkdir -p "$OUT/results"
+SECONDS=0
+set +e
+podman run --rm --network=none -v "$PWD/$OUT/results:/opt/amprepro/results" \
+  -e SNAKEMAKE_ARGS="--configfile config/config.yaml container/image.yaml --config preset=smoke" \
+  "$TAG" > "$OUT/run.log" 2>&1
+rc=$?
+set -e
+echo "smoke run in the image (make run, the default command): rc=$rc, ${SECONDS} s, network none" \
+  | tee -a "$OUT/info.txt"
+tail -n 5 "$OUT/run.log"
+# keep what says what ran: the summary, the apex and sanity records; drop bulky per-step files
+find "$OUT/results" -name 'steps.csv' -delete
+du -sh "$OUT/results" | tee -a "$OUT/info.txt"
+exit "$rc"
