@@ -25,8 +25,16 @@ if ! podman image exists "$BASE"; then
   SECONDS=0; bash container/make_base.sh; echo "base: ${SECONDS} s (mmdebstrap + import)" | tee -a "$OUT/info.txt"
 fi
 SECONDS=0
-python3 -m pip wheel --quiet --find-links container/wheels -w container/wheels -r requirements.txt \
+# Resolved for the image's Python (Debian 12: 3.11.2; some unpinned dependencies' newest releases need >= 3.11.5):
+# binary wheels only, for its glibc; the one sdist-only dependency (connection_pool) is built into a wheel first.
+image_python=$(podman run --rm --network=none "$BASE" python3 -c 'import platform; print(platform.python_version())')
+platforms=(--platform manylinux2014_x86_64)
+for n in $(seq 17 36); do platforms+=(--platform "manylinux_2_${n}_x86_64"); done
+python3 -m pip wheel --quiet --no-deps -w container/wheels connection_pool==0.0.3
+python3 -m pip download --quiet --only-binary=:all: --python-version "$image_python" --implementation cp \
+  "${platforms[@]}" --find-links container/wheels -d container/wheels -r requirements.txt \
   -r profiles/slurm/requirements.txt 2>&1 | { grep -v "^WARNING: Location 'file:" || true; }
+echo "image python: $image_python" | tee -a "$OUT/info.txt"
 echo "wheelhouse: $(ls container/wheels/*.whl | wc -l) wheels, $(du -sh container/wheels | cut -f1), ${SECONDS} s" \
   | tee -a "$OUT/info.txt"
 SECONDS=0
