@@ -12,6 +12,7 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-results-reference/container}
 BASE=${BASE:-localhost/amprepro-base:bookworm}
 TAG=${TAG:-localhost/amprepro:test}
+rm -rf "$OUT"/info.txt "$OUT"/build.log "$OUT"/run*.log "$OUT"/results "$OUT"/readonly
 mkdir -p "$OUT"
 # PODMAN_SANDBOX=1: the podman settings this repository's test machine needs (container/podman-sandbox.conf says why)
 [ "${PODMAN_SANDBOX:-0}" = 1 ] && export CONTAINERS_CONF=$PWD/container/podman-sandbox.conf
@@ -39,7 +40,7 @@ echo "wheelhouse: $(ls container/wheels/*.whl | wc -l) wheels, $(du -sh containe
   | tee -a "$OUT/info.txt"
 SECONDS=0
 set +e
-podman build --network=none --build-arg BASE="$BASE" --build-arg PIP_NO_INDEX=1 -f container/Containerfile -t "$TAG" . > "$OUT/build.log" 2>&1
+podman build --no-cache --network=none --build-arg BASE="$BASE" --build-arg PIP_NO_INDEX=1 -f container/Containerfile -t "$TAG" . > "$OUT/build.log" 2>&1
 rc=$?
 set -e
 echo "image build: rc=$rc, ${SECONDS} s, network none" | tee -a "$OUT/info.txt"
@@ -56,7 +57,23 @@ set -e
 echo "smoke run in the image (make run, the default command): rc=$rc, ${SECONDS} s, network none" \
   | tee -a "$OUT/info.txt"
 tail -n 5 "$OUT/run.log"
-# keep what says what ran: the summary, the apex and sanity records; drop bulky per-step files
+[ "$rc" = 0 ] || exit "$rc"
+# As Apptainer runs a SIF: the image read-only, the run in a writable directory given with --directory, a writable
+# home (Apptainer binds the user's; Snakemake keeps a source cache in ~/.cache)
+mkdir -p "$OUT/readonly"
+SECONDS=0
+set +e
+podman run --rm --network=none --read-only --tmpfs /root -v "$PWD/$OUT/readonly:/run1" \
+  -e SNAKEMAKE_ARGS="--configfile /opt/amprepro/config/config.yaml /opt/amprepro/container/image.yaml --directory /run1 --config preset=smoke" \
+  "$TAG" > "$OUT/run-readonly.log" 2>&1
+rc=$?
+set -e
+echo "smoke run in the read-only image, results in a mounted --directory: rc=$rc, ${SECONDS} s, network none" \
+  | tee -a "$OUT/info.txt"
+tail -n 3 "$OUT/run-readonly.log"
+# keep what says what ran; drop the per-step CSVs and the second run's copies of the same files but its summary
 find "$OUT/results" -name 'steps.csv' -delete
-du -sh "$OUT/results" | tee -a "$OUT/info.txt"
+find "$OUT/readonly" -mindepth 1 -maxdepth 1 ! -name results -exec rm -rf {} +
+find "$OUT/readonly/results" -mindepth 1 -maxdepth 1 ! -name summary ! -name apex -exec rm -rf {} + 2>/dev/null || true
+du -sh "$OUT/results" "$OUT/readonly" | tee -a "$OUT/info.txt"
 exit "$rc"
