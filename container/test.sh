@@ -6,13 +6,14 @@
 #    build needs no network; on this CPU machine torch==2.13.0 resolves to the CPU wheel
 # 3. podman build --network=none (apex's build step runs: with a CPU torch it records why apex is not built)
 # 4. podman run --network=none with the smoke preset: make run, the image's default command
-# Output: $OUT (default results-reference/container/): build.log, run.log, the run's summary, timings.
+# Output: $OUT (default results-reference/container/): info.txt (steps, times), build.log, run.log, run-readonly.log,
+# run-results/ (the first run, no per-step CSVs), readonly-summary/ and readonly-apex/ (the read-only run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-results-reference/container}
 BASE=${BASE:-localhost/amprepro-base:bookworm}
 TAG=${TAG:-localhost/amprepro:test}
-rm -rf "$OUT"/info.txt "$OUT"/build.log "$OUT"/run*.log "$OUT"/results "$OUT"/readonly
+rm -rf "$OUT"/info.txt "$OUT"/build.log "$OUT"/run*.log "$OUT"/run-results "$OUT"/readonly-*
 mkdir -p "$OUT"
 # PODMAN_SANDBOX=1: the podman settings this repository's test machine needs (container/podman-sandbox.conf says why)
 [ "${PODMAN_SANDBOX:-0}" = 1 ] && export CONTAINERS_CONF=$PWD/container/podman-sandbox.conf
@@ -46,10 +47,10 @@ set -e
 echo "image build: rc=$rc, ${SECONDS} s, network none" | tee -a "$OUT/info.txt"
 [ "$rc" = 0 ] || { tail -n 40 "$OUT/build.log"; exit "$rc"; }
 podman image inspect --format 'image {{.Id}}, {{.Size}} bytes' "$TAG" | tee -a "$OUT/info.txt"
-rm -rf "$OUT/results"; mkdir -p "$OUT/results"
+mkdir -p "$OUT/run-results"  # not named results/: git ignores those
 SECONDS=0
 set +e
-podman run --rm --network=none -v "$PWD/$OUT/results:/opt/amprepro/results" \
+podman run --rm --network=none -v "$PWD/$OUT/run-results:/opt/amprepro/results" \
   -e SNAKEMAKE_ARGS="--configfile config/config.yaml container/image.yaml --config preset=smoke" \
   "$TAG" > "$OUT/run.log" 2>&1
 rc=$?
@@ -60,10 +61,10 @@ tail -n 5 "$OUT/run.log"
 [ "$rc" = 0 ] || exit "$rc"
 # As Apptainer runs a SIF: the image read-only, the run in a writable directory given with --directory, a writable
 # home (Apptainer binds the user's; Snakemake keeps a source cache in ~/.cache)
-mkdir -p "$OUT/readonly"
+ro=$(mktemp -d)
 SECONDS=0
 set +e
-podman run --rm --network=none --read-only --tmpfs /root -v "$PWD/$OUT/readonly:/run1" \
+podman run --rm --network=none --read-only --tmpfs /root -v "$ro:/run1" \
   -e SNAKEMAKE_ARGS="--configfile /opt/amprepro/config/config.yaml /opt/amprepro/container/image.yaml --directory /run1 --config preset=smoke" \
   "$TAG" > "$OUT/run-readonly.log" 2>&1
 rc=$?
@@ -71,9 +72,10 @@ set -e
 echo "smoke run in the read-only image, results in a mounted --directory: rc=$rc, ${SECONDS} s, network none" \
   | tee -a "$OUT/info.txt"
 tail -n 3 "$OUT/run-readonly.log"
-# keep what says what ran; drop the per-step CSVs and the second run's copies of the same files but its summary
-find "$OUT/results" -name 'steps.csv' -delete
-find "$OUT/readonly" -mindepth 1 -maxdepth 1 ! -name results -exec rm -rf {} +
-find "$OUT/readonly/results" -mindepth 1 -maxdepth 1 ! -name summary ! -name apex -exec rm -rf {} + 2>/dev/null || true
-du -sh "$OUT/results" "$OUT/readonly" | tee -a "$OUT/info.txt"
+# keep what says what ran: the first run's results without per-step CSVs, the second run's summary and apex records
+find "$OUT/run-results" -name 'steps.csv' -delete
+[ -d "$ro/results/summary" ] && cp -r "$ro/results/summary" "$OUT/readonly-summary"
+[ -d "$ro/results/apex" ] && cp -r "$ro/results/apex" "$OUT/readonly-apex"
+rm -rf "$ro"
+du -sh "$OUT/run-results" | tee -a "$OUT/info.txt"
 exit "$rc"
