@@ -5,8 +5,8 @@
 #
 #   here:  bash tools/gpu/wheels.sh; bash tools/gpu/cuda_wheels.sh          # .whl/, .whl-cuda/{a,b}/ (git-ignored)
 #          (and vendor/apex-25.05 + vendor/apex-25.05.source.json, as tools/gpu/README.md says)
-#   call 1 (fresh nvidia-h200), carry [".whl-cuda/a"]:  bash tools/gpu/pip_nvcc_run.sh wheels
-#   call 2, carry [".whl-cuda/b"]:                      bash tools/gpu/pip_nvcc_run.sh wheels
+#   call 1 (fresh nvidia-h200), carry [".whl-cuda/a"]:  bash tools/gpu/pip_nvcc_run.sh wheels   (about 55 MB)
+#   call 2, carry [".whl-cuda/b"]:                      bash tools/gpu/pip_nvcc_run.sh wheels   (about 49 MB)
 #   call 3, carry [".whl", "vendor/apex-25.05", "vendor/apex-25.05.source.json"]:
 #                                                       OUT=$OUT bash tools/gpu/pip_nvcc_run.sh run 560
 #   (cut at 10 minutes: call 3 again; make run resumes)
@@ -24,7 +24,19 @@ missing() {
   done
 }
 mkdir -p "$stash"
-for dir in .whl-cuda/a .whl-cuda/b; do [ -d "$dir" ] && cp -n "$dir"/*.whl "$stash"/ 2>/dev/null; done
+for dir in .whl-cuda/a .whl-cuda/b; do
+  [ -d "$dir" ] && for f in "$dir"/*; do [ -e "$stash/$(basename "$f")" ] || cp "$f" "$stash"/; done
+done
+# nvvm comes in parts (tools/gpu/cuda_wheels.sh): join them once both are here, and check the recorded sha256
+for sum in "$stash"/*.whl.sha256; do
+  [ -e "$sum" ] || continue
+  wheel=${sum%.sha256}
+  if [ ! -e "$wheel" ] && [ -e "$wheel.part-00" ] && [ -e "$wheel.part-01" ]; then
+    cat "$wheel".part-* > "$wheel.tmp" && (cd "$stash" && sed 's|\.whl$|.whl.tmp|' "$sum" | sha256sum -c --quiet -) \
+      && mv "$wheel.tmp" "$wheel" && echo "joined $(basename "$wheel") (sha256 checked)" \
+      || { rm -f "$wheel.tmp"; echo "ERROR: the parts of $(basename "$wheel") do not give its sha256"; }
+  fi
+done
 if [ "$mode" = wheels ]; then
   ls -la "$stash"; echo "missing: $(missing | tr '\n' ' ')"; exit 0
 fi
