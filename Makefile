@@ -25,7 +25,7 @@ ifneq ($(shell cat $(VENV_STAMP) 2>/dev/null),$(VENV_HASH))
 .PHONY: $(VENV_STAMP)
 endif
 
-.PHONY: help run test lint verify clean-venv venv-hash
+.PHONY: help run test lint verify clean-venv venv-hash container-test
 
 help:
 	@echo "make run         create or complete .venv (pinned requirements), then run the whole pipeline:"
@@ -34,6 +34,7 @@ help:
 	@echo "make test        the test suite (what CI runs: .ci/run)"
 	@echo "make lint        snakemake --lint, snakefmt --check, ruff check"
 	@echo "make clean-venv  remove .venv (results/ stays)"
+	@echo "make container-test  build the container image and run the smoke preset in it (minutes)"
 	@echo "make help        this list"
 
 # The pinned requirements, then amprepro itself, editable (workflow/amprepro) and --no-deps (the pins stay the source
@@ -71,3 +72,8 @@ clean-venv:
 # The hash a finished venv's stamp holds; tools/gpu/venv.sh writes it into a venv it made from carried wheels.
 venv-hash:
 	@echo $(VENV_HASH)
+
+# Build the image (container/Containerfile) with podman, no network, and run the smoke preset in it; minutes, so not
+# part of `make test`. Its output goes to results-reference/container/ (docs/containers.md).
+container-test:
+	bash container/test.sh

@@ -10,7 +10,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 WORKFLOW_PARTS = ["Snakefile", "Makefile", "workflow", "config", "envs", "notebooks", "profiles", "reference",
-                  "requirements.txt", "requirements-dev.txt"]
+                  "requirements.txt", "requirements-dev.txt", "requirements-cuda13.0.txt"]
 SNAKEMAKE = [sys.executable, "-m", "snakemake"]
 
 

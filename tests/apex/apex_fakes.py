@@ -58,6 +58,7 @@ class Built:
     seconds: float
     commit: str
     repo: Path
+    env: dict | None = None  # the environment of the compile (the pip route's, conftest.pip_route_env)
 
     @property
     def key(self) -> str:
@@ -126,3 +127,60 @@ def run_module(args: list[str], cwd: Path, env: dict | None = None, timeout: int
     full_env = {**(env or os.environ), "PYTHONPATH": str(REPO / "workflow")}
     return subprocess.run([sys.executable, "-m", *args], cwd=cwd, env=full_env, capture_output=True, text=True,
                           timeout=timeout)
+
+
+# The components cuda-toolkit 13.0.2 maps its extras to (its METADATA, read with pip download on 2026-12-01).
+CUDA_TOOLKIT_EXTRAS = {"nvcc": "nvidia-cuda-nvcc", "crt": "nvidia-cuda-crt", "nvvm": "nvidia-nvvm",
+                       "cudart": "nvidia-cuda-runtime", "cccl": "nvidia-cuda-cccl",
+                       "profiler": "nvidia-cuda-profiler-api"}
+
+
+def make_wheel(wheel_dir: Path, name: str, version: str, files: dict[str, tuple[str, int]] | None = None,
+               metadata: str = "") -> Path:
+    """A minimal wheel pip installs: files {path: (text, mode)}, extra METADATA lines (Requires-Dist, ...)."""
+    import zipfile
+
+    dist = f"{name.replace('-', '_')}-{version}"
+    wheel_dir.mkdir(parents=True, exist_ok=True)
+    path = wheel_dir / f"{dist}-py3-none-any.whl"
+    entries = dict(files or {})
+    entries[f"{dist}.dist-info/METADATA"] = (f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n{metadata}",
+                                              0o644)
+    entries[f"{dist}.dist-info/WHEEL"] = ("Wheel-Version: 1.0\nGenerator: amprepro-tests\nRoot-Is-Purelib: true\n"
+                                           "Tag: py3-none-any\n", 0o644)
+    record = "".join(f"{name},,\n" for name in entries) + f"{dist}.dist-info/RECORD,,\n"
+    entries[f"{dist}.dist-info/RECORD"] = (record, 0o644)
+    with zipfile.ZipFile(path, "w") as archive:
+        for member, (text, mode) in entries.items():
+            info = zipfile.ZipInfo(member)
+            info.external_attr = (0o100000 | mode) << 16
+            archive.writestr(info, text)
+    return path
+
+
+def fake_cuda_wheels(wheel_dir: Path, requirements: Path, release: str = "13.0") -> Path:
+    """Wheels with the names, versions and extras the requirements file pins, holding a fake nvcc (a script, see
+    fake_cuda), cuda_runtime.h and libcudart.so.<major>: enough for pip --no-index to resolve and install them."""
+    pins = dict(line.split("==") for line in requirements.read_text().splitlines()
+                if line and not line.startswith("#") and "==" in line)
+    meta_version = next(version for name, version in pins.items() if name.startswith("cuda-toolkit["))
+    major = release.split(".")[0]
+    files = {
+        "nvidia-cuda-nvcc": {f"nvidia/cu{major}/bin/nvcc": (f"""#!/bin/sh
+case "$1" in
+  --version) echo "Cuda compilation tools, release {release}, V{release}.88"; exit 0;;
+  --list-gpu-arch) for a in compute_75 compute_80 compute_90; do echo $a; done; exit 0;;
+esac
+exit 0
+""", 0o755)},
+        "nvidia-cuda-runtime": {f"nvidia/cu{major}/include/cuda_runtime.h": ("/* fake */\n", 0o644),
+                                f"nvidia/cu{major}/lib/libcudart.so.{major}": ("not a library\n", 0o644)},
+    }
+    metadata = ""
+    for extra, component in CUDA_TOOLKIT_EXTRAS.items():
+        make_wheel(wheel_dir, component, pins[component], files.get(component, {
+            f"nvidia/cu{major}/include/{component}.h": ("/* fake */\n", 0o644)}))
+        metadata += (f"Provides-Extra: {extra}\nRequires-Dist: {component}=={pins[component]}.*; "
+                     f"extra == '{extra}'\n")
+    make_wheel(wheel_dir, "cuda-toolkit", meta_version, metadata=metadata)
+    return wheel_dir

@@ -48,8 +48,11 @@ def test_a_complete_toolchain_passes(cuda_env):
 
 
 def test_nvcc_not_found_anywhere(bare_env, tmp_path):
-    env = python_env(bare_env, fake_python_packages(tmp_path / "py"))
-    assert "nvcc (the CUDA compiler) was not found" in problems(env)
+    """With the system route forced; by default the pip route takes over (test_apex_cudakit.py)."""
+    env = python_env({**bare_env, "AMPREPRO_NVCC": "system"}, fake_python_packages(tmp_path / "py"))
+    message = problems(env)
+    assert "nvcc (the CUDA compiler) was not found" in message
+    assert "install nvcc 13.0 from pip" in message and "requirements-cuda13.0.txt" in message
 
 
 def test_nvcc_of_an_activated_conda_env_is_found(bare_env, tmp_path):
@@ -73,15 +76,17 @@ def test_cuda_home_without_nvcc(cuda_env, tmp_path):
 
 def test_nvcc_release_must_equal_torch_cuda_for_a_strict_ref(cuda_env, tmp_path):
     home = fake_cuda(tmp_path / "cuda128", release="12.8")
-    message = problems({**cuda_env, "CUDA_HOME": str(home)})
+    message = problems({**cuda_env, "CUDA_HOME": str(home), "AMPREPRO_NVCC": "system"})
     assert "nvcc 12.8" in message and "must equal the CUDA torch was built with (13.0)" in message
+    assert "unset AMPREPRO_NVCC" in message and "requirements-cuda13.0.txt" in message
 
 
 def test_a_lenient_ref_accepts_a_minor_mismatch_but_not_a_major_one(cuda_env, tmp_path):
     minor = fake_cuda(tmp_path / "cuda131", release="13.1")
     major = fake_cuda(tmp_path / "cuda128", release="12.8")
-    assert problems({**cuda_env, "CUDA_HOME": str(minor)}, LENIENT_SETUP) == ""
-    assert "same major version" in problems({**cuda_env, "CUDA_HOME": str(major)}, LENIENT_SETUP)
+    system = {**cuda_env, "AMPREPRO_NVCC": "system"}  # by default a mismatch takes the pip route
+    assert problems({**system, "CUDA_HOME": str(minor)}, LENIENT_SETUP) == ""
+    assert "same major version" in problems({**system, "CUDA_HOME": str(major)}, LENIENT_SETUP)
 
 
 def test_cuda_runtime_header_missing(cuda_env, tmp_path):
@@ -164,7 +169,8 @@ def test_arch_the_nvcc_cannot_target(cuda_env):
 
 
 def test_every_problem_is_reported_at_once(bare_env, tmp_path):
-    env = python_env({**bare_env, "CXX": "/nonexistent/g++"}, fake_python_packages(tmp_path / "py", ninja=False))
+    env = python_env({**bare_env, "CXX": "/nonexistent/g++", "AMPREPRO_NVCC": "system"},
+                     fake_python_packages(tmp_path / "py", ninja=False))
     message = problems(env, arch=None)
     assert "4 problem(s)" in message
     for cause in ("ninja is not available", "no C++ compiler", "nvcc (the CUDA compiler) was not found",

@@ -30,6 +30,8 @@ def test_nvcc_mismatch_is_diagnosed(tmp_path, monkeypatch):
     fake.write_text("#!/bin/sh\necho 'Cuda compilation tools, release 11.8, V11.8.89'\n")
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    monkeypatch.setenv("AMPREPRO_NVCC", "system")  # by default a mismatch takes the pip route (test_apex_cudakit)
+    monkeypatch.delenv("CUDA_HOME", raising=False)
 
     class FakeTorch:
         class version:
@@ -37,6 +39,7 @@ def test_nvcc_mismatch_is_diagnosed(tmp_path, monkeypatch):
 
     version, headers = sanity.toolkit_checks(FakeTorch, apex_required=True)
     assert version["status"] == "fail" and "nvcc 11.8" in version["detail"] and "13.0" in version["fix"]
+    assert "requirements-cuda13.0.txt" in version["fix"]
     assert headers["status"] == "fail" and "cuda_runtime.h missing" in headers["detail"]
 
 

@@ -19,7 +19,7 @@ source tools/gpu/venv.sh || exit 1
 cat > /tmp/amprepro-gpu.yaml <<YAML
 apex:
   source: {path: ${APEX_SOURCE:-vendor/apex-25.05}, ref: "25.05", commit: 379937e1719b8190f38f3e666e2a8d32c97e221f, url: null}
-  cache_dir: /tmp/amprepro-apex-cache
+  cache_dir: ${APEX_CACHE_DIR:-/tmp/amprepro-apex-cache}
 YAML
 started=/tmp/amprepro-started-$(echo "$PWD" | md5sum | cut -c1-8)
 [ -f "$started" ] || date +%s > "$started"

@@ -28,6 +28,8 @@ with stop_on_config_error():
     CELLS = cells(RUNS)
     APEX_REQUIRED = apex_required(config["apex"]["required"], GPUS)
     check_apex_source(config["apex"], APEX_REQUIRED)  # before the apex job clears apex.json
+    if config.get("container_image"):  # checked by the schema's pattern; with --sdm apptainer every job runs in it
+        workflow.global_container(config["container_image"])
 CORES = max(1, workflow.resource_settings.cores or 1)  # None under `snakemake --report`; workflow.cores raises
 # Jobs on this machine share its GPUs through `--resources gpu=N`; a cluster job gets its own node's.
 LOCAL_GPUS = len(GPUS) if workflow.local_exec else 0

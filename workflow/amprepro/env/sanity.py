@@ -8,9 +8,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -20,23 +17,6 @@ from amprepro.files import write_json
 def check(name, status, detail, fix="", required=False):
     return {"name": name, "status": status, "detail": detail, "fix": fix if status == "fail" else "",
             "required": required}
-
-
-def nvcc_release(nvcc: str) -> str | None:
-    try:
-        out = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    match = re.search(r"release (\d+\.\d+)", out)
-    return match.group(1) if match else None
-
-
-def cuda_home() -> str | None:
-    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
-    if home:
-        return home
-    nvcc = shutil.which("nvcc")
-    return str(Path(nvcc).resolve().parent.parent) if nvcc else None
 
 
 def torch_checks(torch, expect_gpu: bool) -> list[dict]:
@@ -73,27 +53,42 @@ def torch_checks(torch, expect_gpu: bool) -> list[dict]:
 
 
 def toolkit_checks(torch, apex_required: bool) -> list[dict]:
+    """The nvcc apex's build will choose (amprepro.env.apexbuild.cudakit: a matching system toolkit, else pip's)."""
     if torch.version.cuda is None:
         return [check("nvcc vs torch CUDA", "skip", "CPU-only torch build: nothing is compiled against CUDA"),
                 check("CUDA_HOME and cuda_runtime.h", "skip", "CPU-only torch build")]
-    nvcc = shutil.which("nvcc") or (str(Path(cuda_home(), "bin", "nvcc")) if cuda_home() else None)
-    release = nvcc_release(nvcc) if nvcc else None
-    if release is None:
-        version = check("nvcc vs torch CUDA", "fail", "nvcc not found (CUDA_HOME, PATH)",
-                        "install the CUDA toolkit (or conda cuda-nvcc) matching torch.version.cuda and set CUDA_HOME",
-                        required=apex_required)
-    else:
-        same = release == torch.version.cuda
-        version = check("nvcc vs torch CUDA", "pass" if same else "fail",
-                        f"nvcc {release}, torch built with CUDA {torch.version.cuda}",
-                        f"apex 25.05 demands equality: install CUDA toolkit {torch.version.cuda} or a torch built "
-                        f"for CUDA {release}", required=apex_required)
-    home = cuda_home()
-    header = Path(home, "include", "cuda_runtime.h") if home else None
-    headers = check("CUDA_HOME and cuda_runtime.h", "pass" if header and header.exists() else "fail",
-                    f"CUDA_HOME={home}, cuda_runtime.h {'found' if header and header.exists() else 'missing'}",
-                    "point CUDA_HOME at a full toolkit (runtime-only images and conda cudatoolkit lack the headers)",
+    from amprepro.env.apexbuild import ApexError, cudakit, toolchain  # a CUDA env has packaging (the build's)
+
+    env, torch_cuda = dict(os.environ), torch.version.cuda
+    system, problem = toolchain.find_nvcc(env)
+    try:
+        decision = cudakit.decide(env, torch_cuda, system, problem)
+    except ApexError as exc:
+        decision = cudakit.Decision(None, str(exc), system)
+    fix = (f"install the CUDA toolkit {torch_cuda} (or conda cuda-nvcc) and set CUDA_HOME, "
+           f"{cudakit.pip_route_hint(torch_cuda, env)}")
+    if decision.route is None:
+        return [check("nvcc vs torch CUDA", "fail", decision.reason, fix, required=apex_required),
+                check("CUDA_HOME and cuda_runtime.h", "skip", "no nvcc to take CUDA_HOME from")]
+    if decision.route == "pip":
+        home = cudakit.installed_home(decision.requirements, Path(sys.prefix))
+        state = f"installed, CUDA_HOME={home}" if home else "installed by the apex_build job, which checks it"
+        return [check("nvcc vs torch CUDA", "pass",
+                      f"{decision.reason}: apex builds with nvcc {torch_cuda} from pip ({decision.requirements.name}, "
+                      f"{state})", required=apex_required),
+                check("CUDA_HOME and cuda_runtime.h", "pass" if home and (home / "include/cuda_runtime.h").is_file()
+                      else "skip", f"pip toolkit {state}")]
+    same = system.release == torch_cuda
+    version = check("nvcc vs torch CUDA", "pass" if same else "fail",
+                    f"nvcc {system.release} ({system.path}, {system.found_via}), torch built with CUDA {torch_cuda}"
+                    f" ({decision.reason})",
+                    f"apex 25.05 demands equality: {fix}, or a torch built for CUDA {system.release}",
                     required=apex_required)
+    header = Path(system.cuda_home, "include", "cuda_runtime.h")
+    headers = check("CUDA_HOME and cuda_runtime.h", "pass" if header.exists() else "fail",
+                    f"CUDA_HOME={system.cuda_home}, cuda_runtime.h {'found' if header.exists() else 'missing'}",
+                    "point CUDA_HOME at a full toolkit (runtime-only images and conda cudatoolkit lack the headers), "
+                    f"{cudakit.pip_route_hint(torch_cuda, env)}", required=apex_required)
     return [version, headers]
 
 

@@ -64,8 +64,10 @@ def plan_build(setup: SetupFacts, flags: list[str], jobs: int, build_jobs: int |
     # jobs/4 gives amp_C 4 slots while the small extensions' few compiles keep the start near 2x the cores.
     max_jobs = int(env["MAX_JOBS"]) if env.get("MAX_JOBS") else max(1, math.ceil(jobs / 4))
     build_env = {"MAX_JOBS": str(max_jobs)}
+    if tools.nvcc is not None:  # the chosen toolkit: CUDA_HOME; for pip's also PATH and CPATH (cudakit.build_env)
+        build_env.update({"CUDA_HOME": tools.nvcc.cuda_home, **tools.nvcc.env})
     if setup.needs_cuda(flags):
-        build_env.update(TORCH_CUDA_ARCH_LIST=tools.arch_list, CUDA_HOME=tools.nvcc.cuda_home)
+        build_env["TORCH_CUDA_ARCH_LIST"] = tools.arch_list
     build_env.update({setup.env_vars[flag]: "1" for flag in flags if flag in setup.env_vars})
     if parallel and setup.parallel_env:
         build_env["APEX_PARALLEL_BUILD"] = str(parallel)

@@ -42,6 +42,7 @@ class Located:
     key: str
     entry: Path
     cache: str
+    tools: Toolchain
 
 
 def locate(settings: dict, jobs: int, results: Path, env: dict, echo) -> Located:
@@ -52,14 +53,14 @@ def locate(settings: dict, jobs: int, results: Path, env: dict, echo) -> Located
         echo(f"[apex] note: {note}", flush=True)
     setup = read_setup(source)
     flags = setup.core_flags()
-    tools = survey(setup.needs_cuda(flags), env, settings.get("cuda_arch_list"))
+    tools = survey(setup.needs_cuda(flags), env, settings.get("cuda_arch_list"), echo)
     inputs = key_inputs(source, tools, flags)
     key = cache_key(inputs)
     found = store.find(key)
     if found is None:
         context = BuildContext(store, key, inputs, source, setup, flags, tools, settings, jobs, env, results, echo)
         found = build_entry(context)
-    return Located(store, source, setup, list(setup.promised(flags)), key, found[0], found[1])
+    return Located(store, source, setup, list(setup.promised(flags)), key, found[0], found[1], tools)
 
 
 def build_only(settings: dict, jobs: int, results_dir: str | Path = RESULTS_DIR, env: dict | None = None,
@@ -70,8 +71,18 @@ def build_only(settings: dict, jobs: int, results_dir: str | Path = RESULTS_DIR,
     found = locate(settings, jobs, Path(results_dir), dict(os.environ if env is None else env), echo)
     seconds = time.monotonic() - start
     echo(f"[apex] {found.cache}: {found.key} in {seconds:.1f} s", flush=True)
+    built_with = json.loads((found.entry / "manifest.json").read_text()).get("cuda")
     return {"status": "built", "key": found.key, "cache": found.cache, "commit": found.source.commit,
-            "entry": str(found.entry), "seconds": round(seconds, 2), "jobs": jobs}
+            "entry": str(found.entry), "seconds": round(seconds, 2), "jobs": jobs,
+            "nvcc": toolkit_record(found.tools), "built_with": built_with}
+
+
+def toolkit_record(tools: Toolchain) -> dict:
+    """Which nvcc this run chose and why (amprepro.env.apexbuild.cudakit): path, release, source, reason."""
+    if tools.nvcc is not None:
+        return tools.nvcc.describe()
+    return {"nvcc": None, "release": None, "source": None,
+            "reason": tools.nvcc_problem or "no CUDA extension is requested: no nvcc needed"}
 
 
 def build_and_verify(settings: dict, jobs: int, results_dir: str | Path = RESULTS_DIR, env: dict | None = None,
@@ -106,6 +117,7 @@ def build_and_verify(settings: dict, jobs: int, results_dir: str | Path = RESULT
         "cache": {"key": found.key, "status": cache, "entry": str(found.entry),
                   "shared_root": str(found.store.shared_root or "")},
         "stage_seconds": round(seconds, 2),
+        "nvcc": toolkit_record(found.tools),
         "build_job": built,
     }
 
@@ -201,8 +213,7 @@ def manifest(ctx: BuildContext, plan, applied, promised, built, wheel: Path, sec
         "key_inputs": ctx.inputs,
         "apex": {**ctx.source.describe(), "has_amp": ctx.setup.has_amp},
         "torch": {"version": python["torch"], "cuda": python["torch_cuda"], "git_version": python["torch_git"]},
-        "cuda": None if nvcc is None else {"release": nvcc.release, "nvcc": nvcc.path, "cuda_home": nvcc.cuda_home,
-                                           "found_via": nvcc.found_via},
+        "cuda": None if nvcc is None else nvcc.describe(),
         "python": {"version": python["python"], "soabi": python["soabi"], "executable": python["executable"]},
         "arch_list": ctx.tools.arch_list,
         "arch_source": ctx.tools.arch_source,

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from packaging.version import Version
 
+from amprepro.env.apexbuild.cudakit import pip_route_hint
 from amprepro.env.apexbuild.errors import ApexError
 from amprepro.env.apexbuild.setup_inspect import SetupFacts
 from amprepro.env.apexbuild.toolchain import BUILD_PROBE, Toolchain, probe_python
@@ -85,10 +86,10 @@ def nvcc_problems(tools: Toolchain, torch_cuda: str | None, setup: SetupFacts, e
     problems = []
     if torch_cuda and mismatch(nvcc.release, torch_cuda, setup.strict_cuda_check):
         rule = "must equal" if setup.strict_cuda_check else "must have the same major version as"
-        problems.append(f"nvcc {nvcc.release} ({nvcc.path}) {rule} the CUDA torch was built with "
-                        f"({torch_cuda}) for this apex source. Fix: use a {torch_cuda} toolkit (CUDA_HOME=..., "
-                        f"or conda install cuda-nvcc={torch_cuda} cuda-cudart-dev={torch_cuda}) or a torch "
-                        f"built for CUDA {nvcc.release}.")
+        problems.append(f"nvcc {nvcc.release} ({nvcc.path}, {nvcc.reason or nvcc.found_via}) {rule} the CUDA "
+                        f"torch was built with ({torch_cuda}) for this apex source. Fix: use a {torch_cuda} toolkit "
+                        f"(CUDA_HOME=..., or conda install cuda-nvcc={torch_cuda} cuda-cudart-dev={torch_cuda}), "
+                        f"{pip_route_hint(torch_cuda, env)}, or a torch built for CUDA {nvcc.release}.")
     header = Path(nvcc.cuda_home) / "include" / "cuda_runtime.h"
     if not header.is_file():
         problems.append(f"{header} is missing, so torch cannot compile against the CUDA runtime "
@@ -97,7 +98,7 @@ def nvcc_problems(tools: Toolchain, torch_cuda: str | None, setup: SetupFacts, e
                         f"{nvcc.found_via}).")
     if tools.arch_list:
         problems += arch_problems(nvcc.path, tools.arch_list)
-    problems += host_compiler_problems(nvcc.path, env)
+    problems += host_compiler_problems(nvcc.path, {**env, **nvcc.env})
     return problems
 
 

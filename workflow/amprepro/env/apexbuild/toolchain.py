@@ -14,6 +14,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from amprepro.env.apexbuild import cudakit
+from amprepro.env.apexbuild.cudakit import Nvcc, nvcc_release
 from amprepro.env.apexbuild.errors import ApexError
 
 DEFAULT_CUDA_HOMES = ("/usr/local/cuda",)
@@ -22,9 +24,11 @@ DEFAULT_CUDA_HOMES = ("/usr/local/cuda",)
 KEY_PROBE = r"""
 import importlib.util, json, pathlib, sys, sysconfig
 out = {"python": sys.version.split()[0], "soabi": sysconfig.get_config_var("SOABI"), "executable": sys.executable,
-       "torch": None, "torch_cuda": None, "torch_git": None}
+       "torch": None, "torch_cuda": None, "torch_git": None, "torch_site": None}
 spec = importlib.util.find_spec("torch")
 version_file = pathlib.Path(spec.origin).parent / "version.py" if spec and spec.origin else None
+if spec and spec.origin:
+    out["torch_site"] = str(pathlib.Path(spec.origin).parent.parent)
 if version_file and version_file.is_file():
     found = {}
     exec(compile(version_file.read_text(), str(version_file), "exec"), found)
@@ -58,14 +62,6 @@ print(json.dumps(out))
 
 
 @dataclass(frozen=True)
-class Nvcc:
-    path: str
-    cuda_home: str
-    found_via: str
-    release: str | None  # "13.0"; None when `nvcc --version` failed
-
-
-@dataclass(frozen=True)
 class Toolchain:
     python: dict
     nvcc: Nvcc | None
@@ -74,11 +70,17 @@ class Toolchain:
     arch_source: str
 
 
-def survey(needs_cuda: bool, env: dict, configured_arch: str | None) -> Toolchain:
+def survey(needs_cuda: bool, env: dict, configured_arch: str | None, echo=print) -> Toolchain:
+    """The facts of the cache key; with CUDA extensions asked for, the nvcc chosen (amprepro.env.apexbuild.cudakit:
+    a system one matching torch's CUDA release, else pip's, installed into the env when missing)."""
     python = probe_python(KEY_PROBE, env)
     if not needs_cuda:
         return Toolchain(python, None, None, None, "not needed: no CUDA extension is requested")
-    nvcc, problem = find_nvcc(env)
+    system, problem = find_nvcc(env)
+    nvcc, problem = cudakit.choose(env, python["torch_cuda"], system, problem, torch_site=python["torch_site"],
+                                   echo=echo)
+    if nvcc is not None:
+        echo(f"[apex] nvcc: {nvcc.source} {nvcc.release} at {nvcc.path} ({nvcc.reason})", flush=True)
     if configured_arch:
         arch, arch_source = normalize_arch(configured_arch), "apex.cuda_arch_list"
     else:
@@ -110,23 +112,13 @@ def find_nvcc(env: dict) -> tuple[Nvcc | None, str | None]:
         if path and os.access(path, os.X_OK):
             return _nvcc(Path(path), via), None
     return None, ("nvcc (the CUDA compiler) was not found: CUDA_HOME is unset, there is no nvcc on PATH, in "
-                  "$CONDA_PREFIX/bin or in /usr/local/cuda. apex's CUDA extensions cannot be compiled. Fix: "
-                  "export CUDA_HOME=<CUDA toolkit root>, or install the toolkit matching torch.version.cuda "
-                  "(conda: cuda-nvcc and cuda-cudart-dev of that version); runtime-only images have no nvcc, "
-                  "use a 'devel' one.")
+                  "$CONDA_PREFIX/bin or in /usr/local/cuda. Fix: export CUDA_HOME=<CUDA toolkit root>, or install "
+                  "the toolkit matching torch.version.cuda (conda: cuda-nvcc and cuda-cudart-dev of that version; "
+                  "runtime-only images have no nvcc, use a 'devel' one)")
 
 
 def _nvcc(path: Path, via: str) -> Nvcc:
     return Nvcc(str(path), str(path.parent.parent), via, nvcc_release(str(path)))
-
-
-def nvcc_release(nvcc: str) -> str | None:
-    try:
-        out = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=60).stdout
-    except OSError:
-        return None
-    match = re.search(r"release (\d+\.\d+)", out)
-    return match.group(1) if match else None
 
 
 def normalize_arch(arch_list: str) -> str:
