@@ -270,7 +270,8 @@ EXPECTED = {
     "lr-exponent-yaml": [cells_are(SMOKE_CELLS), train_is(lr=0.001)],
     "runs-null": DEFAULTS,
     # report: null replaces config.yaml's report section: the schema's default title, not config.yaml's
-    "report-null": [cells_are(SMOKE_CELLS), train_is(), title_is("amprepro report"), lambda jobs: jobs["apex"]["required"] is False,
+    "report-null": [cells_are(SMOKE_CELLS), train_is(), title_is("amprepro report"),
+                    lambda jobs: jobs["apex"]["required"] is False,
                     apex_source_is(url="https://github.com/NVIDIA/apex.git", ref="25.05", commit="379937e1")],
     "steps-exponent": [cells_are(SMOKE_CELLS), train_is(steps=120)],
     "seed-2**32-1": [cells_are(SMOKE_CELLS, seeds=[2**32 - 1]), train_is()],
