@@ -33,8 +33,11 @@ run: $(BIN)/activate
 verify: $(BIN)/activate
 	$(LAUNCH) verify
 
+# TEST_WORKERS pytest-xdist processes (2: CI's cores); each test file is one work unit, the slowest first
+# (tests/conftest.py). TEST_WORKERS=0 runs everything in this one process.
+TEST_WORKERS ?= 2
 test: $(BIN)/activate
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder tests
 
 lint: $(BIN)/activate
 	$(BIN)/snakemake --lint
