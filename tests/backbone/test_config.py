@@ -64,6 +64,7 @@ def test_cell_spec_holds_only_its_own_model():
     ],
 )
 def test_bad_config_names_the_field(overrides, field):
+    overrides = dict(overrides)  # the parameter itself stays as it was: the test can run again in this process
     preset = overrides.pop("preset", "smoke") if "preset" in overrides else "smoke"
     config = cfg.deep_merge(BASE, overrides)
     config["preset"] = preset
