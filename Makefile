@@ -13,7 +13,7 @@ export PATH := $(abspath $(BIN)):$(PATH)
 # stays: a venv made elsewhere (tools/gpu/make_run.sh, from carried wheels) has no amprepro installed.
 LAUNCH := PYTHONPATH=$(CURDIR)/workflow $(BIN)/python -m amprepro.env.launch
 
-.PHONY: run test lint clean-venv verify
+.PHONY: run test lint clean-venv verify mutation
 
 # The pinned requirements, then amprepro itself, editable (workflow/amprepro) and --no-deps (the pins stay the source
 # of truth), so the venv's python imports it from any directory.
@@ -38,6 +38,17 @@ verify: $(BIN)/activate
 TEST_WORKERS ?= 2
 test: $(BIN)/activate
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder tests
+
+# Mutation testing of the verdict's core (docs/mutation.md; not part of make test: it takes about ...). mutmut copies
+# the package into mutants/, mutates the modules [tool.mutmut] in pyproject.toml names, runs the tests that reach
+# each mutant and records the counts per module in docs/mutation.md. MUTATION_CHILDREN: mutants tested at once.
+MUTATION_CHILDREN ?= 2
+mutation: $(BIN)/activate
+	rm -rf mutants
+	start=$$(date +%s); \
+	$(BIN)/python tools/mutation/mutmut_workflow.py run --max-children $(MUTATION_CHILDREN) > mutants.log 2>&1; \
+	status=$$?; tail -n 5 mutants.log; [ $$status = 0 ] || exit $$status; \
+	$(BIN)/python tools/mutation/summary.py --doc docs/mutation.md --seconds $$(($$(date +%s) - start))
 
 lint: $(BIN)/activate
 	$(BIN)/snakemake --lint
