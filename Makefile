@@ -39,7 +39,7 @@ TEST_WORKERS ?= 2
 test: $(BIN)/activate
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder tests
 
-# Mutation testing of the verdict's core (docs/mutation.md; not part of make test: it takes about ...). mutmut copies
+# Mutation testing of the verdict's core (docs/mutation.md; not part of make test: over an hour on 2 cores). mutmut copies
 # the package into mutants/, mutates the modules [tool.mutmut] in pyproject.toml names, runs the tests that reach
 # each mutant and records the counts per module in docs/mutation.md. MUTATION_CHILDREN: mutants tested at once.
 MUTATION_CHILDREN ?= 2

@@ -17,7 +17,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 START, END = "<!-- mutation-summary:start -->", "<!-- mutation-summary:end -->"
-COLUMNS = ["killed", "survived", "timeout", "no tests", "other"]
+COLUMNS = ["killed", "survived", "timeout", "no tests", "not checked", "other"]
 
 
 def module_of(key: str) -> str:
