@@ -25,7 +25,7 @@ ifneq ($(shell cat $(VENV_STAMP) 2>/dev/null),$(VENV_HASH))
 .PHONY: $(VENV_STAMP)
 endif
 
-.PHONY: help run test lint verify clean-venv venv-hash container-test
+.PHONY: help run test lint verify clean-venv venv-hash container-test mutation
 
 help:
 	@echo "make run         create or complete .venv (pinned requirements), then run the whole pipeline:"
@@ -35,6 +35,7 @@ help:
 	@echo "make lint        snakemake --lint, snakefmt --check, ruff check"
 	@echo "make clean-venv  remove .venv (results/ stays)"
 	@echo "make container-test  build the container image and run the smoke preset in it (minutes)"
+	@echo "make mutation    mutation testing of the verdict's core (docs/mutation.md; over an hour)"
 	@echo "make help        this list"
 
 # The pinned requirements, then amprepro itself, editable (workflow/amprepro) and --no-deps (the pins stay the source
@@ -58,8 +59,22 @@ run: $(VENV_STAMP)
 verify: $(VENV_STAMP)
 	$(LAUNCH) verify
 
+# TEST_WORKERS pytest-xdist processes (2: CI's cores); each test file is one work unit, the slowest first
+# (tests/conftest.py). TEST_WORKERS=0 runs everything in this one process.
+TEST_WORKERS ?= 2
 test: $(VENV_STAMP)
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder tests
+
+# Mutation testing of the verdict's core (docs/mutation.md; not part of make test: over an hour on 2 cores). mutmut copies
+# the package into mutants/, mutates the modules [tool.mutmut] in pyproject.toml names, runs the tests that reach
+# each mutant and records the counts per module in docs/mutation.md. MUTATION_CHILDREN: mutants tested at once.
+MUTATION_CHILDREN ?= 2
+mutation: $(VENV_STAMP)
+	rm -rf mutants
+	start=$$(date +%s); \
+	$(BIN)/python tools/mutation/mutmut_workflow.py run --max-children $(MUTATION_CHILDREN) > mutants.log 2>&1; \
+	status=$$?; tail -n 5 mutants.log; [ $$status = 0 ] || exit $$status; \
+	$(BIN)/python tools/mutation/summary.py --doc docs/mutation.md --seconds $$(($$(date +%s) - start))
 
 lint: $(VENV_STAMP)
 	$(BIN)/snakemake --lint

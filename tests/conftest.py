@@ -1,10 +1,59 @@
-"""Fixtures shared by every test folder; the helpers themselves live in workflow_testing.py (importable by name)."""
+"""Fixtures shared by every test folder; the helpers themselves live in workflow_testing.py (importable by name).
+
+Parallel runs (`make test`: pytest-xdist, `-n 2 --dist loadgroup --no-loadscope-reorder`): every test file is one
+work unit, so a module's expensive fixture is built once, on one worker. Files that share a session-scoped fixture are
+one unit together (SHARED_FIXTURES): tests/conda (the conda stand-in and its channel) and the report files that read
+the rendered fixture reports. The units are handed out slowest first (SLOWEST_FIRST), so the two Slurm runs, the
+longest, start at once on the two workers and everything else fills in around them.
+
+The grouping is done by the scheduler below (pytest_xdist_make_scheduler), not by `xdist_group` marks: pytest-xdist
+3.8 applies those by rewriting `item._nodeid`, which pytest 9.2 no longer reads, so the marks group nothing.
+"""
 
 from pathlib import Path
 
 import pytest
 
 from workflow_testing import copy_workflow
+
+# Work units by how long they took on 2 cores (issue 28's measurements), longest first; the others follow in
+# collection order.
+SLOWEST_FIRST = [
+    "tests/slurm/test_slurm_paper.py",
+    "tests/slurm/test_slurm_profile.py",
+]
+# Files that share a session-scoped fixture: one work unit, or each worker would build the fixture again.
+SHARED_FIXTURES = {
+    "tests/conda/test_conda_failures.py": "tests/conda (standin, channel_standin)",
+    "tests/conda/test_conda_offline.py": "tests/conda (standin, channel_standin)",
+    "tests/report/test_breakdown.py": "tests/report (smoke_html, gpu_html, llm7b_html)",
+    "tests/report/test_browser.py": "tests/report (smoke_html, gpu_html, llm7b_html)",
+    "tests/report/test_render.py": "tests/report (smoke_html, gpu_html, llm7b_html)",
+}
+
+
+def work_unit(nodeid: str) -> str:
+    """The xdist work unit of a test: its file, or the group of files it shares a session fixture with."""
+    path = nodeid.split("::", 1)[0]
+    return SHARED_FIXTURES.get(path, path)
+
+
+@pytest.hookimpl(optionalhook=True)  # a machine without pytest-xdist (a GPU box) runs the tests in one process
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByWorkUnit(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+    return ByWorkUnit(config, log)
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: index for index, name in enumerate(SLOWEST_FIRST)}
+    items.sort(key=lambda item: rank.get(work_unit(item.nodeid), len(rank)))  # stable: collection order otherwise
 
 
 @pytest.fixture

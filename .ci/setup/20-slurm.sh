@@ -6,7 +6,9 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 
 # Two node daemons on this host: tests/slurm runs a two-node cell (SLURM_NODES, tools/slurm/start.sh).
-SLURM_NODES=2 SLURM_SMOKE=1 bash tools/slurm/start.sh
+# Finished jobs stay in squeue/scontrol for 30 min (start.sh's default: 10): the tests read every job's record right
+# after each run, and the two Slurm runs side by side (make test's two workers) can each take more than 10 minutes.
+SLURM_NODES=2 SLURM_SMOKE=1 SLURM_MIN_JOB_AGE=1800 bash tools/slurm/start.sh
 
 # Belt and braces: the test is skipped when Slurm is not usable, so make sure here that it is.
 sinfo -h -o '%T %G' | grep -qE '^(idle|mixed).*gpu' || {

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# ci-setup: parallel
 # tests/conda runs `snakemake --use-conda` for real, offline, against the rattler-backed conda stand-in (testing only,
 # tools/conda-offline). This installs the stand-in's own venv (py-rattler & co, pinned in
 # tools/conda-offline/requirements.txt) into vendor/conda-offline/venv, which is gitignored. The local channel and the

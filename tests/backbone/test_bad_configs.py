@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import queue
+import shlex
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -236,13 +237,98 @@ def test_config_check_refuses_the_same_configs_without_running_them(workdir, cas
     assert not (workdir / MARKER).exists()
 
 
+DEFAULT_TITLE = "amprepro: which mixed-precision claims hold on this machine"
+SMOKE_TRAIN = {"deterministic": False, "lr": 0.002, "optimizer": "adamw", "steps": 120, "warmup_steps": 10,
+               "weight_decay": 0.0}
+SMOKE_CELLS = 12  # 2 models x 6 precisions x seed 0
+
+
+def exactly(value):
+    """value, and of the same type: 120 is not 120.0 (a cell's range(steps) needs the int) and 1 is not True."""
+    return lambda got: got == value and type(got) is type(value)
+
+
+def train_is(**changed):
+    """Every cell's train settings: the smoke preset's with these changed, each of the exact type."""
+    expected = {**SMOKE_TRAIN, **changed}
+    return lambda jobs: all(set(spec["train"]) == set(expected)
+                            and all(exactly(expected[key])(spec["train"][key]) for key in expected)
+                            for spec in jobs["specs"])
+
+
+def cells_are(count, seeds=(0,)):
+    return lambda jobs: len(jobs["specs"]) == count and {spec["seed"] for spec in jobs["specs"]} == set(seeds)
+
+
+def a_model(name, **model_config):
+    return lambda jobs: any(spec["model"] == name and all(exactly(v)(spec["model_config"].get(k))
+                                                          for k, v in model_config.items()) for spec in jobs["specs"])
+
+
+def apex_source_is(**source):
+    return lambda jobs: all(exactly(v)(jobs["apex"]["source"][k]) if v is not None else jobs["apex"]["source"][k]
+                            is None for k, v in source.items())
+
+
+def title_is(title):
+    return lambda jobs: jobs["title"] == title
+
+
+DEFAULTS = [cells_are(SMOKE_CELLS), train_is(), title_is(DEFAULT_TITLE)]
+# What each valid config must have become by the time it reaches the jobs' command lines (`snakemake -n -p`):
+# not only that the dry run exits 0, but the cleaned-up values (numbers from text, floats that are integers made
+# int, empty sections filled with the defaults).
+EXPECTED = {
+    "lr-exponent": [cells_are(SMOKE_CELLS), train_is(lr=0.001)],
+    "lr-exponent-yaml": [cells_are(SMOKE_CELLS), train_is(lr=0.001)],
+    "runs-null": DEFAULTS,
+    # report: null replaces config.yaml's report section: the schema's default title, not config.yaml's
+    "report-null": [cells_are(SMOKE_CELLS), train_is(), title_is("amprepro report"),
+                    lambda jobs: jobs["apex"]["required"] is False,
+                    apex_source_is(url="https://github.com/NVIDIA/apex.git", ref="25.05", commit="379937e1")],
+    "steps-exponent": [cells_are(SMOKE_CELLS), train_is(steps=120)],
+    "seed-2**32-1": [cells_are(SMOKE_CELLS, seeds=[2**32 - 1]), train_is()],
+    "name-64-batch-all-digits": [cells_are(SMOKE_CELLS + 6), a_model(LONG_NAME, batch_size=1438, arch="small_cnn")],
+    "ddp-even-batch": [cells_are(SMOKE_CELLS + 6), a_model("ddp", batch_size=64, gpus=2)],
+    "title-literal": [cells_are(SMOKE_CELLS), title_is("Ünï {x} {{y}} $(id) `id` \"q\" 's' <b>")],
+    "scp-url": [cells_are(SMOKE_CELLS), apex_source_is(url="git@github.com:NVIDIA/apex.git", ref="release/25.05")],
+    "cli-nested-numbers": [cells_are(2 * SMOKE_CELLS, seeds=[0, 1]), train_is(lr=0.001, steps=50, deterministic=True)],
+    "cli-readme-apex": [cells_are(SMOKE_CELLS), apex_source_is(path="vendor/apex-25.05", commit="379937e1", url=None)],
+    "cli-apex-required": [cells_are(SMOKE_CELLS), lambda jobs: jobs["apex"]["required"] is False],
+    "json-file": [cells_are(SMOKE_CELLS), train_is(lr=0.001)],
+}
+
+
+def planned_jobs(output: str) -> dict:
+    """The cells' specs, the apex settings and the report title, from the shell commands of `snakemake -n -p`."""
+    jobs = {"specs": [], "apex": None, "title": None}
+    for line in output.splitlines():
+        if not line.startswith("Shell command: ") or line == "Shell command: None":
+            continue
+        args = shlex.split(line.removeprefix("Shell command: "))
+        if "--spec" in args:
+            jobs["specs"].append(json.loads(args[args.index("--spec") + 1]))
+        if "amprepro.env.apex_stage" in args:
+            jobs["apex"] = json.loads(args[args.index("--settings") + 1])
+        if "amprepro.report.render" in args:
+            jobs["title"] = next(a.removeprefix("title=") for a in args if a.startswith("title="))
+    return jobs
+
+
+def test_every_valid_case_says_what_it_must_become():
+    assert set(EXPECTED) == {case[0] for case in VALID}
+
+
 @pytest.mark.parametrize("case_id, how, value", VALID, ids=[case[0] for case in VALID])
 def test_an_unusual_but_valid_config_passes(workdir, case_id, how, value):
     before = snapshot(workdir)
     args = arguments(workdir, case_id, how, value)
-    result = snakemake(workdir, "-n", "--cores", "1", *args, check=False)
+    result = snakemake(workdir, "-n", "-p", "--cores", "1", *args, check=False)
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     assert snapshot(workdir) == before
+    jobs = planned_jobs(result.stdout)
+    failed = [index for index, expectation in enumerate(EXPECTED[case_id]) if not expectation(jobs)]
+    assert not failed, f"{case_id}: expectations {failed} do not hold for the planned jobs {jobs}"
     if how != "config":
         checked = check(workdir, config_files(workdir, args))
         assert checked.returncode == 0 and ": OK." in checked.stdout, checked.stderr

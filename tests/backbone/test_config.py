@@ -64,6 +64,7 @@ def test_cell_spec_holds_only_its_own_model():
     ],
 )
 def test_bad_config_names_the_field(overrides, field):
+    overrides = dict(overrides)  # the parameter itself stays as it was: the test can run again in this process
     preset = overrides.pop("preset", "smoke") if "preset" in overrides else "smoke"
     config = cfg.deep_merge(BASE, overrides)
     config["preset"] = preset
@@ -121,3 +122,46 @@ def test_a_quoted_number_in_a_file_is_refused_but_the_same_text_from_the_command
     given = {"runs": {"seeds": ["0", "1"], "train": {"steps": "5"}}}  # what Snakemake makes of --config runs=...
     assert cfg.validate_config(given, command_line=given)["runs"]["seeds"] == [0, 1]
     assert cfg.validate_config({"runs": {"train": {"lr": "1e-3"}}})["runs"]["train"]["lr"] == 0.001  # YAML 1.1 text
+
+
+@pytest.mark.parametrize("warmup, steps, refused", [(120, 120, True), (121, 120, True), (119, 120, False)])
+def test_warmup_must_leave_at_least_one_timed_step(warmup, steps, refused):
+    overrides = {"runs": {"train": {"warmup_steps": warmup, "steps": steps}}}
+    if not refused:
+        runs, _ = resolve(overrides)
+        assert (runs["train"]["warmup_steps"], runs["train"]["steps"]) == (warmup, steps)
+        return
+    with pytest.raises(cfg.ConfigError) as error:
+        resolve(overrides)
+    assert str(error.value) == (f"Config error at runs.train.warmup_steps (model cnn): {warmup} warm-up steps leave "
+                                f"no timed step out of {steps}. Fix: make warmup_steps smaller than steps.")
+
+
+def test_a_models_own_train_settings_are_checked_for_warmup_too():
+    with pytest.raises(cfg.ConfigError, match=r"warmup_steps \(model transformer\): 30 warm-up steps .* out of 30"):
+        resolve({"runs": {"models": {"transformer": {"train": {"steps": 30, "warmup_steps": 30}}}}})
+
+
+@pytest.mark.parametrize("written, expected", [
+    ({"runs": {"train": {"steps": "1.2e2"}}}, ("train", "steps", 120)),
+    ({"runs": {"train": {"steps": 120.0}}}, ("train", "steps", 120)),
+    ({"runs": {"train": {"warmup_steps": "1e1"}}}, ("train", "warmup_steps", 10)),
+    ({"runs": {"seeds": [1.0, 2]}}, ("seeds", None, [1, 2])),  # a quoted "2" in a file is refused: test below
+    ({"runs": {"train": {"lr": "1e-3"}}}, ("train", "lr", 0.001)),
+    ({"runs": {"train": {"lr": 1}}}, ("train", "lr", 1)),
+])
+def test_numbers_written_as_text_or_floats_become_the_type_the_schema_asks_for(written, expected):
+    section, key, value = expected
+    config = cfg.validate_config(cfg.deep_merge(BASE, {"preset": "smoke", **written}))
+    got = config["runs"][section] if key is None else config["runs"][section][key]
+    assert got == value and type(got) is type(value), (got, type(got))
+    runs, _ = cfg.resolve_runs(config, PRESETS, [], "test probe")
+    spec = cfg.cell_spec(runs, "cnn", "fp32", runs["seeds"][0])
+    if section == "train":
+        assert type(spec["train"][key]) is type(value)  # what the cell gets: range(steps) needs an int
+
+
+def test_a_fraction_is_not_made_an_integer():
+    with pytest.raises(cfg.ConfigError, match=r"config\.runs\.train\.steps"):
+        cfg.validate_config(cfg.deep_merge(BASE, {"runs": {"train": {"steps": 2.5}}}))
+    assert cfg.normalized({"runs": {"train": {"lr": 2.0}}})["runs"]["train"]["lr"] == 2.0  # a number stays a float

@@ -1,3 +1,5 @@
+import typing
+
 import pytest
 import torch
 
@@ -19,10 +21,44 @@ def test_step_stats_exclude_warmup():
     assert stats["step_time_p90_s"] == pytest.approx(0.11)
 
 
-def test_cpu_timer_measures_wall_time():
+def test_cpu_timer_measures_wall_time_in_seconds():
+    import time
+
     with measure.StepTimer(torch.device("cpu")) as timer:
-        sum(range(100000))
-    assert 0 < timer.seconds < 5
+        time.sleep(0.05)
+    assert 0.045 <= timer.seconds < 1.0, timer.seconds  # seconds: 50 ms is 0.05, not 50 (or 5e-5)
+
+
+class FakeCudaEvent:
+    """Stands in for torch.cuda.Event on a machine without CUDA: CUDA events report elapsed time in milliseconds
+    (tests/gpu/test_measurement.py checks the real ones against a synchronised wall clock)."""
+
+    log: typing.ClassVar[list] = []
+
+    def __init__(self, enable_timing=False):
+        assert enable_timing, "a timing event needs enable_timing=True"
+        self.recorded = False
+
+    def record(self):
+        self.recorded = True
+        self.log.append("record")
+
+    def synchronize(self):
+        assert self.recorded
+        self.log.append("synchronize")
+
+    def elapsed_time(self, end):
+        assert self.recorded and end.recorded and self.log[-1] == "synchronize", "read before the end event ran"
+        return 250.0  # ms
+
+
+def test_cuda_timer_converts_the_events_milliseconds_to_seconds(monkeypatch):
+    FakeCudaEvent.log = []
+    monkeypatch.setattr(torch.cuda, "Event", FakeCudaEvent)
+    with measure.StepTimer(torch.device("cuda")) as timer:
+        assert FakeCudaEvent.log == ["record"]
+    assert FakeCudaEvent.log == ["record", "record", "synchronize"]
+    assert timer.seconds == 0.25
 
 
 def test_memory_on_cpu_has_rss_but_no_allocator_peak():

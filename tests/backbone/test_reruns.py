@@ -40,6 +40,37 @@ def edit_a_class_docstring(path: Path) -> None:
     path.write_text("".join(lines))
 
 
+def edit_a_function_docstring(path: Path, kind=ast.FunctionDef) -> str:
+    """Prefix the first docstring of a function (or method) of that kind; returns the function's name."""
+    lines = path.read_text().splitlines(keepends=True)
+    function = next(node for node in ast.walk(ast.parse("".join(lines)))
+                    if isinstance(node, kind) and ast.get_docstring(node, clean=False) is not None)
+    docstring = function.body[0].value
+    line = lines[docstring.lineno - 1]
+    at = docstring.col_offset + 3
+    lines[docstring.lineno - 1] = line[:at] + "Edited function docstring. " + line[at:]
+    path.write_text("".join(lines))
+    return function.name
+
+
+def test_a_function_docstring_edit_does_not_change_the_digest(package):
+    before = code_digest("train.train", package_dir=package)
+    assert edit_a_function_docstring(package / "train" / "train.py")
+    assert edit_a_function_docstring(package / "train" / "measure.py")  # a method's (StepTimer) or a function's
+    assert code_digest("train.train", package_dir=package) == before
+
+
+def test_an_async_function_docstring_and_a_docstring_only_body_are_stripped(tmp_path):
+    from amprepro.codedigest import source_tree
+
+    first, second = tmp_path / "a.py", tmp_path / "b.py"
+    first.write_text('async def f():\n    """One."""\n    return 1\n\ndef g():\n    """Only a docstring."""\n')
+    second.write_text('async def f():\n    """Two."""\n    return 1\n\ndef g():\n    pass\n')
+    assert source_tree(first) == source_tree(second)
+    second.write_text('async def f():\n    """Two."""\n    return 2\n\ndef g():\n    pass\n')
+    assert source_tree(first) != source_tree(second)
+
+
 def test_comments_docstrings_and_layout_do_not_change_the_digest(package):
     before = code_digest("train.train", package_dir=package)
     train = package / "train" / "train.py"

@@ -83,15 +83,9 @@ def test_rules_take_their_env_from_conda_check():
             assert (rules / path).resolve().exists(), f"{rule_file.name}: conda env {path} does not exist"
 
 
-def test_pin_files_come_from_snakedeploy_not_from_hand():
-    for pin in (REPO / "envs").glob("*.pin.txt"):
-        lines = pin.read_text().splitlines()
-        assert pin.name.endswith(".linux-64.pin.txt")
-        assert (pin.parent / pin.name.replace(".linux-64.pin.txt", ".yaml")).exists()
-        assert "@EXPLICIT" in lines
-        urls = [line for line in lines if line and not line.startswith(("#", "@"))]
-        assert urls and all(re.match(r"https://conda\.anaconda\.org/conda-forge/(linux-64|noarch)/\S+#[0-9a-f]{32}$", u)
-                            for u in urls), f"{pin.name}: not `conda list --explicit --md5` output from conda-forge"
+# No test of committed envs/*.linux-64.pin.txt files: none is committed (they come from the weekly pin workflow's PR,
+# which needs conda-forge), and a loop over no files could not fail (issue 28). The format of snakedeploy's pin files
+# is checked where real ones are made: tests/conda/test_conda_offline.py pins against the local channel.
 
 
 def test_the_weekly_pin_workflow_pins_every_env_file():

@@ -422,3 +422,75 @@ def test_a_claim_names_the_batch_or_shape_the_memory_plan_ran_it_at():
     result = claims.evaluate_claim(claim(metric="memory_reduction", variant="apex_o1", claimed={"about": 0.40},
                                          tolerance=0.05, baseline=["fp32"]), summary(unplanned))
     assert "[" not in result["measured_text"]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# verdict rules a wrong edit of claims.py would change (issue 28: each was a bug that no test caught)
+NO_TENSOR_CORES = {"checks": [{"name": "Tensor Cores", "status": "fail", "detail": "compute capability 6.1"}]}
+
+
+@pytest.mark.parametrize("models", [["m"], ["any"], ["benchmark"]], ids=["named", "any", "benchmark"])
+def test_the_tensor_core_requirement_holds_for_named_and_generic_claims(models):
+    cells = [cell("m", "fp32", throughput=100), cell("m", "amp_fp16", throughput=200)]
+    needs = claim(models=models, baseline=["fp32"], requires=["tensor_cores"])
+    without = claims.evaluate_claim(needs, summary(cells), NO_TENSOR_CORES)
+    assert without["verdict"] == "not_measurable", without["reason"]
+    assert without["reason"] == ("needs a Tensor Core GPU (compute capability ≥ 7.0); compute capability 6.1: "
+                                 "paper preset on NVIDIA TEST GPU")
+    assert claims.evaluate_claim(needs, summary(cells), TENSOR_CORES)["verdict"] == "holds"
+    # a claim that does not name the requirement is judged on the same machine
+    assert claims.evaluate_claim(claim(models=models, baseline=["fp32"]), summary(cells),
+                                 NO_TENSOR_CORES)["verdict"] == "holds"
+
+
+def test_without_a_sanity_record_a_gpu_counts_as_unchecked_tensor_cores_and_the_cpu_as_none():
+    cells = [cell("m", "fp32", throughput=100), cell("m", "amp_fp16", throughput=200)]
+    needs = claim(baseline=["fp32"], requires=["tensor_cores"])
+    assert claims.tensor_cores(None, summary(cells)) == (True, "NVIDIA TEST GPU (not checked)")
+    assert claims.evaluate_claim(needs, summary(cells), None)["verdict"] == "holds"
+    on_cpu = claims.evaluate_claim(needs, summary(cells, gpu=None), None)
+    assert on_cpu["verdict"] == "not_measurable" and "; no CUDA GPU: paper preset on CPU" in on_cpu["reason"]
+
+
+@pytest.mark.parametrize("status", ["failed", "skipped"])
+def test_a_baseline_that_did_not_run_ok_gives_no_value_even_with_a_throughput_recorded(status):
+    cells = [cell("m", "fp32", status=status, throughput=50, reason="out of memory"),
+             cell("m", "amp_fp16", throughput=200)]
+    result = claims.evaluate_claim(claim(baseline=["fp32"]), summary(cells), TENSOR_CORES)
+    assert result["verdict"] == "not_measurable"
+    assert result["reason"] == f"m/fp32 {status}: out of memory"
+    model = result["by_baseline"]["fp32"]["models"]["m"]
+    assert model["values"] == {} and "median" not in model
+
+
+def test_only_seeds_whose_baseline_ran_ok_count():
+    cells = [cell("m", "fp32", 0, status="failed", throughput=10, reason="crash"),
+             cell("m", "amp_fp16", 0, throughput=200),
+             cell("m", "fp32", 1, throughput=100), cell("m", "amp_fp16", 1, throughput=200)]
+    model = claims.evaluate_claim(claim(baseline=["fp32"]), summary(cells), TENSOR_CORES)["by_baseline"]["fp32"][
+        "models"]["m"]
+    assert model["values"] == {1: pytest.approx(2.0)} and model["n_seeds"] == 1 and model["verdict"] == "holds"
+
+
+def test_a_variant_seed_that_did_not_run_ok_gives_no_value():
+    cells = [cell("m", "fp32", 0, throughput=100), cell("m", "amp_fp16", 0, status="failed", throughput=900),
+             cell("m", "fp32", 1, throughput=100), cell("m", "amp_fp16", 1, throughput=210)]
+    model = claims.evaluate_claim(claim(baseline=["fp32"]), summary(cells), TENSOR_CORES)["by_baseline"]["fp32"][
+        "models"]["m"]
+    assert model["values"] == {1: pytest.approx(2.1)}
+
+
+@pytest.mark.parametrize("variant_throughputs, borderline", [
+    ([190, 200, 210], False),  # 1.9x-2.1x, all inside 2.0 ± 0.2
+    ([180, 200, 230], True),   # the max (2.3x) is above the band: the spread straddles its edge
+    ([170, 200, 205], True),   # the min (1.7x) is below it
+    ([170, 200, 240], True),   # both
+    ([230, 240, 250], False),  # all above: exceeds, and not borderline
+])
+def test_borderline_means_the_spread_over_seeds_straddles_a_band_edge(variant_throughputs, borderline):
+    cells = [c for seed, value in enumerate(variant_throughputs)
+             for c in (cell("m", "fp32", seed, throughput=100), cell("m", "amp_fp16", seed, throughput=value))]
+    model = claims.evaluate_claim(claim(baseline=["fp32"]), summary(cells), TENSOR_CORES)["by_baseline"]["fp32"][
+        "models"]["m"]
+    assert model["borderline"] is borderline
+    assert ("(the spread straddles the band edge)" in model["reason"]) is borderline
