@@ -33,7 +33,7 @@ SETTING_NEEDS = {
     "compile": None,  # torch.compile is part of torch
     "fused_layer_norm": "apex",
     "gpus": None, "nodes": None, "sync_batchnorm": None,  # torch.distributed (nodes: srun, from Slurm, not a package)
-    "activation_checkpointing": None, "epoch_tokens": None,  # torch.utils.checkpoint; a number
+    "activation_checkpointing": None, "epoch_tokens": None, "shape": None,  # torch.utils.checkpoint; a number
     "precisions": None, "seeds": None, "train": None,  # PRECISION_NEEDS, OPTIMIZER_NEEDS
 }
 DATA_NEEDS = {"digits": "scikit-learn", "synthetic_images": None, "synthetic_tokens": None}

@@ -25,7 +25,7 @@ checkpoint plan:
         cells=json.dumps(plan_cells(RUNS, config), sort_keys=True),
         device="cuda" if GPUS else "cpu",
         limit=["--limit-gib", str(GPU_MEMORY_LIMIT)] if GPU_MEMORY_LIMIT else [],
-        views="results/plan/models",
+        views=lambda wildcards, output: str(Path(output.views[0]).parent),
         code=code_digest("plan.memplan", "plan.probe"),
     shell:
         "python -m amprepro.env.gpuslots --gpus {resources.gpu} -- python -m amprepro.plan.memplan"
