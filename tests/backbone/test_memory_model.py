@@ -174,3 +174,16 @@ def test_the_estimate_is_within_15_percent_on_the_capped_card_runs_too(run):
         error = memory.estimate(spec.model_config, spec.precision, spec.optimizer).total / float(
             row["peak_allocated_bytes"]) - 1
         assert abs(error) <= TOLERANCE, f"{run} {row['model']}/{row['precision']}: {error:+.1%}"
+
+
+def test_a_gpu_job_where_torch_sees_no_cuda_keeps_the_presets_batches():
+    """A scheduler's GPU job without CUDA behind it (the test cluster's fake GPUs): the plan decides nothing and the
+    cells say why they cannot run."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    machine = memplan.card("cuda", 12)
+    assert machine["budget_bytes"] is None and "no CUDA device" in machine["note"]
+    plan = memplan.make_plan(cells("resnet50", 256), machine, None)
+    assert plan["models"]["resnet50"]["batch_size"] == 256

@@ -188,6 +188,9 @@ def card(device: str, limit_gib: float | None) -> dict:
                 "note": "no GPU: the presets' batches are kept"}
     import torch
 
+    if not torch.cuda.is_available():  # a job the scheduler gave GPUs that CUDA cannot see: the cells will say so
+        return {"device": "cpu", "budget_bytes": None, "allocator_limit_bytes": None, "cap_gib": limit_gib,
+                "note": "GPU jobs, but torch sees no CUDA device in the plan's job: the presets' batches are kept"}
     torch.cuda.init()
     props = torch.cuda.get_device_properties(0)
     free, total = torch.cuda.mem_get_info(0)
