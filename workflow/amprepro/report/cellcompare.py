@@ -3,6 +3,7 @@ counts and warnings over all cells (amprepro.report.verify runs the whole check 
 
 from __future__ import annotations
 
+from amprepro.cellspec import PLANNED_KEYS  # what the memory plan may change
 from amprepro.report import reference as ref_mod
 from amprepro.report.reference import band, band_for
 
@@ -24,9 +25,6 @@ def _spec_diff(here: dict, ref: dict, prefix: str = "") -> list[str]:
             diffs.append(f"{prefix}{key} {b!r} in the reference, {a!r} here")
     return diffs
 
-
-
-PLANNED_KEYS = ("batch_size", "shape")  # what the memory plan may change (amprepro.cellspec.PLANNED_KEYS)
 
 
 def planned_difference(spec_here: dict, spec_ref: dict, plan: dict | None) -> str | None:
