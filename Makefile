@@ -25,7 +25,7 @@ ifneq ($(shell cat $(VENV_STAMP) 2>/dev/null),$(VENV_HASH))
 .PHONY: $(VENV_STAMP)
 endif
 
-.PHONY: help run test lint verify clean-venv venv-hash container-test mutation
+.PHONY: help run test lint verify venv clean-venv venv-hash container-test mutation
 
 help:
 	@echo "make run         create or complete .venv (pinned requirements), then run the whole pipeline:"
@@ -33,6 +33,7 @@ help:
 	@echo "make verify      compare a finished run with the committed reference of the same GPU model"
 	@echo "make test        the test suite (what CI runs: .ci/run)"
 	@echo "make lint        snakemake --lint, snakefmt --check, ruff check"
+	@echo "make venv        create or complete .venv only (what make run and make test do first)"
 	@echo "make clean-venv  remove .venv (results/ stays)"
 	@echo "make container-test  build the container image and run the smoke preset in it (minutes)"
 	@echo "make mutation    mutation testing of the verdict's core (docs/mutation.md; over an hour)"
@@ -49,6 +50,8 @@ $(VENV_STAMP):
 	  { echo "amprepro: the install into $(VENV) did not finish; run make again (it continues from what is there)" >&2; \
 	    exit 1; }
 	@printf '%s\n' '$(VENV_HASH)' > $(VENV_STAMP).tmp && mv $(VENV_STAMP).tmp $(VENV_STAMP)
+
+venv: $(VENV_STAMP)
 
 run: $(VENV_STAMP)
 	$(LAUNCH)

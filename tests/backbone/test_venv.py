@@ -158,3 +158,15 @@ def test_changed_requirements_make_the_stamp_stale(workdir, tmp_path):
         requirements.write("# a comment changes the hash too\n")
     assert expected_hash(workdir, env) != before
     assert "installing the pinned requirements" in make(workdir, env, "-n", "run").stdout
+
+
+def test_every_make_target_ci_calls_exists():
+    """.ci/run calls make targets by name (the venv in the background, then the tests): each must be one the Makefile
+    has, or CI stops in its first second (it did, when the venv's file target was renamed to its stamp)."""
+    import re
+    script = (REPO / ".ci" / "run").read_text()
+    targets = re.findall(r"\bmake\s+([A-Za-z][\w./-]*)", script)
+    assert "test" in targets and len(targets) >= 2, targets
+    for target in targets:
+        out = subprocess.run(["make", "-n", "-C", str(REPO), target], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, f"make {target}: {out.stderr.strip()}"
