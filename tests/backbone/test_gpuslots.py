@@ -89,7 +89,8 @@ def test_try_claim_holds_nothing_when_too_few_are_free(tmp_path):
 @pytest.mark.parametrize("gpu, expected", [
     ("true", ["--gpus 2 -- python -m amprepro.plan.launcher --per-node 2 --nodes 1 --device cuda --",
               "--gpus 1 -- python -m amprepro.plan.launcher --per-node 1 --nodes 1 --device cuda --",
-              "--gpus 1 -- python -m amprepro.env.apex_stage"]),
+              "--gpus 1 -- python -m amprepro.env.apex_stage",
+              "--gpus 1 -- python -m amprepro.train.batchsearch"]),
     ("false", ["--gpus 0 -- python -m amprepro.plan.launcher --per-node 1 --nodes 1 --device cpu --",
                "--gpus 0 -- python -m amprepro.env.apex_stage"]),
 ])
@@ -100,3 +101,5 @@ def test_rules_run_gpu_jobs_through_gpuslots(tmp_path, gpu, expected):
     result = snakemake(workdir, "-n", "-p", "--cores", "4", "--config", f"gpu={gpu}", "preset=paper")
     for command in expected:
         assert command in result.stdout, command
+    # the largest-batch search: one job per precision of the paper preset's three searched models, GPU runs only
+    assert result.stdout.count("python -m amprepro.train.batchsearch") == (18 if gpu == "true" else 0)

@@ -13,7 +13,7 @@ venv=${venv:-/tmp/amprepro-venv}
 source tools/gpu/venv.sh
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
 PYTHONPATH=workflow:tests timeout 300 "$venv/bin/python" -m pytest -q -p no:cacheprovider -rs -s \
-  tests/gpu/test_measurement.py tests/backbone/test_measure.py > "$OUT/pytest-measurement.log" 2>&1
+  tests/gpu/test_measurement.py tests/gpu/test_batchsearch_gpu.py tests/backbone/test_measure.py > "$OUT/pytest-measurement.log" 2>&1
 rc=$?
 tail -n 25 "$OUT/pytest-measurement.log"
 exit $rc

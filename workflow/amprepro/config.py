@@ -334,7 +334,30 @@ def resolve_runs(config: dict, presets_dir: Path, gpus: list[str], probe: str) -
                 f"runs.precisions {runs['precisions']}, so the model has no cell. Fix: add one of them to "
                 "runs.precisions or change the model's precisions."
             )
+    check_largest_batch(runs)
     return runs, choice
+
+
+def check_largest_batch(runs: dict) -> None:
+    """runs.largest_batch names models this run has, each a single-GPU model that is not compiled (one process
+    tries its batches)."""
+    for model in (runs.get("largest_batch") or {}).get("models", []):
+        settings = runs["models"].get(model)
+        if settings is None:
+            raise ConfigError(
+                f"Config error at runs.largest_batch.models: {model} is not a model of this run "
+                f"({', '.join(sorted(runs['models']))}). Fix: name one of them, or remove it.")
+        if settings.get("gpus", 1) > 1 or settings.get("nodes", 1) > 1 or settings.get("compile"):
+            raise ConfigError(
+                f"Config error at runs.largest_batch.models: {model} is data-parallel or compiled; the search tries "
+                "batches in one process, one step each. Fix: name its single-GPU, uncompiled model instead.")
+
+
+def largest_batch_searches(runs: dict) -> list[dict]:
+    """{model, precision, seed} of every search runs.largest_batch asks for: the model's first seed's cells."""
+    models = (runs.get("largest_batch") or {}).get("models", [])
+    return [c for c in cells(runs) if c["model"] in models
+            and c["seed"] == runs["models"][c["model"]].get("seeds", runs["seeds"])[0]]
 
 
 def check_batch(model: str, settings: dict) -> None:

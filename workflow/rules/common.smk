@@ -14,6 +14,7 @@ from amprepro.config import (  # noqa: E402
     validate_config,
     gpus_for_jobs,
     gpu_memory_limit,
+    largest_batch_searches,
     plan_cells,
     stop_on_config_error,
 )
@@ -36,6 +37,8 @@ LOCAL_GPUS = len(GPUS) if workflow.local_exec else 0
 BUILD_THREADS = cell_resources.apex_build_threads(CORES, LOCAL_GPUS)
 RUNTIME_FACTOR = float(config["resources"]["runtime_factor"])  # nested --config values arrive as strings
 GPU_MEMORY_LIMIT = gpu_memory_limit(config)  # GiB of an emulated smaller card, or None
+LARGEST_BATCH = RUNS.get("largest_batch") or {}  # workflow/rules/largest_batch.smk
+SEARCHES = largest_batch_searches(RUNS) if GPUS else []
 
 # How every job finds the amprepro package: the one place. Each shell command starts with PYTHONPATH exported to the
 # package's absolute folder (PACKAGE_PATH, from the Snakefile), so rules run `python -m amprepro.<subpackage>.<stage>`
@@ -65,6 +68,10 @@ wildcard_constraints:
     model="[A-Za-z0-9_]+",
     precision="|".join(RUNS["precisions"]),
     seed=r"\d+",
+
+
+def largest_batch_outputs():
+    return [f"results/largest_batch/{c['model']}/{c['precision']}.json" for c in SEARCHES]
 
 
 def run_outputs(name):
@@ -136,3 +143,19 @@ def train_inputs(wildcards):
 
 def spec_for_cell(wildcards):
     return cell_spec_json(RUNS, wildcards.model, wildcards.precision, wildcards.seed)
+
+
+def largest_batch_inputs(wildcards):
+    seed = next(c["seed"] for c in SEARCHES if c["model"] == wildcards.model)
+    inputs = {
+        "cell": f"results/runs/{wildcards.model}/{wildcards.precision}/seed{seed}/metrics.json",
+        "plan": f"results/plan/models/{wildcards.model}.json",
+    }
+    if needs_apex(json.loads(cell_spec_json(RUNS, wildcards.model, wildcards.precision, seed))):
+        inputs["apex"] = "results/apex/runs.json"
+    return inputs
+
+
+def largest_batch_spec(wildcards):
+    seed = next(c["seed"] for c in SEARCHES if c["model"] == wildcards.model)
+    return cell_spec_json(RUNS, wildcards.model, wildcards.precision, seed)

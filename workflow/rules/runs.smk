@@ -60,6 +60,7 @@ rule summary:
         apex="results/apex/apex.json",
         peak="results/peak/peak.json",
         gate="results/sanity/verdicts.json",  # not read: it makes summary a dependent Snakemake re-judges after sanity
+        largest_batch=largest_batch_outputs(),
     output:
         table="results/summary/summary.csv",
         summary="results/summary/summary.json",
@@ -72,10 +73,18 @@ rule summary:
         runtime=30,
     params:
         preset=json.dumps(PRESET, sort_keys=True),
+        largest_batch=json.dumps(
+            {
+                "models": LARGEST_BATCH.get("models", []),
+                "note": "" if GPUS else "the search measures GPU memory; this run has no GPU",
+            },
+            sort_keys=True,
+        ),
         code=code_digest("report.summary"),
     shell:
         "python -m amprepro.report.summary"
         " --metrics {input.metrics} --env {input.env} --apex {input.apex} --peak {input.peak}"
-        " --preset {params.preset:q} --csv {output.table} --json {output.summary} > {log} 2>&1"
+        " --preset {params.preset:q} --largest-batch-asked {params.largest_batch:q}"
+        " --largest-batch {input.largest_batch} --csv {output.table} --json {output.summary} > {log} 2>&1"
         # its error (a record of another interpreter than the cells') on the console, not only in the log
         " || {{ grep -h '^ERROR' {log} >&2 || true; exit 1; }}"

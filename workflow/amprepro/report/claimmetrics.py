@@ -5,7 +5,7 @@ from __future__ import annotations
 
 # Which side of the claimed band is better for the variant, per metric: more speed, a bigger memory saving and a
 # higher accuracy are all better, so a value above the band exceeds the claim and one below it falls short.
-HIGHER_IS_BETTER = {"speedup": True, "memory_reduction": True, "accuracy_delta": True}
+HIGHER_IS_BETTER = {"speedup": True, "memory_reduction": True, "accuracy_delta": True, "batch_ratio": True}
 EPS = 1e-9
 
 
@@ -34,7 +34,25 @@ def metric_value(metric: str, variant: dict, baseline: dict) -> tuple[float | No
         if v is None or b is None:
             return None, f"no eval accuracy: {variant['model']} trains on synthetic tensors here (throughput only)"
         return v - b, ""
+    if metric == "batch_ratio":
+        return batch_ratio(variant, baseline)
     raise ValueError(f"unknown metric {metric}")
+
+
+def batch_ratio(variant: dict, baseline: dict) -> tuple[float | None, str]:
+    """Largest batch (amprepro.train.batchsearch) of the variant over the baseline's. The baseline's must be exact;
+    the variant's may be capped (it fits at the search's cap: the ratio is then a lower bound)."""
+    v, b = variant.get("largest_batch"), baseline.get("largest_batch")
+    if not v or not b:
+        return None, (f"no largest-batch search for {variant['model']} here (runs.largest_batch.models; it runs on "
+                      "a GPU, after the cells)")
+    if baseline.get("largest_batch_bound") != "exact":
+        return None, (f"the {baseline['precision']} search ended {baseline.get('largest_batch_bound')} at {b}: its "
+                      "largest batch is not known, so no ratio")
+    if variant.get("largest_batch_bound") not in ("exact", "capped"):
+        return None, (f"the {variant['precision']} search ended {variant.get('largest_batch_bound')} at {v} (its "
+                      "time ran out): no ratio")
+    return v / b, ""
 
 
 def fmt_value(metric: str, value: float | None) -> str:
@@ -46,6 +64,8 @@ def fmt_value(metric: str, value: float | None) -> str:
         return f"{-value * 100:+.1f} %".replace("-", "−")
     if metric == "accuracy_delta":
         return f"{value * 100:+.2f} pp".replace("-", "−")
+    if metric == "batch_ratio":
+        return f"{value:.2f}× the batch"
     return f"{value:.3g}"
 
 

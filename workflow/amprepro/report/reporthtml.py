@@ -278,6 +278,43 @@ def breakdown_html(table: str, runs_dir: str | None = None) -> str:
                   png=base64.b64encode(png_bytes(breakdown_chart(frame))).decode("ascii"))
 
 
+def largest_batch_section(summary: dict) -> str:
+    """Each searched model's largest batch per precision on this card (amprepro.train.batchsearch) and its ratio to
+    strict FP32's, with how each search ended."""
+    found = summary.get("largest_batch") or {}
+    records = [r for r in found.get("records", []) if r.get("status") == "ok"]
+    skipped = [r for r in found.get("records", []) if r.get("status") != "ok"]
+    rows = []
+    for model in dict.fromkeys(r["model"] for r in records):
+        mine = {r["precision"]: r for r in records if r["model"] == model}
+        fp32 = mine.get("fp32")
+        exact = fp32 is not None and fp32["bound"] == "exact"
+        for name in precisions.names():
+            r = mine.get(name)
+            if r is None:
+                continue
+            ratio = f"{r['largest_batch'] / fp32['largest_batch']:.2f}×" if exact else "—"
+            if exact and r["bound"] == "capped":
+                ratio = "≥ " + ratio
+            rows.append({"Model": model, "Precision": precisions.get(name).label, "Planned batch": r["planned_batch"],
+                         "Largest batch": r["largest_batch"], "vs strict FP32": ratio, "How it ended": r["why"],
+                         "Tries": len(r["tries"]), "Trial seconds": f"{r['trial_seconds']:.1f}"})
+    rows += [{"Model": r["model"], "Precision": precisions.get(r["precision"]).label, "Planned batch": "",
+              "Largest batch": "", "vs strict FP32": "", "How it ended": f"not searched: {r['reason']}", "Tries": "",
+              "Trial seconds": ""} for r in skipped]
+    body = kv_html(pd.DataFrame(rows), classes="kv largest-batch") if rows else ""
+    why = found.get("why_none") or "no search ran"
+    return section_html("Largest batch per precision", body, f"nothing to show on this run: {why}",
+                        intro=LARGEST_BATCH_INTRO if rows else "")
+
+
+LARGEST_BATCH_INTRO = (
+    "\"With AMP you can use a bigger batch\": for each model of runs.largest_batch, the largest batch each precision "
+    "fits on this card (under gpu_memory_limit_gib where set), found with one training step per try on the planned "
+    "batch's grid, up to a cap, within a time budget. \"exact\": the next batch on the grid did not fit; \"capped\": "
+    "it fits at the cap, so the ratio is a lower bound; \"at_least\": the time ran out first (no ratio).")
+
+
 def sanity_html(sanity: dict) -> str:
     checks = [{**check, "required": "yes" if check.get("required") else "no"} for check in sanity["checks"]]
     return render("sanity.html.j2", checks=checks)

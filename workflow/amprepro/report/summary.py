@@ -19,6 +19,7 @@ COLUMNS = [
     "epoch_hours_derived", "mem_weights_bytes", "mem_gradients_bytes", "mem_optimizer_state_bytes",
     "mem_master_weights_bytes", "mem_activations_bytes", "mem_estimate_total_bytes",
     "batch_size", "preset_batch_size", "shape", "shape_name", "parameters", "plan_note",
+    "largest_batch", "largest_batch_bound",
 ]
 # Flat columns from metrics.json's nested memory records: (column, record, key).
 MEMORY_COLUMNS = [
@@ -86,6 +87,26 @@ def add_plan(rows: list[dict], metrics: list[dict]) -> list[dict]:
         row["shape_name"] = plan.get("shape_name")
         row["parameters"] = m.get("parameters")
         row["plan_note"] = plan.get("why")
+    return rows
+
+
+def largest_batch(asked: dict, records: list[dict]) -> dict:
+    """The largest-batch searches (amprepro.train.batchsearch): which models were asked for, each record, and why there
+    are none where there are none."""
+    models = asked.get("models", [])
+    why = asked.get("note") or ""
+    if not models:
+        why = "runs.largest_batch.models names no model"
+    return {"models": models, "records": records, "why_none": "" if records else why}
+
+
+def add_largest_batch(rows: list[dict], records: list[dict]) -> list[dict]:
+    """Each search's answer on the row of the cell it started from (that model, precision and seed)."""
+    found = {(r["model"], r["precision"], r["seed"]): r for r in records if r.get("status") == "ok"}
+    for row in rows:
+        record = found.get((row["model"], row["precision"], row["seed"]))
+        row["largest_batch"] = record and record["largest_batch"]
+        row["largest_batch_bound"] = record and record["bound"]
     return rows
 
 
@@ -166,16 +187,19 @@ def check_environment(environment: dict, metrics: list[dict], env_path: str = "e
 
 
 def summarize(metric_files: list[str], environment: dict, apex: dict, preset: dict, peak: dict | None = None,
-              env_path: str = "environment.json") -> dict:
+              env_path: str = "environment.json", largest_batch_files: list[str] = (),
+              largest_batch_asked: dict | None = None) -> dict:
     metrics = [read_json(path) for path in metric_files]
     check_environment(environment, metrics, env_path)
     rows = add_relative([{c: m.get(c) for c in COLUMNS if c in m} | {"model": m["model"], "precision": m["precision"],
                                                                      "seed": m["seed"], "status": m["status"]}
                          for m in metrics])
     rows = add_plan(add_memory(add_mfu(rows, metrics, peak or {}), metrics), metrics)
+    searches = [read_json(path) for path in largest_batch_files]
+    rows = add_largest_batch(rows, searches)
     counts = {status: sum(r["status"] == status for r in rows) for status in ("ok", "skipped", "collapsed", "failed")}
     return {"preset": preset, "cells": rows, "counts": counts, "versions": versions(environment, apex, metrics),
-            "peak": peak or {}}
+            "peak": peak or {}, "largest_batch": largest_batch(largest_batch_asked or {}, searches)}
 
 
 def main(argv=None) -> None:
@@ -185,12 +209,16 @@ def main(argv=None) -> None:
     parser.add_argument("--apex", required=True)
     parser.add_argument("--peak", required=True)
     parser.add_argument("--preset", required=True, help="JSON: which preset ran and why")
+    parser.add_argument("--largest-batch", nargs="*", default=[], help="results/largest_batch/<model>/<precision>.json")
+    parser.add_argument("--largest-batch-asked", default="{}", help="JSON: runs.largest_batch.models and, where no "
+                        "search runs, why")
     parser.add_argument("--csv", required=True)
     parser.add_argument("--json", required=True)
     args = parser.parse_args(argv)
     try:
         summary = summarize(args.metrics, read_json(args.env), read_json(args.apex), json.loads(args.preset),
-                            read_json(args.peak), env_path=args.env)
+                            read_json(args.peak), env_path=args.env, largest_batch_files=args.largest_batch,
+                            largest_batch_asked=json.loads(args.largest_batch_asked))
     except EnvironmentMismatch as exc:
         print(f"ERROR: {exc}", file=sys.stderr)
         sys.exit(1)

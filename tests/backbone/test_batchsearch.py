@@ -1,0 +1,139 @@
+"""The largest-batch search (issue 21, item 3): the search on fake cards, its guess, the config that asks for it, the
+claim metric and the summary and report that carry it. The GPU part (one real step per try) runs on a GPU only."""
+
+from __future__ import annotations
+
+import pytest
+
+from amprepro import config as cfg
+from amprepro import memory
+from amprepro.cellspec import CellSpec
+from amprepro.report import claimmetrics, reporthtml, summary
+from amprepro.train import batchsearch
+
+
+def card(limit, calls=None):
+    """A fake card where a batch fits when it is at most `limit`; records the batches tried."""
+    def trial(batch):
+        if calls is not None:
+            calls.append(batch)
+        return batch <= limit, batch * 1000, "" if batch <= limit else "CUDA out of memory (fake)"
+    return trial
+
+
+@pytest.mark.parametrize("limit, guess", [(1000, 960), (1000, 2000), (1000, 256), (1000, 1000), (263, 300),
+                                          (256, 256), (1003, 1003)])
+def test_the_answer_is_the_largest_batch_on_the_grid_that_fits(limit, guess):
+    calls = []
+    s = batchsearch.search(card(limit, calls), planned=256, up_to_factor=8, guess=guess, seconds=60)
+    assert s.bound == "exact", s.why
+    assert s.largest == limit // 8 * 8 and s.smallest_failing == s.largest + 8
+    assert all(b % 8 == 0 and 256 < b <= 2048 for b in calls)  # on the grid, above the known fit, within the cap
+    assert len(calls) == len(set(calls))  # no batch tried twice
+    assert [t["batch"] for t in s.tries] == calls and all(t["fits"] == (t["batch"] <= limit) for t in s.tries)
+
+
+def test_a_good_guess_takes_two_tries_and_a_bad_one_stays_logarithmic():
+    assert len(batchsearch.search(card(1000), 256, 8, 1000, 60).tries) == 2
+    assert len(batchsearch.search(card(1000), 256, 8, 2040, 60).tries) <= 16
+
+
+def test_a_batch_that_is_no_multiple_of_8_searches_every_batch():
+    s = batchsearch.search(card(13), planned=5, up_to_factor=8, guess=7, seconds=60)
+    assert (s.step, s.largest, s.smallest_failing, s.bound) == (1, 13, 14, "exact")
+
+
+def test_fitting_at_the_cap_is_a_lower_bound_and_the_data_can_lower_the_cap():
+    s = batchsearch.search(card(10**6), planned=256, up_to_factor=8, guess=300, seconds=60)
+    assert (s.largest, s.bound) == (2048, "capped") and "search's cap" in s.why
+    s = batchsearch.search(card(10**6), planned=64, up_to_factor=8, guess=300, seconds=60, most=300)
+    assert (s.largest, s.bound, s.up_to) == (296, "capped", 296) and "the data has no more" in s.why
+
+
+def test_the_time_budget_ends_the_search_with_a_lower_bound(monkeypatch):
+    clock = iter(range(0, 10_000, 5))  # every try takes 5 s
+    monkeypatch.setattr(batchsearch.time, "perf_counter", lambda: next(clock))
+    s = batchsearch.search(card(1000), planned=256, up_to_factor=8, guess=264, seconds=12)
+    assert s.bound == "at_least" and s.largest < 1000 and "12 s of trial steps" in s.why
+    assert s.as_record()["trial_seconds"] <= 12 + 5  # the first try always runs; none starts past the budget
+
+
+def test_the_guess_scales_the_estimate_to_the_measured_peak():
+    c = {"arch": "vit_b_16", "data": "synthetic_images", "batch_size": 128, "image_size": 224}
+    at = lambda b: memory.estimate(c, "fp32", "adamw", batch=b).total  # noqa: E731
+    budget = at(400)
+    guess, how = batchsearch.guess_batch(c, "fp32", "adamw", 128, at(128), budget, 1024)
+    assert guess % 8 == 0 and at(guess) <= 0.97 * budget < at(guess + 8) and "1.00" in how
+    smaller, _ = batchsearch.guess_batch(c, "fp32", "adamw", 128, 2 * at(128), budget, 1024)  # measured: 2x the model
+    assert smaller < guess and smaller >= 128
+    assert batchsearch.guess_batch(c, "fp32", "adamw", 128, at(128), 10**15, 1024)[0] == 1024
+
+
+def test_no_search_without_a_cell_that_ran_or_without_cuda():
+    spec = CellSpec("m", "fp32", 0, {"arch": "small_cnn", "data": "digits", "batch_size": 64},
+                    {"lr": 0.001, "optimizer": "adamw", "steps": 2, "warmup_steps": 1})
+    record = batchsearch.run(spec, {"status": "skipped", "reason": "needs a GPU"}, None, {}, 8, 10)
+    assert record["status"] == "skipped"
+    assert "did not run at the planned batch (skipped: needs a GPU" in record["reason"]
+    import torch
+    if not torch.cuda.is_available():
+        record = batchsearch.run(spec, {"status": "ok"}, None, {}, 8, 10)
+        assert record["status"] == "skipped" and "no CUDA GPU" in record["reason"]
+
+
+def runs(**largest):
+    model = {"arch": "small_cnn", "data": "digits", "batch_size": 64}
+    return {"models": {"a": model, "b": {**model, "seeds": [7, 8]}, "ddp": {**model, "gpus": 2}},
+            "precisions": ["fp32", "amp_fp16"], "seeds": [0, 1], "largest_batch": largest,
+            "train": {"steps": 2, "warmup_steps": 1, "lr": 0.001, "optimizer": "adamw"}}
+
+
+def test_the_config_names_models_of_the_run_on_one_gpu():
+    with pytest.raises(cfg.ConfigError, match=r"runs.largest_batch.models: nope is not a model of this run"):
+        cfg.check_largest_batch(runs(models=["nope"]))
+    with pytest.raises(cfg.ConfigError, match="data-parallel or compiled"):
+        cfg.check_largest_batch(runs(models=["ddp"]))
+    searches = cfg.largest_batch_searches(runs(models=["a", "b"]))
+    assert [(s["model"], s["precision"], s["seed"]) for s in searches] == [
+        ("a", "fp32", 0), ("a", "amp_fp16", 0), ("b", "fp32", 7), ("b", "amp_fp16", 7)]
+    with pytest.raises(cfg.ConfigError, match="largest_batch.up_to"):
+        cfg.validate({**runs(models=["a"]), "largest_batch": {"up_to": 1}}, "runs", "runs")
+
+
+def row(precision, largest, bound, model="vit_b_16"):
+    return {"model": model, "precision": precision, "seed": 0, "status": "ok", "largest_batch": largest,
+            "largest_batch_bound": bound}
+
+
+def test_the_claim_metric_needs_an_exact_baseline():
+    exact = row("fp32", 200, "exact")
+    assert claimmetrics.metric_value("batch_ratio", row("apex_o1", 300, "exact"), exact) == (1.5, "")
+    assert claimmetrics.metric_value("batch_ratio", row("apex_o1", 400, "capped"), exact)[0] == 2.0
+    for variant, baseline, said in [(row("apex_o1", 300, "exact"), row("fp32", 200, "at_least"), "not known"),
+                                    (row("apex_o1", 300, "at_least"), row("fp32", 200, "exact"), "time ran out"),
+                                    (row("apex_o1", None, None), row("fp32", 200, "exact"), "no largest-batch search")]:
+        value, why = claimmetrics.metric_value("batch_ratio", variant, baseline)
+        assert value is None and said in why
+    assert claimmetrics.fmt_value("batch_ratio", 1.5) == "1.50× the batch"
+
+
+def record(precision, largest, bound="exact", status="ok"):
+    return {"model": "vit_b_16", "precision": precision, "seed": 0, "status": status, "largest_batch": largest,
+            "bound": bound, "why": f"fits at {largest}", "planned_batch": 128, "tries": [{}, {}], "trial_seconds": 1.5,
+            "reason": "its cell did not run"}
+
+
+def test_the_summary_puts_each_answer_on_its_cell_and_the_report_shows_the_ratio():
+    records = [record("fp32", 200), record("apex_o1", 320), record("amp_bf16", 1024, "capped"),
+               record("tf32", None, status="skipped")]
+    rows = summary.add_largest_batch([row("fp32", None, None), row("apex_o1", None, None), {**row("fp32", 0, 0),
+                                      "seed": 1}], records)
+    assert [(r["largest_batch"], r["largest_batch_bound"]) for r in rows] == [(200, "exact"), (320, "exact"),
+                                                                              (None, None)]
+    found = summary.largest_batch({"models": ["vit_b_16"], "note": ""}, records)
+    html = reporthtml.largest_batch_section({"largest_batch": found})
+    assert "Largest batch per precision" in html and "1.60×" in html and "≥ 5.12×" in html
+    assert "not searched: its cell did not run" in html
+    none = summary.largest_batch({"models": ["vit_b_16"], "note": "this run has no GPU"}, [])
+    assert "nothing to show on this run: this run has no GPU" in reporthtml.largest_batch_section(
+        {"largest_batch": none})

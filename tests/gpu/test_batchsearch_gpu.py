@@ -1,0 +1,53 @@
+"""The largest-batch search on a real GPU (skipped, with the reason, without CUDA): under an allocator cap, the batch
+it calls the largest runs as a real cell in a fresh process, and the next batch on the grid does not; an
+out-of-memory try leaves the search's process able to go on. Run by tools/gpu/measurement.sh."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from amprepro.cellspec import CellSpec
+from amprepro.train import batchsearch
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU; this machine has none")]
+REPO = Path(__file__).resolve().parents[2]
+LIMIT = 3 * 2**30  # an emulated 3 GiB card: small enough that a ViT-B/16 search ends exact within seconds
+
+
+def view(tmp: Path, batch: int) -> Path:
+    path = tmp / f"view-{batch}.json"
+    path.write_text(json.dumps({"model": "vit", "batch_size": batch, "fits": True, "why": "test",
+                                "allocator_limit_bytes": LIMIT, "cap_gib": LIMIT / 2**30}))
+    return path
+
+
+def fresh_cell(spec: CellSpec, tmp: Path, batch: int) -> dict:
+    out = tmp / f"cell-{batch}"
+    out.mkdir()
+    args = ["--spec", spec.with_train(steps=3, warmup_steps=1).to_json(), "--plan", str(view(tmp, batch)),
+            "--metrics", str(out / "metrics.json"), "--steps", str(out / "steps.csv")]
+    subprocess.run([sys.executable, "-m", "amprepro.train.train", *args], check=True, timeout=300,
+                   env={**os.environ, "PYTHONPATH": str(REPO / "workflow")})
+    return json.loads((out / "metrics.json").read_text())
+
+
+@pytest.mark.parametrize("precision", ["fp32", "amp_bf16"])
+def test_the_largest_batch_runs_in_a_fresh_process_and_the_next_does_not(tmp_path, precision):
+    spec = CellSpec("vit", precision, 0, {"arch": "vit_b_16", "data": "synthetic_images", "batch_size": 8,
+                                          "image_size": 224}, {"lr": 1e-4, "optimizer": "adamw", "steps": 3,
+                                                               "warmup_steps": 1})
+    plan = json.loads(view(tmp_path, 8).read_text())
+    record = batchsearch.run(spec, {"status": "ok"}, plan, {}, up_to=64, seconds=60)
+    assert record["status"] == "ok" and record["bound"] == "exact", record
+    assert any(not t["fits"] for t in record["tries"]) and any(t["fits"] for t in record["tries"])
+    largest, failing = record["largest_batch"], record["smallest_failing_batch"]
+    assert fresh_cell(spec, tmp_path, largest)["status"] == "ok"
+    assert fresh_cell(spec, tmp_path, failing)["status"] == "skipped"  # out of memory: skipped for memory

@@ -1,0 +1,230 @@
+"""The largest batch one precision of a model fits on this card ("with AMP you can use a bigger batch").
+
+    python -m amprepro.train.batchsearch --spec SPEC_JSON --cell METRICS_JSON --plan VIEW_JSON [--apex APEX_JSON]
+        --up-to 8 --seconds S --out results/largest_batch/<model>/<precision>.json
+
+One process per precision (apex O1 patches torch for the whole process). It builds the model, optimizer and precision
+exactly as the cell does (amprepro.train.train), takes one step at the planned batch (the cell ran there: it fits, and
+the optimizer state is then alive, as in every later step), then tries larger batches with one training step each,
+under the same allocator cap as the cells (gpu_memory_limit_gib). A batch fits when its step finishes; an allocation
+failure (CUDA OOM, cuBLAS/cuDNN ALLOC_FAILED) means it does not, and everything it held is freed before the next try.
+
+The search (search()) is bounded: batches on the planned batch's grid (multiples of 8 where it is one), at most
+`up_to` times the planned batch, and at most `seconds` of trial steps. It starts from a guess (the memory model's
+estimate scaled to this cell's measured peak at the planned batch), walks from it in steps of 1, 2, 4 ... grid steps
+until a try goes the other way, then bisects.
+Its answer says how it ended: exact (the next batch on the grid did not fit), capped (fits at up_to times the planned
+batch; the true largest may be higher) or at_least (the time ran out first). Every try is recorded: batch, fits or
+not, allocator peak, seconds.
+
+After an out-of-memory try the process goes on; fragmentation left by it can only make a later try fail that a fresh
+process would fit, so the answer errs low, never high.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import time
+from dataclasses import dataclass, field
+
+from amprepro.cellspec import CellSpec
+from amprepro.files import read_json, write_json
+
+GUESS_MARGIN = 0.97  # the guess aims this far below the budget: the estimate is within ~12 % of measured peaks
+
+
+@dataclass
+class Search:
+    """The state and answer of one search; batches fit at `largest` and not at `smallest_failing`."""
+
+    planned: int
+    up_to: int
+    step: int
+    largest: int
+    smallest_failing: int | None = None
+    tries: list = field(default_factory=list)
+    bound: str = ""
+    why: str = ""
+
+    def as_record(self) -> dict:
+        return {"planned_batch": self.planned, "up_to_batch": self.up_to, "grid_step": self.step,
+                "largest_batch": self.largest, "smallest_failing_batch": self.smallest_failing, "bound": self.bound,
+                "why": self.why, "tries": self.tries,
+                "trial_seconds": round(sum(t["seconds"] for t in self.tries), 3)}
+
+
+def grid_step(planned: int) -> int:
+    return 8 if planned % 8 == 0 else 1
+
+
+def snap(batch: int, step: int) -> int:
+    return max(step, batch // step * step)
+
+
+def next_batch(s: Search, guess: int) -> int:
+    """The next batch to try, strictly between what fits and what does not (or up to the cap): the guess first; then,
+    while every try went one way, steps of 1, 2, 4 ... grid steps from the last one in that direction; once a fit and
+    a failure bracket the answer, bisection."""
+    high = s.up_to if s.smallest_failing is None else s.smallest_failing - s.step
+    outcomes = {t["fits"] for t in s.tries}
+    stride = s.step * 2 ** (len(s.tries) - 1)
+    if not s.tries:
+        wanted = guess
+    elif outcomes == {True}:
+        wanted = s.largest + stride
+    elif outcomes == {False}:
+        wanted = s.smallest_failing - stride
+    else:
+        wanted = (s.largest + s.smallest_failing) // 2
+    return min(high, max(s.largest + s.step, snap(wanted, s.step)))
+
+
+def search(trial, planned: int, up_to_factor: int, guess: int, seconds: float, most: int | None = None) -> Search:
+    """trial(batch) -> (fits, peak_bytes, note). planned: a batch known to fit; most: the largest batch the data can
+    supply (digits' training split), if any."""
+    step = grid_step(planned)
+    up_to = planned * up_to_factor if most is None else max(planned, min(planned * up_to_factor, most))
+    s = Search(planned=planned, up_to=snap(up_to, step), step=step, largest=planned)
+    spent, per_item = 0.0, 0.0  # seconds of trial steps so far; the slowest fitting try's seconds per item
+    while True:
+        if s.largest >= s.up_to:
+            cap = "the search's cap" if most is None or most >= planned * up_to_factor else "the data has no more"
+            s.bound, s.why = "capped", f"fits at {s.up_to}, {s.up_to / planned:.3g}x the planned batch ({cap})"
+            return s
+        if s.smallest_failing is not None and s.smallest_failing - s.largest <= s.step:
+            s.bound, s.why = "exact", f"fits at {s.largest}, not at {s.smallest_failing}"
+            return s
+        batch = next_batch(s, guess)
+        if s.tries and spent + per_item * batch > seconds:  # the first try always runs
+            s.bound = "at_least"
+            s.why = (f"fits at {s.largest}; the search's {seconds:g} s of trial steps were spent before it tried "
+                     f"{batch}" + (f" (fails at {s.smallest_failing})" if s.smallest_failing else ""))
+            return s
+        started = time.perf_counter()
+        fits, peak, note = trial(batch)
+        took = time.perf_counter() - started
+        spent += took
+        s.tries.append({"batch": batch, "fits": fits, "peak_allocated_bytes": peak, "seconds": round(took, 3),
+                        "note": note})
+        if fits:
+            per_item = max(per_item, took / batch)
+            s.largest = batch
+        else:
+            s.smallest_failing = batch
+
+
+def guess_batch(model_config: dict, precision: str, optimizer: str, planned: int, measured_peak: int | None,
+                budget: int, up_to: int) -> tuple[int, str]:
+    """The largest batch on the grid whose estimate, scaled by this cell's measured/estimated peak at the planned
+    batch, stays under GUESS_MARGIN of the budget."""
+    from amprepro import memory
+
+    step = grid_step(planned)
+    scale = 1.0
+    if measured_peak:
+        scale = measured_peak / memory.estimate(model_config, precision, optimizer, batch=planned).total
+    lo, hi = planned, snap(up_to, step)
+    while hi > lo:  # the estimate grows with the batch: bisect on the grid
+        mid = snap((lo + hi + step) // 2, step)
+        if memory.estimate(model_config, precision, optimizer, batch=mid).total * scale <= GUESS_MARGIN * budget:
+            lo = mid
+        else:
+            hi = mid - step
+    return lo, f"the memory model scaled by {scale:.2f} (measured/estimated peak at {planned})"
+
+
+def not_searched(spec: CellSpec, reason: str, **extra) -> dict:
+    return {"model": spec.model, "precision": spec.precision, "seed": spec.seed, "status": "skipped",
+            "reason": reason, **extra}
+
+
+def run(spec: CellSpec, cell: dict, plan: dict | None, apex: dict, up_to: int, seconds: float) -> dict:
+    import torch
+
+    from amprepro.train import data, measure, precision, train
+
+    if cell.get("status") != "ok":
+        return not_searched(spec, f"its cell did not run at the planned batch ({cell.get('status')}: "
+                                  f"{(cell.get('reason') or '')[:160]})")
+    if not torch.cuda.is_available():
+        return not_searched(spec, "the largest batch is a GPU-memory measurement; torch sees no CUDA GPU here")
+    spec = spec.planned(plan)
+    device = torch.device("cuda")
+    train.seed_everything(spec.seed, False)
+    precision.configure_tf32(spec.precision)
+    limit = train.apply_memory_limit(plan, device)
+    budget = limit or torch.cuda.mem_get_info(device)[0] + torch.cuda.memory_reserved(device)
+    model_config, settings = spec.model_config, spec.train
+    model = train.prepare_model(model_config, device)
+    optimizer = train.make_optimizer(spec.optimizer, model.parameters(), settings["lr"],
+                                     settings.get("weight_decay", 0.0), device)
+    trainer = precision.Trainer(spec.precision, model, optimizer, train.cross_entropy, device,
+                                recomputes=getattr(model, "checkpointing", False))
+
+    def trial(batch: int) -> tuple[bool, int | None, str]:
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        note = ""
+        try:
+            x, y = train.make_data({**model_config, "batch_size": batch}, spec.seed, device, model).next()
+            if model_config.get("channels_last") and x.dim() == 4:
+                x = x.contiguous(memory_format=torch.channels_last)
+            trainer.step(x, y)
+            torch.cuda.synchronize(device)
+            fits = True
+        except Exception as exc:  # only an allocation failure is an answer; anything else is raised
+            if not train.out_of_memory(exc):
+                raise
+            fits, note = False, (str(exc).strip().splitlines() or [""])[0][:200]
+        peak = torch.cuda.max_memory_allocated(device)
+        x = y = None  # the try's batch goes before the cache is emptied
+        trainer.zero_grad()
+        if trainer.scaler is not None:  # a step cut short leaves GradScaler mid-step
+            trainer.scaler._per_optimizer_states.clear()
+        gc.collect()
+        torch.cuda.empty_cache()
+        return fits, peak, note
+
+    planned = spec.batch_size
+    fits, warm_peak, note = trial(planned)  # also allocates the optimizer state
+    base = {"model": spec.model, "precision": spec.precision, "seed": spec.seed, "spec": spec.as_dict(),
+            "hardware": measure.hardware(device), "budget_bytes": budget, "allocator_limit_bytes": limit,
+            "cap_gib": (plan or {}).get("cap_gib"), "warm_peak_allocated_bytes": warm_peak}
+    if not fits:
+        return {**base, **not_searched(spec, f"out of memory at the planned batch {planned} in the search's process "
+                                             f"({note})")}
+    most = data.largest_batch(model_config["data"])
+    guess, how = guess_batch(model_config, spec.precision, spec.optimizer, planned,
+                             cell.get("peak_allocated_bytes") or warm_peak, budget,
+                             planned * up_to if most is None else min(planned * up_to, most))
+    result = search(trial, planned, up_to, guess, seconds, most=most)
+    return {**base, "status": "ok", "guess_batch": guess, "guess_how": how, "seconds_allowed": seconds,
+            **result.as_record()}
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--spec", required=True, help="JSON of the cell's settings (as the train job gets it)")
+    parser.add_argument("--cell", required=True, help="the cell's metrics.json at the planned batch")
+    parser.add_argument("--plan", help="results/plan/models/<model>.json")
+    parser.add_argument("--apex", help="results/apex/runs.json, for an apex precision")
+    parser.add_argument("--up-to", type=int, default=8, help="the largest batch tried, times the planned batch")
+    parser.add_argument("--seconds", type=float, default=10.0, help="trial-step seconds this search may spend")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    from amprepro.train import train
+
+    spec = CellSpec.from_json(args.spec)
+    apex = train.cell_apex(args.apex)
+    train.put_apex_on_path(apex)
+    started = time.monotonic()
+    record = run(spec, read_json(args.cell), train.cell_plan(args.plan), apex, args.up_to, args.seconds)
+    record["wall_seconds"] = round(time.monotonic() - started, 2)
+    write_json(args.out, record)
+    print(f"{spec.model}/{spec.precision}: {record['status']} "
+          f"{record.get('why') or record.get('reason', '')}")
+
+
+if __name__ == "__main__":
+    main()

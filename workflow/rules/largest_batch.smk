@@ -1,0 +1,31 @@
+# "With AMP you can use a bigger batch": the largest batch each precision of runs.largest_batch.models fits on this GPU
+# (amprepro.train.batchsearch), after the model's cell at its planned batch. GPU runs only: on a machine without a GPU
+# the report says the search did not run and why.
+
+
+rule largest_batch:
+    """The largest batch one precision of a model fits here: one training step per try, bounded in batch and time."""
+    input:
+        unpack(largest_batch_inputs),
+    output:
+        "results/largest_batch/{model}/{precision}.json",
+    log:
+        "results/logs/largest_batch/{model}/{precision}.log",
+    conda:
+        TRAIN_ENV
+    threads: cell_resources.CPUS_PER_GPU
+    resources:
+        gpu=1,
+        cpus_per_gpu=cell_resources.CPUS_PER_GPU,
+        mem_mb=16000,
+        runtime=10,
+    params:
+        spec=largest_batch_spec,
+        apex=lambda wildcards, input: ["--apex", input.apex] if "apex" in input.keys() else [],
+        up_to=LARGEST_BATCH.get("up_to", 8),
+        seconds=round(LARGEST_BATCH.get("seconds", 60) / max(1, len(SEARCHES)), 2),
+        code=code_digest("train.batchsearch", "train.train"),
+    shell:
+        "python -m amprepro.env.gpuslots --gpus {resources.gpu} -- python -m amprepro.train.batchsearch"
+        " --spec {params.spec:q} {params.apex:q} --cell {input.cell} --plan {input.plan}"
+        " --up-to {params.up_to} --seconds {params.seconds} --out {output} > {log} 2>&1"
