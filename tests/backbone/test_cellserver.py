@@ -203,3 +203,19 @@ def test_a_malformed_request_leaves_the_server_and_its_cells_running(env, server
     job.kill()
     job.wait()
     assert wait_gone(cell)
+
+
+def test_a_largest_batch_search_forks_from_the_server_too_and_only_known_entries_run(env, server, tmp_path):
+    cell = tmp_path / "cell.json"
+    cell.write_text(json.dumps({"status": "ok"}))
+    out = tmp_path / "search.json"
+    command = [sys.executable, "-m", "amprepro.plan.launcher", "--per-node", "1", "--nodes", "1", "--device", "cuda",
+               "--entry", "batchsearch", "--", "--spec", cell_spec(2), "--cell", str(cell), "--out", str(out)]
+    done = subprocess.run(command, env={**env, cellserver.ENV: server[1]}, cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "starting a fresh interpreter" not in done.stderr
+    record = json.loads(out.read_text())  # this machine has no GPU: the search says so instead of guessing
+    assert record["status"] == "skipped" and "no CUDA GPU" in record["reason"]
+    assert cellserver.refusal({"entry": "os.system", "interpreter": {}, "env": {}},
+                              cellserver.Server({}, {}, {}, [])).startswith("the server runs only train, batchsearch")

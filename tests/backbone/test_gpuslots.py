@@ -90,7 +90,8 @@ def test_try_claim_holds_nothing_when_too_few_are_free(tmp_path):
     ("true", ["--gpus 2 -- python -m amprepro.plan.launcher --per-node 2 --nodes 1 --device cuda --",
               "--gpus 1 -- python -m amprepro.plan.launcher --per-node 1 --nodes 1 --device cuda --",
               "--gpus 1 -- python -m amprepro.env.apex_stage",
-              "--gpus 1 -- python -m amprepro.train.batchsearch"]),
+              "--gpus 1 -- python -m amprepro.plan.launcher --per-node 1 --nodes 1 --device cuda"
+              " --entry batchsearch --"]),
     ("false", ["--gpus 0 -- python -m amprepro.plan.launcher --per-node 1 --nodes 1 --device cpu --",
                "--gpus 0 -- python -m amprepro.env.apex_stage"]),
 ])
@@ -102,4 +103,4 @@ def test_rules_run_gpu_jobs_through_gpuslots(tmp_path, gpu, expected):
     for command in expected:
         assert command in result.stdout, command
     # the largest-batch search: one job per precision of the paper preset's three searched models, GPU runs only
-    assert result.stdout.count("python -m amprepro.train.batchsearch") == (18 if gpu == "true" else 0)
+    assert result.stdout.count("--entry batchsearch --") == (18 if gpu == "true" else 0)

@@ -24,8 +24,8 @@ rule largest_batch:
         apex=lambda wildcards, input: ["--apex", input.apex] if "apex" in input.keys() else [],
         up_to=LARGEST_BATCH.get("up_to", 8),
         seconds=round(LARGEST_BATCH.get("seconds", 60) / max(1, len(SEARCHES)), 2),
-        code=code_digest("train.batchsearch", "train.train"),
+        code=code_digest("train.batchsearch", "train.train", "plan.launcher"),
     shell:
-        "python -m amprepro.env.gpuslots --gpus {resources.gpu} -- python -m amprepro.train.batchsearch"
-        " --spec {params.spec:q} {params.apex:q} --cell {input.cell} --plan {input.plan}"
+        "python -m amprepro.env.gpuslots --gpus {resources.gpu} -- python -m amprepro.plan.launcher"
+        " --per-node 1 --nodes 1 --device cuda --entry batchsearch -- --spec {params.spec:q} {params.apex:q} --cell {input.cell} --plan {input.plan}"
         " --up-to {params.up_to} --seconds {params.seconds} --out {output} > {log} 2>&1"

@@ -37,7 +37,10 @@ ORIGIN_ENV = "AMPREPRO_CELL_PROCESS"  # in a forked cell: which server it came f
 PRELOAD = ["torch", "torch._dynamo", "torch.utils.flop_counter", "torch.utils.checkpoint", "numpy", "threadpoolctl",
            "torchvision", "timm", "sklearn.datasets", "sklearn.model_selection", "amprepro.train.train",
            "amprepro.train.models", "amprepro.train.precision", "amprepro.train.measure", "amprepro.train.flops",
-           "amprepro.memory", "amprepro.cellspec", "amprepro.train.data", "amprepro.train.distributed"]
+           "amprepro.memory", "amprepro.cellspec", "amprepro.train.data", "amprepro.train.distributed",
+           "amprepro.train.batchsearch"]
+# What a forked child may run: a training cell, or a largest-batch search (rules/largest_batch.smk).
+ENTRIES = {"train": "amprepro.train.train", "batchsearch": "amprepro.train.batchsearch"}
 # Settings read while those modules are imported: a job that sets them differently gets a fresh interpreter.
 IMPORT_TIME_PREFIXES = ("TORCH", "PYTORCH", "OMP_", "KMP_", "MKL_", "OPENBLAS_", "GOTO", "LD_PRELOAD",
                         "LD_LIBRARY_PATH", "PYTHONHASHSEED", "PYTHONWARNINGS", "CUDA_MODULE_LOADING")
@@ -103,9 +106,10 @@ def say(line: str) -> None:
     print(f"amprepro.plan.cellserver: {line}", file=sys.stderr, flush=True)
 
 
-def run_cell(train_args: list[str], env: dict | None = None) -> int | None:
-    """Run amprepro.train.train with train_args in a child of the server: its exit code, or None when this cell must
-    start a fresh interpreter (no server, or one that is not this job's Python and settings; the reason is printed)."""
+def run_cell(train_args: list[str], env: dict | None = None, entry: str = "train") -> int | None:
+    """Run amprepro.train.train (or another of ENTRIES) with train_args in a child of the server: its exit code, or
+    None when this cell must start a fresh interpreter (no server, or one that is not this job's Python and settings;
+    the reason is printed)."""
     env = dict(os.environ if env is None else env)
     path = env.get(ENV)
     if not path:
@@ -117,7 +121,8 @@ def run_cell(train_args: list[str], env: dict | None = None) -> int | None:
         say(f"no cell server at {path} ({exc}); starting a fresh interpreter")
         return None
     cwd = os.getcwd()
-    send_message(conn, {"argv": train_args, "env": env, "cwd": cwd, "interpreter": interpreter(cwd)}, [0, 1, 2])
+    send_message(conn, {"argv": train_args, "env": env, "cwd": cwd, "interpreter": interpreter(cwd),
+                        "entry": entry}, [0, 1, 2])
     reply, _ = receive_message(conn)
     if reply is None or "refused" in reply:
         say(f"{reply['refused'] if reply else 'the server closed the connection'}; starting a fresh interpreter")
@@ -163,6 +168,8 @@ class Server:
 
 def refusal(request: dict, server: Server) -> str | None:
     mine = server.interpreter
+    if request.get("entry", "train") not in ENTRIES:
+        return f"the server runs only {', '.join(ENTRIES)}, not {request.get('entry')!r}"
     if request["interpreter"] != mine:
         return (f"the cell's Python ({request['interpreter']['prefix']}) or sys.path is not the server's "
                 f"({mine['prefix']})")
@@ -179,7 +186,8 @@ def refusal(request: dict, server: Server) -> str | None:
 
 
 def become_cell(request: dict, fds: list[int], server_pid: int, server: Server) -> int:
-    """In the forked child: the job's stdio, directory and environment, then amprepro.train.train; its exit code."""
+    """In the forked child: the job's stdio, directory and environment, then amprepro.train.train (or the request's
+    other entry of ENTRIES); its exit code."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # the server gone: no cell left running on its own
     if os.getppid() != server_pid:
@@ -202,11 +210,12 @@ def become_cell(request: dict, fds: list[int], server_pid: int, server: Server) 
         threadpool_limits(limits={"openmp": threads, "blas": min(threads, os.cpu_count() or threads)})
     os.environ[ORIGIN_ENV] = (f"forked from amprepro.plan.cellserver pid {server_pid} (threads "
                               f"{threads or 'as the server'}; preloaded: {', '.join(server.loaded)})")
-    from amprepro.train import train
+    import importlib
 
-    sys.argv = [train.__file__, *request["argv"]]
+    module = importlib.import_module(ENTRIES[request.get("entry", "train")])
+    sys.argv = [module.__file__, *request["argv"]]
     try:
-        train.main(request["argv"])
+        module.main(request["argv"])
         return 0
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)

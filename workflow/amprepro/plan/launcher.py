@@ -18,6 +18,8 @@ import re
 import subprocess
 import sys
 
+from amprepro.plan.cellserver import ENTRIES
+
 TRAIN = ["-m", "amprepro.train.train"]
 PORT_BASE, PORT_SPAN = 20000, 20000  # the rendezvous port: from the Slurm job id, so two jobs on a node differ
 
@@ -131,11 +133,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--nodes", type=int, default=1)
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cpu",
                         help="cuda: the cell needs --per-node CUDA devices on each node")
+    parser.add_argument("--entry", choices=sorted(ENTRIES), default="train",
+                        help="batchsearch: a largest-batch search (one process, which records its own skips)")
     parser.add_argument("--node", action="store_true", help="run this node's torchrun (srun starts one per node)")
     parser.add_argument("--master-addr", help="--node: the rendezvous host")
     parser.add_argument("--master-port", type=int, help="--node: the rendezvous port")
     args = parser.parse_args(argv[:split])
     args.train = argv[split + 1:]
+    if args.entry != "train" and (args.per_node, args.nodes, args.node) != (1, 1, False):
+        parser.error(f"--entry {args.entry} runs one process: --per-node 1 --nodes 1")
     return args
 
 
@@ -145,6 +151,13 @@ def main(argv=None) -> None:
     if args.node:
         run = [*torchrun_on_node(args, env), *TRAIN, *args.train]
         os.execvp(run[0], run)
+    if args.entry != "train":  # one process, forked from the cell server where there is one
+        from amprepro.plan import cellserver
+
+        code = cellserver.run_cell(args.train, env, args.entry)
+        if code is not None:
+            sys.exit(code)
+        os.execvp(sys.executable, [sys.executable, "-m", ENTRIES[args.entry], *args.train])
     job = slurm_job(env) if args.nodes > 1 else {}
     missing = shortfall(args.per_node, args.nodes, args.device, env, job, lambda: cuda_devices_visible(env))
     if missing:
