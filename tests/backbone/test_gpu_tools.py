@@ -27,8 +27,8 @@ def test_paper_run_script_runs_the_pipeline_and_packs_the_results(tmp_path):
     (workdir / ".snakemake" / "locks").mkdir(parents=True)
     (workdir / ".snakemake" / "locks" / "0.output.lock").write_text(str(workdir / "results/summary/summary.json"))
     try:
-        result = subprocess.run(["bash", "tools/gpu/paper_run.sh", "300"], cwd=workdir, env=env,
-                                capture_output=True, text=True, timeout=400)
+        result = subprocess.run(["bash", "tools/gpu/paper_run.sh", "600"], cwd=workdir, env=env,
+                                capture_output=True, text=True, timeout=700)
         assert leftover.wait(timeout=5) is not None
         assert elsewhere.poll() is None, "a Snakemake in another directory must be left alone"
     finally:

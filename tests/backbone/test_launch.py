@@ -259,7 +259,7 @@ def test_the_lock_of_a_killed_run_is_removed_and_its_job_rerun(env, tmp_path, mo
 def test_ctrl_c_says_it_was_interrupted_and_the_next_run_continues(env, tmp_path):
     """Ctrl-C in a terminal reaches the launcher and Snakemake (one process group); the last word is the launcher's."""
     (tmp_path / "Snakefile").write_text(SLEEPING_SNAKEFILE)
-    (tmp_path / "pause").write_text("30")
+    (tmp_path / "pause").write_text("600")  # long: on a starved CI machine a 30 s job once ended before the Ctrl-C
     run_env = {**env, "CORES": "1", "AMPREPRO_FRESH_CELLS": "1", "PYTHONPATH": str(REPO / "workflow")}
     launcher = subprocess.Popen([sys.executable, "-m", "amprepro.env.launch"], cwd=tmp_path, env=run_env,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)

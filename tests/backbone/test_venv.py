@@ -85,33 +85,48 @@ def imports_amprepro(venv: Path, tmp_path: Path) -> bool:
     return probe.returncode == 0
 
 
-def pip_of(workdir: Path) -> int | None:
-    """The pid of a `pip install -r requirements-dev.txt` working in workdir, if one runs."""
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
+def descendants(pid: int) -> list[int]:
+    """Every process under pid (from /proc's children lists: fast enough to catch a pip of a few seconds)."""
+    found, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        for task in Path(f"/proc/{current}/task").glob("*"):
+            try:
+                children = [int(c) for c in (task / "children").read_text().split()]
+            except OSError:
+                continue
+            found += children
+            todo += children
+    return found
+
+
+def pip_of(root: int) -> int | None:
+    """The pid of the `pip install -r requirements-dev.txt` under make (pid root), if one runs."""
+    for pid in descendants(root):
         try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-            cwd = os.readlink(entry / "cwd")
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"pip" in argv and b"requirements-dev.txt" in argv and cwd == str(workdir):
-            return int(entry.name)
+        if b"pip" in argv and b"requirements-dev.txt" in argv:
+            return pid
     return None
 
 
 def interrupted_during_pip(workdir: Path, env: dict, log: Path) -> int:
-    """`make` started as a terminal starts it, Ctrl-C (SIGINT to its process group) once pip works; make's status."""
+    """`make` started as a terminal starts it, Ctrl-C (SIGINT to its process group) while pip works; make's status.
+    pip is stopped (SIGSTOP) before the Ctrl-C and continued after it, so a busy machine cannot let it finish first."""
     with log.open("w") as sink:
         started = subprocess.Popen(["make", "--no-print-directory", "VENV=venv", f"PYTHON={sys.executable}",
                                     f"venv/{STAMP}"], cwd=workdir, env=env, stdout=sink, stderr=subprocess.STDOUT,
                                    start_new_session=True)
     deadline = time.monotonic() + 300
-    while pip_of(workdir) is None:
+    while (pip := pip_of(started.pid)) is None:
         assert started.poll() is None, log.read_text()[-2000:]
         assert time.monotonic() < deadline, "pip never started"
-        time.sleep(0.05)
+        time.sleep(0.01)
+    os.kill(pip, signal.SIGSTOP)
     os.killpg(started.pid, signal.SIGINT)
+    os.kill(pip, signal.SIGCONT)
     return started.wait(timeout=120)
 
 
