@@ -17,8 +17,8 @@ The peak is the largest of three moments:
 - A, the end of the forward: weights, master weights, optimizer state (from the second step on), the forward's cast
   cache, the saved activations and the first gradients of the backward; gradients are freed before the forward
   (zero_grad(set_to_none=True)), except apex O2's FP32 master gradients, which its patched zero_grad zeroes and keeps.
-- B, the end of a checkpointed LLaMA's backward: almost every gradient, and the first block recomputed (its saved
-  tensors, their gradients and, in FP32 with grouped KV heads, its attention scores).
+- B, the end of a LLaMA's backward: almost every gradient, and the first block (recomputed under checkpointing, kept
+  without it) with its saved tensors, their gradients and, in FP32 with grouped KV heads, its attention scores.
 - C, the optimizer step: every gradient, the optimizer state, the optimizer's temporaries (the default foreach AdamW
   allocates one FP32 tensor per parameter; fused AdamW and apex FusedAdam update in place), and apex O1's cast cache,
   which apex keeps until scale_loss exits after the backward (not when activation checkpointing recomputes blocks:
@@ -362,9 +362,10 @@ def korthikanti_terms(shape: dict, seq_len: int) -> dict[str, int]:
 
 
 def llama_recompute_bytes(model_config: dict, precision: str, batch: int) -> int:
-    """What the last block recomputed in the backward holds, when almost every gradient already exists: its saved
-    tensors, their gradients and (FP32 with grouped KV heads) its attention scores. 0 for other models."""
-    if model_config["arch"] not in LLAMA_SHAPES or not model_config.get("activation_checkpointing", True):
+    """What the last block of the backward (the first block: recomputed under checkpointing, kept without it) holds,
+    when almost every gradient already exists: its saved tensors, their gradients and (FP32 with grouped KV heads) its
+    attention scores. 0 for other models."""
+    if model_config["arch"] not in LLAMA_SHAPES:
         return 0
     _, saved, scores = llama_block_bytes(llama_shape(model_config), batch, model_config.get("seq_len", 2048),
                                          precision)
