@@ -136,7 +136,9 @@ LORA_TARGETS = ("qkv", "out", "gate_up", "down")  # amprepro.train.models.LlamaB
 
 @dataclass(frozen=True)
 class Lora:
-    """LoRA adapters of `rank` on every linear of the blocks over a frozen base held in `base` ("fp32" or "bf16")."""
+    """LoRA adapters of `rank` on every linear of the blocks over a frozen base held in `base` ("fp32" or "bf16").
+    The activations are counted as with every linear targeted (the default); with fewer targets the frozen linears
+    keep a little less, and the estimate is an upper bound."""
 
     rank: int = 16
     base: str = "fp32"
@@ -401,12 +403,14 @@ def estimate(model_config: dict, precision: str, optimizer: str, batch: int | No
     trainable = lora_parameters(llama_shape(model_config), lora) if lora else total_params
     w, g, o, m = (b * trainable for b in p.bytes_per_parameter[:4])
     cast = p.bytes_per_parameter[4] * matmul_params
-    recompute = llama_recompute_bytes(model_config, "bf16_weights" if lora and lora.base == "bf16" else precision,
-                                      batch)
+    # a bf16 base makes the residual stream and every activation bf16, as bf16 weights do
+    act_precision = BF16_WEIGHTS.name if lora and lora.base == "bf16" else precision
+    recompute = llama_recompute_bytes(model_config, act_precision, batch)
     if lora:  # frozen base + FP32 adapters; only the adapters have gradients and AdamW state
         w, g, o, m = (4 if lora.base == "fp32" else 2) * total_params + 4 * trainable, 4 * trainable, 8 * trainable, 0
         base_casts = p.autocast_dtype is not None and lora.base == "fp32"
-        block_matmul = (matmul_params - shape_vocab_dim(model_config)) // llama_shape(model_config)["layers"]
+        shape = llama_shape(model_config)
+        block_matmul = (matmul_params - shape["vocab_size"] * shape["dim"]) // shape["layers"]  # less the LM head
         cast = 2 * trainable if p.autocast_dtype else 0  # autocast's cache of the adapters' casts
         if base_casts and recomputes:
             recompute += 2 * block_matmul  # the recomputed block's casts of the frozen weights
@@ -428,8 +432,7 @@ def estimate(model_config: dict, precision: str, optimizer: str, batch: int | No
     if stage == 3:
         w, cast = w // ranks, 0  # FSDP MixedPrecision gathers 16-bit weights: no autocast cast cache
         gathered = 2 * unit * p.compute_bytes  # the unit computing and the one prefetched
-    activations = activation_bytes(model_config, "bf16_weights" if lora and lora.base == "bf16" else precision,
-                                   batch)
+    activations = activation_bytes(model_config, act_precision, batch)
     forward_end = w + gathered + m + o + cast + grads_kept + activations
     backward_end = w + gathered + m + g + unit_grad + o + cast_kept + recompute
     step = w + m + g + o + cast_kept + temporaries
@@ -439,11 +442,6 @@ def estimate(model_config: dict, precision: str, optimizer: str, batch: int | No
                     cast_cache=cast, activations=activations, workspace=WORKSPACE_BYTES,
                     optimizer_temporaries=temporaries, total=moments[peak_moment] + WORKSPACE_BYTES,
                     peak_moment=peak_moment)
-
-
-def shape_vocab_dim(model_config: dict) -> int:
-    shape = llama_shape(model_config)
-    return shape["vocab_size"] * shape["dim"]
 
 
 def llama_estimate(shape: str, precision: str, batch: int = 1, seq_len: int = 2048, checkpointing: bool = True,
