@@ -445,7 +445,8 @@ def estimate(model_config: dict, precision: str, optimizer: str, batch: int | No
 
 
 def llama_estimate(shape: str, precision: str, batch: int = 1, seq_len: int = 2048, checkpointing: bool = True,
-                   optimizer: str = "adamw_fused", sharding: Sharding = UNSHARDED, lora: Lora | None = None) -> Estimate:
+                   optimizer: str = "adamw_fused", sharding: Sharding = UNSHARDED,
+                   lora: Lora | None = None) -> Estimate:
     """One rank's predicted peak for a LLaMA ladder shape (a key of LLAMA_SHAPES) in a regime: micro-batch `batch` of
     `seq_len` tokens, checkpointing per block or none, sharded, LoRA. estimate() with the model config built here."""
     if shape not in LLAMA_SHAPES:

@@ -25,8 +25,8 @@ import json
 import statistics
 from pathlib import Path
 
-from amprepro.report.claimfile import load_claims
 from amprepro.report import regimes as regimes_mod
+from amprepro.report.claimfile import load_claims
 from amprepro.report.claimmetrics import band_side, claimed_text, fmt_value, metric_value, verdict_for
 from amprepro.train.precisions import label as precision_label
 

@@ -71,10 +71,10 @@ class Regime:
                 "lora_rank": self.lora_rank if side.lora_base else None, "lora_base": side.lora_base}
 
     def text(self) -> str:
-        what = (f"LoRA r={self.lora_rank} on every linear of the blocks" if self.lora_rank
-                else "full training")
+        what = f"LoRA r={self.lora_rank} on every linear of the blocks" if self.lora_rank else "full training"
+        recompute = "checkpointing per block" if self.checkpointing else "no checkpointing"
         return (f"{memory.LLAMA_NAMES.get(self.shape, self.shape)}, {self.sharding.text()}, {what}, micro-batch "
-                f"{self.batch} x {self.seq_len} tokens, {'checkpointing per block' if self.checkpointing else 'no checkpointing'}")
+                f"{self.batch} x {self.seq_len} tokens, {recompute}")
 
 
 def _fsdp(ranks: int) -> Sharding:
