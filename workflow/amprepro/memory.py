@@ -17,8 +17,8 @@ The peak is the largest of three moments:
 - A, the end of the forward: weights, master weights, optimizer state (from the second step on), the forward's cast
   cache, the saved activations and the first gradients of the backward; gradients are freed before the forward
   (zero_grad(set_to_none=True)), except apex O2's FP32 master gradients, which its patched zero_grad zeroes and keeps.
-- B, the end of a checkpointed LLaMA's backward: almost every gradient, and the first block recomputed (its saved
-  tensors, their gradients and, in FP32 with grouped KV heads, its attention scores).
+- B, the end of a LLaMA's backward: almost every gradient, and the first block (recomputed under checkpointing, kept
+  without it) with its saved tensors, their gradients and, in FP32 with grouped KV heads, its attention scores.
 - C, the optimizer step: every gradient, the optimizer state, the optimizer's temporaries (the default foreach AdamW
   allocates one FP32 tensor per parameter; fused AdamW and apex FusedAdam update in place), and apex O1's cast cache,
   which apex keeps until scale_loss exits after the backward (not when activation checkpointing recomputes blocks:
@@ -37,6 +37,31 @@ precision, r = of the residual stream, g = of GELU's input: FP32 under apex O1, 
   recomputed, the logits with cross-entropy's FP32 copies.
 The committed H200 reference checks every cell against this (tests/backbone/test_memory_model.py): within 15 % of
 the measured allocator peak.
+
+Regimes beyond one GPU with FP32 master weights (issue 25), for the LLaMA shapes (llama_estimate; the report's regimes
+table, amprepro.report.regimes, reads it). All predictions: a regime is measured only where a committed measurement
+file says so (tools/gpu/regimes_run.sh writes one).
+- Sharding over N data-parallel ranks (Sharding): ZeRO-1 divides the optimizer state and the FP32 master weights by N,
+  ZeRO-2 the gradients too, ZeRO-3 (= FSDP FULL_SHARD) the weights too (arXiv 1910.02054). What stays whole: ZeRO-2/3
+  hold one FSDP unit's unsharded gradient before its reduce-scatter, ZeRO-3 two units' gathered weights (the one
+  computing and the one prefetched) in the compute dtype; a unit is one decoder block, or the embedding or LM head
+  where larger. ZeRO-3's AMP is FSDP's MixedPrecision (weights gathered in bf16, so no autocast cast cache).
+  The optimizer's step runs on the rank's shard. Communication buffers beyond one unit are not counted.
+- bf16 weights with no FP32 master copy (BF16_WEIGHTS, a memory-model precision, not in the registry: no cell trains
+  it): bf16 weights and gradients, and torch's AdamW on bf16 parameters keeps its two moments in bf16: 2 + 2 + 4 = 8
+  bytes per parameter; the residual stream and the matmul inputs are bf16.
+- LoRA (Lora): the base frozen in FP32 or bf16, rank-r adapters (A: in x r, B: r x out, FP32 as peft casts them) on
+  every linear of the blocks (qkv, out, gate_up, down; this model fuses q, k and v into one linear, so "q and v only"
+  is not a module peft can target here); the LM head and embeddings frozen. Gradients and AdamW state exist for the
+  adapters only. The blocks keep the same saved tensors as full training (each adapter's A keeps its linear's input,
+  the tensor full training keeps for the weight gradient). A frozen FP32 base under autocast is cast again at every
+  use (autocast caches only weights that require grad), and each cast is saved for the input gradient: without
+  checkpointing, a 16-bit copy of every frozen matmul weight is alive at the end of the forward (counted as the cast
+  cache); with checkpointing, one block's, while it is recomputed.
+- Without checkpointing every block keeps its saved tensors. Korthikanti et al. 2022 (arXiv 2205.05198) count
+  s b h (34 + 5 a s / h) bytes per layer of a 16-bit GPT block without recomputation; korthikanti_terms() maps that
+  count onto this block term by term (no dropout masks, SDPA keeps no s^2 scores, SwiGLU instead of the 4h GELU MLP,
+  RMSNorm's FP32 inputs, RoPE's rotated q and k).
 """
 
 from __future__ import annotations
@@ -71,6 +96,64 @@ LLAMA_LADDER = (
 LLAMA_SHAPES = {key: shape for key, _, shape in LLAMA_LADDER} | {
     "llama_tiny": {"vocab_size": 256, "layers": 2, "heads": 4, "dim": 64, "ffn_dim": 172}}
 LLAMA_NAMES = {key: name for key, name, _ in LLAMA_LADDER}
+# A precision the memory model knows beyond the registry: bf16 weights trained by torch's AdamW on bf16 parameters
+# (moments in bf16), no FP32 master copy. No cell trains it (the registry is the pipeline's); the regimes table and the
+# GPU regime measurement (tools/gpu/regimes_run.py) do.
+BF16_WEIGHTS = precisions.Precision("bf16_weights", "bf16 weights, bf16 AdamW (no FP32 master)", "#7a5195", "bf16",
+                                    bytes_per_parameter=(2, 2, 4, 0, 0), compute_bytes=2, residual_bytes=2)
+MODEL_ONLY_PRECISIONS = {BF16_WEIGHTS.name: BF16_WEIGHTS}
+
+
+def precision_of(name: str) -> precisions.Precision:
+    """The registry's entry, or one of the memory model's own (MODEL_ONLY_PRECISIONS)."""
+    return MODEL_ONLY_PRECISIONS[name] if name in MODEL_ONLY_PRECISIONS else precisions.get(name)
+
+
+@dataclass(frozen=True)
+class Sharding:
+    """Model states partitioned over `ranks` data-parallel ranks at ZeRO `stage` (0: each rank holds them all, as DDP;
+    1: optimizer state and FP32 master weights; 2: + gradients; 3, FSDP FULL_SHARD: + weights)."""
+
+    ranks: int = 1
+    stage: int = 0
+
+    def __post_init__(self):
+        if self.ranks < 1 or self.stage not in (0, 1, 2, 3):
+            raise ValueError(f"sharding over {self.ranks} ranks at ZeRO stage {self.stage}: ranks must be >= 1 and "
+                             "the stage 0, 1, 2 or 3")
+
+    def text(self) -> str:
+        if self.stage == 0 or self.ranks == 1:
+            return "one GPU" if self.ranks == 1 else f"DDP over {self.ranks} GPUs"
+        return f"{'FSDP (ZeRO-3)' if self.stage == 3 else f'ZeRO-{self.stage}'} over {self.ranks} GPUs"
+
+
+UNSHARDED = Sharding()
+
+
+LORA_TARGETS = ("qkv", "out", "gate_up", "down")  # amprepro.train.models.LlamaBlock's linears, by module name
+
+
+@dataclass(frozen=True)
+class Lora:
+    """LoRA adapters of `rank` on every linear of the blocks over a frozen base held in `base` ("fp32" or "bf16").
+    The activations are counted as with every linear targeted (the default); with fewer targets the frozen linears
+    keep a little less, and the estimate is an upper bound."""
+
+    rank: int = 16
+    base: str = "fp32"
+    targets: tuple[str, ...] = LORA_TARGETS
+
+    def __post_init__(self):
+        if self.rank < 1 or self.base not in ("fp32", "bf16") or not set(self.targets) <= set(LORA_TARGETS):
+            raise ValueError(f"LoRA rank {self.rank}, base {self.base!r}, targets {self.targets}: rank must be >= 1, "
+                             f"the base fp32 or bf16, the targets among {', '.join(LORA_TARGETS)}")
+
+    def text(self) -> str:
+        return f"LoRA r={self.rank} on {'every linear' if len(self.targets) == 4 else '+'.join(self.targets)}, " \
+               f"frozen {'FP32' if self.base == 'fp32' else 'bf16'} base"
+
+
 # Optimizers that update in place; the others (torch's default foreach AdamW, SGD with momentum) allocate about one
 # FP32 tensor per parameter in their step.
 IN_PLACE_OPTIMIZERS = ("adamw_fused", "apex_fused_adam")
@@ -111,6 +194,24 @@ def llama_parameters(shape: dict) -> tuple[int, int]:
     d, f, v, n = shape["dim"], shape["ffn_dim"], shape["vocab_size"], shape["layers"]
     matmul = n * (d * (d + 2 * kv_dim(shape)) + d * d + 2 * d * f + f * d) + v * d
     return matmul + v * d + n * 2 * d + d, matmul
+
+
+def llama_linear_shapes(shape: dict) -> dict[str, tuple[int, int]]:
+    """(in, out) features of each linear of one block, by module name (amprepro.train.models.LlamaBlock)."""
+    d, f = shape["dim"], shape["ffn_dim"]
+    return {"qkv": (d, d + 2 * kv_dim(shape)), "out": (d, d), "gate_up": (d, 2 * f), "down": (f, d)}
+
+
+def lora_parameters(shape: dict, lora: Lora) -> int:
+    """Trainable adapter parameters: r x (in + out) for each targeted linear of every block."""
+    linears = llama_linear_shapes(shape)
+    return shape["layers"] * lora.rank * sum(sum(linears[name]) for name in lora.targets)
+
+
+def llama_unit_parameters(shape: dict) -> int:
+    """The largest FSDP unit (one per block, the embedding, the LM head): what ZeRO-3 gathers whole."""
+    block = sum(i * o for i, o in llama_linear_shapes(shape).values()) + 2 * shape["dim"]
+    return max(block, shape["vocab_size"] * shape["dim"])
 
 
 def kv_dim(shape: dict) -> int:
@@ -159,7 +260,7 @@ def vit_tokens(model_config: dict) -> int:
 
 def _bytes(precision: str) -> tuple[int, int, int]:
     """(c, r, g): bytes of the matmul inputs, of the residual stream and of GELU's input under this precision."""
-    p = precisions.get(precision)
+    p = precision_of(precision)
     gelu = 4 if p.apex_opt_level == "O1" else p.compute_bytes
     return p.compute_bytes, p.residual_bytes, gelu
 
@@ -238,10 +339,35 @@ def llama_activation_bytes(shape: dict, batch: int, seq_len: int, precision: str
     return block_inputs + 2 * saved + scores + logits
 
 
+def korthikanti_layer_bytes(shape: dict, batch: int, seq_len: int) -> int:
+    """Korthikanti et al. 2022 (arXiv 2205.05198), eq. 1: activations one 16-bit GPT layer keeps without recomputation,
+    s b h (34 + 5 a s / h) bytes."""
+    s, b, h, a = seq_len, batch, shape["dim"], shape["heads"]
+    return s * b * h * 34 + 5 * a * s * s * b
+
+
+def korthikanti_terms(shape: dict, seq_len: int) -> dict[str, int]:
+    """Korthikanti's per-layer count, per token, turned into this model's 16-bit block term by term (bytes). The terms
+    sum to llama_block_bytes' saved tensors per token under bf16 AMP; each difference is named:
+    - no dropout in LLaMA: their attention and MLP dropout masks (1 byte x h each) go;
+    - SDPA (flash / memory-efficient) keeps no s^2 scores: their 5 a s (scores, softmax, its dropout mask) go;
+    - SwiGLU instead of a 4h GELU MLP: their GELU input and output (2 x 2 x 4h) become gate_up's output, SiLU's output
+      and the product (4 x 2 x ffn);
+    - grouped KV heads keep narrower k and v than their 3 x 2h (zero for LLaMA-7B);
+    - RoPE keeps the rotated q and k as well (2 x (h + kv));
+    - RMSNorm keeps its input in FP32 (2 x 4h), where their LayerNorm inputs are 16-bit (2 x 2h)."""
+    h, f, kv, a = shape["dim"], shape["ffn_dim"], kv_dim(shape), shape["heads"]
+    return {"korthikanti (34 h + 5 a s)": 34 * h + 5 * a * seq_len, "no dropout masks": -2 * h,
+            "no s^2 scores (SDPA)": -5 * a * seq_len, "SwiGLU for the 4h GELU MLP": 2 * 4 * f - 2 * 2 * 4 * h,
+            "grouped KV heads": 2 * (h + 2 * kv) - 2 * 3 * h, "RoPE's rotated q and k": 2 * (h + kv),
+            "RMSNorm's FP32 inputs": 2 * 4 * h - 2 * 2 * h}
+
+
 def llama_recompute_bytes(model_config: dict, precision: str, batch: int) -> int:
-    """What the last block recomputed in the backward holds, when almost every gradient already exists: its saved
-    tensors, their gradients and (FP32 with grouped KV heads) its attention scores. 0 for other models."""
-    if model_config["arch"] not in LLAMA_SHAPES or not model_config.get("activation_checkpointing", True):
+    """What the last block of the backward (the first block: recomputed under checkpointing, kept without it) holds,
+    when almost every gradient already exists: its saved tensors, their gradients and (FP32 with grouped KV heads) its
+    attention scores. 0 for other models."""
+    if model_config["arch"] not in LLAMA_SHAPES:
         return 0
     _, saved, scores = llama_block_bytes(llama_shape(model_config), batch, model_config.get("seq_len", 2048),
                                          precision)
@@ -257,31 +383,77 @@ def cell_batch(model_config: dict) -> int:
 
 
 def estimate(model_config: dict, precision: str, optimizer: str, batch: int | None = None,
-             apex_cast_cache: bool | None = None) -> Estimate:
-    """The predicted allocator peak of one cell (one GPU's share) at `batch` (default: the config's)."""
+             apex_cast_cache: bool | None = None, sharding: Sharding = UNSHARDED, lora: Lora | None = None) -> Estimate:
+    """The predicted allocator peak of one cell (one GPU's share) at `batch` (default: the config's); for the LLaMA
+    shapes also sharded (ZeRO-1/2/3) or with LoRA on a frozen base (the module's docstring has the rules)."""
     batch = cell_batch(model_config) if batch is None else batch
-    p = precisions.get(precision)
+    p = precision_of(precision)
     total_params, matmul_params = parameters(model_config)
-    w, g, o, m = (b * total_params for b in p.bytes_per_parameter[:4])
-    cast = p.bytes_per_parameter[4] * matmul_params
-    recomputes = model_config["arch"] in LLAMA_SHAPES and model_config.get("activation_checkpointing", True)
+    llama = model_config["arch"] in LLAMA_SHAPES
+    if (sharding != UNSHARDED or lora) and not llama:
+        raise ValueError(f"sharding and LoRA are modelled for the LLaMA shapes only, not {model_config['arch']!r}")
+    if lora and p.needs_apex:
+        raise ValueError(f"LoRA is modelled under torch.amp or none, not {precision} (amp_bf16 or fp32)")
+    if sharding.stage == 3 and p.apex_opt_level == "O1":
+        raise ValueError("ZeRO-3 is modelled with FSDP's MixedPrecision (amp_bf16), not apex O1's cast cache")
+    recomputes = llama and model_config.get("activation_checkpointing", True)
     o1 = p.apex_opt_level == "O1"
     if apex_cast_cache is None:
         apex_cast_cache = o1 and not recomputes
+    trainable = lora_parameters(llama_shape(model_config), lora) if lora else total_params
+    w, g, o, m = (b * trainable for b in p.bytes_per_parameter[:4])
+    cast = p.bytes_per_parameter[4] * matmul_params
+    # a bf16 base makes the residual stream and every activation bf16, as bf16 weights do
+    act_precision = BF16_WEIGHTS.name if lora and lora.base == "bf16" else precision
+    recompute = llama_recompute_bytes(model_config, act_precision, batch)
+    if lora:  # frozen base + FP32 adapters; only the adapters have gradients and AdamW state
+        w, g, o, m = (4 if lora.base == "fp32" else 2) * total_params + 4 * trainable, 4 * trainable, 8 * trainable, 0
+        base_casts = p.autocast_dtype is not None and lora.base == "fp32"
+        shape = llama_shape(model_config)
+        block_matmul = (matmul_params - shape["vocab_size"] * shape["dim"]) // shape["layers"]  # less the LM head
+        cast = 2 * trainable if p.autocast_dtype else 0  # autocast's cache of the adapters' casts
+        if base_casts and recomputes:
+            recompute += 2 * block_matmul  # the recomputed block's casts of the frozen weights
+        elif base_casts:
+            cast += 2 * matmul_params  # every frozen matmul weight's cast, saved for the input gradient
     cast_kept = cast if (o1 and apex_cast_cache) else 0
     if o1 and not apex_cast_cache:
         cast = 0
-    temporaries = 0 if optimizer in IN_PLACE_OPTIMIZERS else 4 * total_params
-    activations = activation_bytes(model_config, precision, batch)
-    grads_kept = 4 * total_params if p.apex_opt_level == "O2" else 0  # O2's FP32 master gradients: zeroed, kept
-    forward_end = w + m + o + cast + grads_kept + activations
-    backward_end = w + m + g + o + cast_kept + llama_recompute_bytes(model_config, precision, batch)
+    grads_kept = 4 * trainable if p.apex_opt_level == "O2" else 0  # O2's FP32 master gradients: zeroed, kept
+    temporaries = 0 if optimizer in IN_PLACE_OPTIMIZERS else p.bytes_per_parameter[2] // 2 * trainable
+    ranks, stage = sharding.ranks, sharding.stage
+    unit = llama_unit_parameters(llama_shape(model_config)) if stage >= 2 else 0
+    unit_grad, gathered = 0, 0
+    if stage >= 1:
+        o, m, temporaries = o // ranks, m // ranks, temporaries // ranks
+    if stage >= 2:
+        g, grads_kept = g // ranks, grads_kept // ranks
+        unit_grad = unit * p.compute_bytes  # one unit's unsharded gradient, before its reduce-scatter
+    if stage == 3:
+        w, cast = w // ranks, 0  # FSDP MixedPrecision gathers 16-bit weights: no autocast cast cache
+        gathered = 2 * unit * p.compute_bytes  # the unit computing and the one prefetched
+    activations = activation_bytes(model_config, act_precision, batch)
+    forward_end = w + gathered + m + o + cast + grads_kept + activations
+    backward_end = w + gathered + m + g + unit_grad + o + cast_kept + recompute
     step = w + m + g + o + cast_kept + temporaries
     moments = {"forward end": forward_end, "backward end": backward_end, "optimizer step": step}
     peak_moment = max(moments, key=moments.get)
-    return Estimate(weights=w, gradients=g, optimizer_state=o, master_weights=m, cast_cache=cast,
-                    activations=activations, workspace=WORKSPACE_BYTES, optimizer_temporaries=temporaries,
-                    total=moments[peak_moment] + WORKSPACE_BYTES, peak_moment=peak_moment)
+    return Estimate(weights=w + gathered, gradients=g + unit_grad, optimizer_state=o, master_weights=m,
+                    cast_cache=cast, activations=activations, workspace=WORKSPACE_BYTES,
+                    optimizer_temporaries=temporaries, total=moments[peak_moment] + WORKSPACE_BYTES,
+                    peak_moment=peak_moment)
+
+
+def llama_estimate(shape: str, precision: str, batch: int = 1, seq_len: int = 2048, checkpointing: bool = True,
+                   optimizer: str = "adamw_fused", sharding: Sharding = UNSHARDED,
+                   lora: Lora | None = None) -> Estimate:
+    """One rank's predicted peak for a LLaMA ladder shape (a key of LLAMA_SHAPES) in a regime: micro-batch `batch` of
+    `seq_len` tokens, checkpointing per block or none, sharded, LoRA. estimate() with the model config built here."""
+    if shape not in LLAMA_SHAPES:
+        raise ValueError(f"unknown LLaMA shape {shape!r}: one of {', '.join(LLAMA_SHAPES)}")
+    model_config = {"arch": "llama", "shape": shape, "data": "synthetic_tokens", "batch_size": batch,
+                    "seq_len": seq_len, "activation_checkpointing": checkpointing}
+    return estimate(model_config, precision, optimizer, batch, sharding=sharding, lora=lora)
 
 
 def gib(n: int | float | None) -> str:

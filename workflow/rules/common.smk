@@ -64,6 +64,13 @@ CLAIMS_FILE = workflow_file("config/claims.yaml")
 REFERENCE_DIR = workflow_file("reference")  # the committed reference results (reference/README.md)
 
 
+def regime_measurement_inputs():
+    """The committed GPU regime measurements the 7B memory claim's regimes table reads: adding one re-runs the report."""
+    from amprepro.report.regimes import measurement_files
+
+    return [workflow_file(f"results-reference/regimes/{path.name}") for path in measurement_files()]
+
+
 wildcard_constraints:
     model="[A-Za-z0-9_]+",
     precision="|".join(RUNS["precisions"]),

@@ -13,6 +13,7 @@ rule report:
         steps=run_outputs("steps.csv"),
         claims=CLAIMS_FILE,
         reference=reference_inputs(REFERENCE_DIR),
+        regimes=regime_measurement_inputs(),  # the 7B claim's regimes table (amprepro.report.regimes)
         templates=[
             workflow_file(f"workflow/report/nbconvert/amprepro/{name}")
             for name in ("conf.json", "index.html.j2", "static/report.css")

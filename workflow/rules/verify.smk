@@ -21,6 +21,7 @@ rule verify_compare:
         metrics=run_outputs("metrics.json"),
         claims=CLAIMS_FILE,
         reference=reference_inputs(REFERENCE_DIR),
+        regimes=regime_measurement_inputs(),  # the 7B claim's regimes table (amprepro.report.regimes)
     output:
         verify=report("results/verify/verify.json", category="Verify", caption="../report/verify.rst"),
         table=report("results/verify/verify.csv", category="Verify", caption="../report/verify.rst"),

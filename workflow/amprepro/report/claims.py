@@ -25,6 +25,7 @@ import json
 import statistics
 from pathlib import Path
 
+from amprepro.report import regimes as regimes_mod
 from amprepro.report.claimfile import load_claims
 from amprepro.report.claimmetrics import band_side, claimed_text, fmt_value, metric_value, verdict_for
 from amprepro.train.precisions import label as precision_label
@@ -214,6 +215,9 @@ def evaluate_claim(claim: dict, summary: dict, sanity: dict | None = None, archs
                            "verdict": proxy["verdict"], "verdict_text": proxy["verdict_text"],
                            "reason": proxy["reason"], "measured_text": proxy["measured_text"],
                            "by_baseline": proxy["by_baseline"]}
+    regimes = regimes_mod.for_claim(claim)  # the claim in other settings: predictions (and measurements) beside it
+    if regimes:
+        result["regimes"] = regimes
     return result
 
 

@@ -115,7 +115,26 @@ def claim_detail(result: dict) -> str:
 
 def claims_detail_html(results: list[dict] | None) -> str:
     return render("claims_detail.html.j2",
-                  claims=None if results is None else [{**r, "measured_items": measured_items(r)} for r in results])
+                  claims=None if results is None else [{**r, "measured_items": measured_items(r)} for r in results],
+                  regimes=[] if results is None else [regimes_view(r) for r in results if r.get("regimes")])
+
+
+def regimes_view(r: dict) -> dict:
+    """A claim's regimes table (amprepro.report.regimes) as text cells: predictions, and measurements where a
+    committed file has them."""
+    from amprepro.report.regimes import gib
+
+    rows = []
+    for row in r["regimes"]["rows"]:
+        p, m = row["predicted"], row["measured"]
+        rows.append({"regime": row["regime"], "note": row["note"], "cells": f"{row['baseline']} → {row['variant']}",
+                     "fp32": gib(p["baseline_peak_bytes"]), "amp": gib(p["variant_peak_bytes"]),
+                     "saving": row["predicted_text"], "label": row["label"],
+                     "verdict": claims_mod.VERDICT_TEXT.get(row.get("predicted_verdict"), ""),
+                     "measured": (f"{gib(m['baseline_peak_bytes'])} → {gib(m['variant_peak_bytes'])}: "
+                                  f"{row['measured_text']}") if m else row.get("measured_note", "not measured")})
+    return {"id": r["id"], "intro": r["regimes"]["intro"], "error": r["regimes"].get("measurement_error"),
+            "rows": rows}
 
 
 def measured_items(r: dict) -> list[dict]:

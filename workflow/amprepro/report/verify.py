@@ -235,6 +235,11 @@ def report_lines(result: dict) -> list[str]:
             detail = r["measured_text"] if r["verdict"] != "not_measurable" else r["reason"]
             detail = detail if len(detail) <= 140 else detail[:140].rsplit(" ", 1)[0] + " …"
             lines.append(f"  {r['id']}: {r['verdict_text']} — {detail}")
+            if r.get("regimes"):
+                from amprepro.report.regimes import lines as regime_lines
+
+                lines.append(f"    {r['id']} in other regimes (predicted unless measured; not a verdict):")
+                lines += [f"      {line}" for line in regime_lines(r["regimes"]["rows"])]
     return lines
 
 
