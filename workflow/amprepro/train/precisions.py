@@ -29,6 +29,8 @@ class Precision:
     compile: bool = False  # the training step runs the model through torch.compile (amprepro.train.float8.compile)
     float8_recipe: str | None = None  # torchao Float8LinearConfig.from_recipe_name; None: no FP8 matmuls
     min_capability: tuple[int, int] | None = None  # the CUDA compute capability the precision's matmuls need
+    baseline: str | None = None  # the precision its speedup, memory and per-step loss are compared with, same model
+    # and seed (summary's *_vs_baseline columns, amprepro.report.fp8); None: only strict FP32 and TF32
 
     @property
     def needs_apex(self) -> bool:
@@ -57,13 +59,13 @@ REGISTRY: dict[str, Precision] = {
         # Memory figures as bf16 AMP's (FP32 weights and AdamW state, a 16-bit cast per matmul weight): an upper
         # bound, torchao keeps FP8 (1-byte) copies of the weights and of the inputs it saves for the backward.
         Precision("amp_bf16_compile", "bf16 AMP, compiled", "#c9a227", "bf16", autocast_dtype="bfloat16",
-                  bytes_per_parameter=(4, 4, 8, 0, 2), compute_bytes=2, compile=True),
+                  bytes_per_parameter=(4, 4, 8, 0, 2), compute_bytes=2, compile=True, baseline="amp_bf16"),
         Precision("fp8_tensorwise", "FP8 tensorwise (torchao)", "#6a4c93", "fp8", autocast_dtype="bfloat16",
                   bytes_per_parameter=(4, 4, 8, 0, 2), compute_bytes=2, compile=True, float8_recipe="tensorwise",
-                  min_capability=(8, 9)),
+                  min_capability=(8, 9), baseline="amp_bf16_compile"),
         Precision("fp8_rowwise", "FP8 rowwise (torchao)", "#9d79bc", "fp8", autocast_dtype="bfloat16",
                   bytes_per_parameter=(4, 4, 8, 0, 2), compute_bytes=2, compile=True, float8_recipe="rowwise",
-                  min_capability=(8, 9)),
+                  min_capability=(8, 9), baseline="amp_bf16_compile"),
     )
 }
 """In the report's order: baselines first, then torch.amp, then apex, then the compiled bf16 and FP8 ones."""
