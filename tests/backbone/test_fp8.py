@@ -72,7 +72,7 @@ def test_the_datasheet_fp8_figures_are_dense_and_only_where_the_hardware_has_fp8
 def test_the_fp8_preset_runs_fp8_beside_compiled_bf16_and_is_valid():
     base = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
     config = cfg.validate_config(cfg.deep_merge(base, {"preset": "fp8"}))
-    runs, choice = cfg.resolve_runs(config, REPO / "config" / "presets", [], "test")
+    runs, _ = cfg.resolve_runs(config, REPO / "config" / "presets", [], "test")
     cells = {(c["model"], c["precision"]) for c in cfg.cells(runs)}
     for model in ("llama7b", "gpt124m", "vit_b_16"):
         assert {(model, p) for p in ["amp_bf16_compile", *FP8]} <= cells

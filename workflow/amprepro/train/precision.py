@@ -1,4 +1,5 @@
-"""The precisions of amprepro.train.precisions as one training-step interface, chosen by name (timm's train.py does the same by flag)."""
+"""The precisions of amprepro.train.precisions as one training-step interface, chosen by name (as timm's train.py
+chooses by flag)."""
 
 from __future__ import annotations
 
