@@ -96,6 +96,8 @@ def test_the_config_names_models_of_the_run_on_one_gpu():
     searches = cfg.largest_batch_searches(runs(models=["a", "b"]))
     assert [(s["model"], s["precision"], s["seed"]) for s in searches] == [
         ("a", "fp32", 0), ("a", "amp_fp16", 0), ("b", "fp32", 7), ("b", "amp_fp16", 7)]
+    compiled = {**runs(models=["a"]), "precisions": ["fp32", "amp_bf16_compile", "fp8_tensorwise"]}
+    assert [s["precision"] for s in cfg.largest_batch_searches(compiled)] == ["fp32"]  # compiled ones: no search
     with pytest.raises(cfg.ConfigError, match="largest_batch.up_to"):
         cfg.validate({**runs(models=["a"]), "largest_batch": {"up_to": 1}}, "runs", "runs")
 

@@ -1,12 +1,13 @@
 #!/bin/bash
 # Fetch, on a machine with PyPI, the wheels tools/gpu/make_run.sh installs on a GPU box without network (Python 3.12,
-# x86-64): Snakemake and the report's stack, pinned as in requirements.txt. The box's own torch, torchvision, timm,
+# x86-64): Snakemake, the report's stack and torchao, pinned as in requirements.txt. The box's own torch, torchvision, timm,
 # numpy, pandas, matplotlib and scikit-learn are used as they are. Carry .whl/ (and the apex export) in the device call.
 #
 #   bash tools/gpu/wheels.sh        # writes .whl/ (git-ignored)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-pins=$(grep -E '^(snakemake|papermill|nbconvert|nbformat|ipykernel|jupyter_client|jsonschema)==' requirements.txt)
+# torchao: the FP8 precisions (tools/gpu/fp8_run.sh); the box has torch 2.11, which torchao 0.18 accepts (>= 2.11).
+pins=$(grep -E '^(snakemake|papermill|nbconvert|nbformat|ipykernel|jupyter_client|jsonschema|torchao)==' requirements.txt)
 platforms=()
 for p in manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux1_x86_64 any; do
   platforms+=(--platform "$p")

@@ -354,9 +354,11 @@ def check_largest_batch(runs: dict) -> None:
 
 
 def largest_batch_searches(runs: dict) -> list[dict]:
-    """{model, precision, seed} of every search runs.largest_batch asks for: the model's first seed's cells."""
+    """{model, precision, seed} of every search runs.largest_batch asks for: the model's first seed's cells, except the
+    compiled precisions (FP8, compiled bf16: one step per try would time the compiler, and the search builds the model
+    eagerly)."""
     models = (runs.get("largest_batch") or {}).get("models", [])
-    return [c for c in cells(runs) if c["model"] in models
+    return [c for c in cells(runs) if c["model"] in models and not precisions.get(c["precision"]).compile
             and c["seed"] == runs["models"][c["model"]].get("seeds", runs["seeds"])[0]]
 
 

@@ -43,6 +43,7 @@ rule report:
             "report.reportcharts",
             "report.claims",
             "report.verify",
+            "report.fp8",
             files=["report/templates"],
         ),
     shell:

@@ -16,11 +16,17 @@ def measure() -> dict:
         return {"status": "skipped", "reason": "no CUDA GPU: MFU is reported for GPUs only", "tflops": {}}
     device = torch.device("cuda")
     name = torch.cuda.get_device_name(device)
+    tflops = flops.measure_matmul_peak(device)
+    fp8_skipped = flops.fp8_peak_skip_reason(device)  # the fp8 row: measured from compute capability 8.9 on
+    if fp8_skipped is None:
+        tflops["fp8"] = flops.measure_fp8_peak(device)
     return {
         "status": "ok",
         "gpu": name,
         "method": "8192^3 matmul, 3 warm-up then 10 timed, CUDA events",
-        "tflops": flops.measure_matmul_peak(device),
+        "tflops": tflops,
+        "fp8": {"status": "skipped", "reason": fp8_skipped} if fp8_skipped else {"status": "ok",
+                                                                                  "method": flops.FP8_PEAK_METHOD},
         "datasheet_tflops": {p.peak_kind: flops.datasheet_peak(name, p.name) for p in precisions.REGISTRY.values()},
         "datasheet_product": flops.datasheet_product(name),
         "datasheet_note": flops.datasheet_note(name),

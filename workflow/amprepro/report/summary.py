@@ -8,6 +8,7 @@ import os
 import sys
 
 from amprepro.files import read_json, write_csv, write_json
+from amprepro.report import fp8
 from amprepro.train import precisions
 
 COLUMNS = [
@@ -20,6 +21,7 @@ COLUMNS = [
     "mem_master_weights_bytes", "mem_activations_bytes", "mem_estimate_total_bytes",
     "batch_size", "preset_batch_size", "shape", "shape_name", "parameters", "plan_note",
     "largest_batch", "largest_batch_bound",
+    *fp8.COLUMNS,  # against the precision's own baseline (FP8 against compiled bf16): amprepro.report.fp8
 ]
 # Flat columns from metrics.json's nested memory records: (column, record, key).
 MEMORY_COLUMNS = [
@@ -195,6 +197,7 @@ def summarize(metric_files: list[str], environment: dict, apex: dict, preset: di
                                                                      "seed": m["seed"], "status": m["status"]}
                          for m in metrics])
     rows = add_plan(add_memory(add_mfu(rows, metrics, peak or {}), metrics), metrics)
+    rows = fp8.add_baseline(rows, metrics, metric_files)
     searches = [read_json(path) for path in largest_batch_files]
     rows = add_largest_batch(rows, searches)
     counts = {status: sum(r["status"] == status for r in rows) for status in ("ok", "skipped", "collapsed", "failed")}

@@ -39,13 +39,16 @@ def skip_cause(spec: CellSpec | dict, device, apex: dict) -> tuple[str, str, str
     "machine": the GPU, the GPU count or the apex build lacks what the cell needs (verify: not comparable here);
     "software": a package the route should have installed is missing (verify: a failure, the install is wrong);
     "unsupported": a combination no machine runs (skipped in the reference too)."""
-    from amprepro.train import models, precision
+    from amprepro.train import float8, models, precision
 
     spec = CellSpec.of(spec)
     model_config = spec.model_config
     reason = precision.unsupported_reason(spec.precision, device, apex)
     if reason:
         return "machine", precision_needs(spec.precision, device, apex), reason
+    reason = float8.unavailable_reason(spec.precision)  # torchao is pinned in every route that runs FP8 cells
+    if reason:
+        return "software", "torchao", reason
     reason = models.unavailable_reason(model_config["arch"])
     if reason:
         return "software", "", reason
@@ -61,4 +64,7 @@ def precision_needs(name: str, device, apex: dict) -> str:
         return "a CUDA GPU"
     if precisions.get(name).needs_apex:
         return "apex.amp (apex ref 25.05)" if apex.get("status") == "built" else "a built apex"
+    needed = precisions.get(name).min_capability
+    if needed:
+        return f"compute capability >= {'.'.join(map(str, needed))}"
     return "compute capability >= 8.0" if precisions.get(name).tf32 else "bf16 support"

@@ -10,21 +10,23 @@ import torch
 from amprepro.train import precisions
 
 # Dense (no sparsity) peaks from NVIDIA's datasheets, TFLOP/s, per product: SXM, PCIe and NVL parts differ in clocks
-# and power. fp32 is the CUDA-core figure; tf32/fp16/bf16 are Tensor Core figures (datasheets print the sparse ones
-# with a *, twice these). None: the product has no such Tensor Core path.
+# and power. fp32 is the CUDA-core figure; tf32/fp16/bf16/fp8 are Tensor Core figures (datasheets print the sparse
+# ones with a *, twice these). None: the product has no such Tensor Core path (FP8 needs Ada or Hopper, compute
+# capability 8.9/9.0). FP8 from the same datasheets, sparse figure halved: H100/H200 SXM 3,958*, H100 PCIe 3,026*,
+# H100/H200 NVL 3,341*, L40S 1,466*, L4 485*.
 DATASHEET_TFLOPS = {
-    "H200 SXM": {"fp32": 67.0, "tf32": 494.5, "fp16": 989.5, "bf16": 989.5},
-    "H200 NVL": {"fp32": 60.0, "tf32": 417.5, "fp16": 835.5, "bf16": 835.5},
-    "H100 SXM": {"fp32": 67.0, "tf32": 494.5, "fp16": 989.5, "bf16": 989.5},
-    "H100 PCIe": {"fp32": 51.0, "tf32": 378.0, "fp16": 756.5, "bf16": 756.5},
-    "H100 NVL": {"fp32": 60.0, "tf32": 417.5, "fp16": 835.5, "bf16": 835.5},
-    "A100 SXM": {"fp32": 19.5, "tf32": 156.0, "fp16": 312.0, "bf16": 312.0},
-    "A100 PCIe": {"fp32": 19.5, "tf32": 156.0, "fp16": 312.0, "bf16": 312.0},
-    "L40S": {"fp32": 91.6, "tf32": 183.0, "fp16": 362.05, "bf16": 362.05},
-    "L4": {"fp32": 30.3, "tf32": 60.0, "fp16": 121.0, "bf16": 121.0},
-    "A10": {"fp32": 31.2, "tf32": 62.5, "fp16": 125.0, "bf16": 125.0},
-    "V100 SXM2": {"fp32": 15.7, "tf32": None, "fp16": 125.0, "bf16": None},
-    "V100 PCIe": {"fp32": 14.0, "tf32": None, "fp16": 112.0, "bf16": None},
+    "H200 SXM": {"fp32": 67.0, "tf32": 494.5, "fp16": 989.5, "bf16": 989.5, "fp8": 1979.0},
+    "H200 NVL": {"fp32": 60.0, "tf32": 417.5, "fp16": 835.5, "bf16": 835.5, "fp8": 1670.5},
+    "H100 SXM": {"fp32": 67.0, "tf32": 494.5, "fp16": 989.5, "bf16": 989.5, "fp8": 1979.0},
+    "H100 PCIe": {"fp32": 51.0, "tf32": 378.0, "fp16": 756.5, "bf16": 756.5, "fp8": 1513.0},
+    "H100 NVL": {"fp32": 60.0, "tf32": 417.5, "fp16": 835.5, "bf16": 835.5, "fp8": 1670.5},
+    "A100 SXM": {"fp32": 19.5, "tf32": 156.0, "fp16": 312.0, "bf16": 312.0, "fp8": None},
+    "A100 PCIe": {"fp32": 19.5, "tf32": 156.0, "fp16": 312.0, "bf16": 312.0, "fp8": None},
+    "L40S": {"fp32": 91.6, "tf32": 183.0, "fp16": 362.05, "bf16": 362.05, "fp8": 733.0},
+    "L4": {"fp32": 30.3, "tf32": 60.0, "fp16": 121.0, "bf16": 121.0, "fp8": 242.5},
+    "A10": {"fp32": 31.2, "tf32": 62.5, "fp16": 125.0, "bf16": 125.0, "fp8": None},
+    "V100 SXM2": {"fp32": 15.7, "tf32": None, "fp16": 125.0, "bf16": None, "fp8": None},
+    "V100 PCIe": {"fp32": 14.0, "tf32": None, "fp16": 112.0, "bf16": None, "fp8": None},
 }
 # The product behind the exact name torch.cuda.get_device_name reports (whole name; "NVIDIA H200" is the SXM part).
 PRODUCT_NAMES = [
@@ -97,6 +99,42 @@ def measure_matmul_peak(device: torch.device, size: int = 8192, repeats: int = 1
         results[kind] = 2 * size**3 / seconds / 1e12
     torch.backends.cuda.matmul.allow_tf32 = False
     return results
+
+
+FP8_PEAK_METHOD = ("torch._scaled_mm, float8_e4m3fn x float8_e4m3fn (second operand column-major), tensorwise "
+                   "scales, bf16 out, use_fast_accum=True (torchao's forward GEMM)")
+
+
+def fp8_peak_skip_reason(device) -> str | None:
+    """Why the FP8 matmul ceiling cannot be measured on this device; None when it can."""
+    if device.type != "cuda":
+        return "no CUDA GPU: torch._scaled_mm's FP8 path needs compute capability >= 8.9"
+    if not hasattr(torch, "_scaled_mm"):
+        return f"torch {torch.__version__} has no torch._scaled_mm"
+    major, minor = torch.cuda.get_device_capability(device)
+    if (major, minor) < (8, 9):
+        return f"FP8 matmuls need compute capability >= 8.9 (Ada, Hopper); this GPU is {major}.{minor}"
+    return None
+
+
+def measure_fp8_peak(device: torch.device, size: int = 8192, repeats: int = 10) -> float:
+    """TFLOP/s of a size³ FP8 matmul through torch._scaled_mm (FP8_PEAK_METHOD), timed like measure_matmul_peak."""
+    a = torch.randn(size, size, device=device).to(torch.float8_e4m3fn)
+    b = torch.randn(size, size, device=device).to(torch.float8_e4m3fn).t()  # column-major, as cuBLASLt wants
+    one = torch.ones((), device=device, dtype=torch.float32)
+
+    def matmul():
+        return torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16, use_fast_accum=True)
+
+    for _ in range(3):
+        matmul()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(repeats):
+        matmul()
+    end.record()
+    end.synchronize()
+    return 2 * size**3 / (start.elapsed_time(end) / 1000 / repeats) / 1e12
 
 
 def gpu_uuid(device: torch.device) -> str | None:

@@ -1,4 +1,5 @@
-"""The six precisions as one training-step interface, chosen by name (timm's train.py does the same by flag)."""
+"""The precisions of amprepro.train.precisions as one training-step interface, chosen by name (as timm's train.py
+chooses by flag)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,12 @@ class StepResult:
 def unsupported_reason(precision: str, device: torch.device, apex: dict) -> str | None:
     """Why this machine or build cannot run the precision; None when it can."""
     on_cuda, spec = device.type == "cuda", precisions.get(precision)
+    if spec.min_capability:  # FP8: before the bf16 check, which would ask a CPU-only torch about CUDA
+        from amprepro.train import float8
+
+        reason = float8.capability_reason(precision, device)
+        if reason:
+            return reason
     if spec.tf32:
         if not on_cuda:
             return "TF32 is a Tensor Core mode of NVIDIA GPUs (compute capability >= 8.0); no CUDA GPU here"

@@ -1,7 +1,8 @@
 """The precisions, one entry each: every property any stage needs, written once.
 
 The config schema's precision enum, the claims schema, the report's order, labels and colours, the training step
-(autocast dtype, GradScaler, TF32, apex opt level), the MFU peak and the memory estimate all read this table, so a
+(autocast dtype, GradScaler, TF32, apex opt level, torch.compile, torchao float8 recipe), the skip rules (compute
+capability, torchao), the MFU peak and the memory estimate all read this table, so a
 new precision is one new entry here. No torch import: the DAG build and the report read it too.
 """
 
@@ -25,10 +26,19 @@ class Precision:
     bytes_per_parameter: tuple[int, int, int, int, int] = (4, 4, 8, 0, 0)
     compute_bytes: int = 4  # bytes per element of matmul inputs and outputs
     residual_bytes: int = 4  # bytes per element of the residual stream
+    compile: bool = False  # the training step runs the model through torch.compile (amprepro.train.float8.compile)
+    float8_recipe: str | None = None  # torchao Float8LinearConfig.from_recipe_name; None: no FP8 matmuls
+    min_capability: tuple[int, int] | None = None  # the CUDA compute capability the precision's matmuls need
+    baseline: str | None = None  # the precision its speedup, memory and per-step loss are compared with, same model
+    # and seed (summary's *_vs_baseline columns, amprepro.report.fp8); None: only strict FP32 and TF32
 
     @property
     def needs_apex(self) -> bool:
         return self.apex_opt_level is not None
+
+    @property
+    def needs_torchao(self) -> bool:
+        return self.float8_recipe is not None
 
 
 REGISTRY: dict[str, Precision] = {
@@ -44,9 +54,21 @@ REGISTRY: dict[str, Precision] = {
                   bytes_per_parameter=(4, 4, 8, 0, 2), compute_bytes=2),
         Precision("apex_o2", "apex O2", "#30638e", "fp16", apex_opt_level="O2",
                   bytes_per_parameter=(2, 2 + 4, 8, 4, 0), compute_bytes=2, residual_bytes=2),
+        # FP8 (issue 26, docs/fp8.md): torchao float8 training on the qualifying nn.Linear layers, torch.compile on,
+        # bf16 autocast for the rest; compared with bf16 AMP compiled the same way (compiled against compiled).
+        # Memory figures as bf16 AMP's (FP32 weights and AdamW state, a 16-bit cast per matmul weight): an upper
+        # bound, torchao keeps FP8 (1-byte) copies of the weights and of the inputs it saves for the backward.
+        Precision("amp_bf16_compile", "bf16 AMP, compiled", "#c9a227", "bf16", autocast_dtype="bfloat16",
+                  bytes_per_parameter=(4, 4, 8, 0, 2), compute_bytes=2, compile=True, baseline="amp_bf16"),
+        Precision("fp8_tensorwise", "FP8 tensorwise (torchao)", "#6a4c93", "fp8", autocast_dtype="bfloat16",
+                  bytes_per_parameter=(4, 4, 8, 0, 2), compute_bytes=2, compile=True, float8_recipe="tensorwise",
+                  min_capability=(8, 9), baseline="amp_bf16_compile"),
+        Precision("fp8_rowwise", "FP8 rowwise (torchao)", "#9d79bc", "fp8", autocast_dtype="bfloat16",
+                  bytes_per_parameter=(4, 4, 8, 0, 2), compute_bytes=2, compile=True, float8_recipe="rowwise",
+                  min_capability=(8, 9), baseline="amp_bf16_compile"),
     )
 }
-"""In the report's order: baselines first, then torch.amp, then apex."""
+"""In the report's order: baselines first, then torch.amp, then apex, then the compiled bf16 and FP8 ones."""
 
 
 def names() -> list[str]:

@@ -280,7 +280,7 @@ def epoch_fields(model_config: dict, tokens_per_s: float) -> dict:
 def train_cell(spec: CellSpec, apex: dict, dist, device, base: dict, plan: dict | None = None
                ) -> tuple[dict, list[dict]]:
     from amprepro import memory
-    from amprepro.train import measure, precision
+    from amprepro.train import float8, measure, precision
 
     model_config, train = spec.model_config, spec.train
     if train.get("deterministic"):
@@ -294,6 +294,7 @@ def train_cell(spec: CellSpec, apex: dict, dist, device, base: dict, plan: dict 
     if skipped:
         return skipped, []
     model = prepare_model(model_config, device)
+    fp8 = float8.convert(model, spec.precision)  # torchao Float8Linear on the qualifying layers; None: no FP8
     optimizer_name = spec.optimizer
     optimizer = make_optimizer(optimizer_name, model.parameters(), train["lr"], train.get("weight_decay", 0.0), device)
     wrap = lambda m: dist.wrap(m, device, model_config.get("sync_batchnorm", False))  # noqa: E731
@@ -302,17 +303,19 @@ def train_cell(spec: CellSpec, apex: dict, dist, device, base: dict, plan: dict 
     breakdown = measure.Breakdown(model, trainer.optimizer, enabled=device.type == "cuda")
     batches = make_data(model_config, spec.seed, device, model)
     return train_loop(spec, dist, device, base, model, batches, trainer, breakdown,
-                      {"tf32": tf32, "optimizer": optimizer_name, "apex_cast_cache": trainer.apex_cast_cache})
+                      {"tf32": tf32, "optimizer": optimizer_name, "apex_cast_cache": trainer.apex_cast_cache,
+                       "float8": fp8})
 
 
 def train_loop(spec, dist, device, base, model, batches, trainer, breakdown, settings) -> tuple[dict, list[dict]]:
     import torch
 
-    from amprepro.train import flops, measure, models
+    from amprepro.train import float8, flops, measure, models, precisions
 
     model_config, train = spec.model_config, spec.train
-    if model_config.get("compile"):
-        trainer.model = torch.compile(trainer.model)
+    settings["compiled"] = None
+    if model_config.get("compile") or precisions.get(spec.precision).compile:
+        trainer.model, settings["compiled"] = float8.compile_model(trainer.model)
 
     def next_batch():
         x, y = batches.next()

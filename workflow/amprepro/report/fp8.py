@@ -1,0 +1,164 @@
+"""Each cell against its precision's own baseline (precisions.Precision.baseline: FP8 against compiled bf16, compiled
+bf16 against eager bf16), same model and seed: speedup, memory and the per-step loss gap; and the report's FP8
+section, which says where FP8 pays and where it does not.
+
+The loss gap compares the two cells' steps.csv step by step (same seed: same initial weights and the same batches):
+relative gap |loss - baseline loss| / |baseline loss| at every step where both are finite; the final gap is signed
+(positive: the cell's loss is higher) at the last step both ran. On synthetic tokens the loss barely leaves
+ln(vocab) in a few steps, so the gap measures numerical agreement of the step, not convergence.
+"""
+
+from __future__ import annotations
+
+import csv
+import html
+import math
+from pathlib import Path
+
+from amprepro.train import precisions
+
+COLUMNS = ["baseline_precision", "speedup_vs_baseline", "memory_ratio_vs_baseline", "loss_gap_final_vs_baseline",
+           "loss_gap_max_vs_baseline", "loss_gap_steps", "nonfinite_steps", "fp8_weight_fraction"]
+PAYS = 1.0  # speedup over compiled bf16 above which FP8 "pays" in the section's verdict
+
+
+def _ratio(a, b):
+    return a / b if a and b else None
+
+
+def step_losses(steps_csv: Path) -> dict[int, float] | None:
+    if not steps_csv.is_file():
+        return None
+    with steps_csv.open(newline="") as handle:
+        return {int(row["step"]): float(row["loss"]) for row in csv.DictReader(handle)}
+
+
+def loss_gaps(cell: dict[int, float] | None, baseline: dict[int, float] | None) -> dict:
+    """The final (signed) and largest relative per-step loss gap of a cell against its baseline, over the steps
+    both ran with a finite loss; None where there is nothing to compare."""
+    none = {"loss_gap_final_vs_baseline": None, "loss_gap_max_vs_baseline": None, "loss_gap_steps": 0}
+    if not cell or not baseline:
+        return none
+    common = sorted(step for step in set(cell) & set(baseline)
+                    if math.isfinite(cell[step]) and math.isfinite(baseline[step]) and baseline[step] != 0)
+    if not common:
+        return none
+    gaps = [abs(cell[s] - baseline[s]) / abs(baseline[s]) for s in common]
+    last = max(set(cell) & set(baseline))
+    final = ((cell[last] - baseline[last]) / abs(baseline[last])
+             if last == common[-1] else None)  # the last common step was not finite in one of them: no final gap
+    return {"loss_gap_final_vs_baseline": final, "loss_gap_max_vs_baseline": max(gaps), "loss_gap_steps": len(common)}
+
+
+def add_baseline(rows: list[dict], metrics: list[dict], metric_files: list[str]) -> list[dict]:
+    """Fill COLUMNS for every row (None where the precision has no baseline or the baseline did not run)."""
+    ok = {(r["model"], r["seed"], r["precision"]): (r, Path(path).with_name("steps.csv"))
+          for r, path in zip(rows, metric_files) if r["status"] == "ok"}
+    for row, m, path in zip(rows, metrics, metric_files):
+        base_name = precisions.get(row["precision"]).baseline if row["precision"] in precisions.REGISTRY else None
+        row.update({column: None for column in COLUMNS})
+        row["baseline_precision"] = base_name
+        row["nonfinite_steps"] = m.get("nonfinite_steps")
+        row["fp8_weight_fraction"] = (m.get("float8") or {}).get("fp8_weight_fraction")
+        row["loss_gap_steps"] = 0
+        found = ok.get((row["model"], row["seed"], base_name))
+        if base_name is None or found is None or row["status"] not in ("ok", "collapsed"):
+            continue
+        base, base_steps = found
+        row["speedup_vs_baseline"] = _ratio(row.get("throughput_per_s"), base.get("throughput_per_s"))
+        row["memory_ratio_vs_baseline"] = _ratio(row.get("peak_allocated_bytes"), base.get("peak_allocated_bytes"))
+        row.update(loss_gaps(step_losses(Path(path).with_name("steps.csv")), step_losses(base_steps)))
+    return rows
+
+
+# --- the report section ---
+
+def _pct(value, signed: bool = False) -> str:
+    if value is None:
+        return ""
+    return f"{value * 100:+.2f} %" if signed else f"{value * 100:.2f} %"
+
+
+def _num(value, fmt: str) -> str:
+    return "" if value is None else format(value, fmt)
+
+
+def fp8_rows(summary: dict) -> list[dict]:
+    """The cells of FP8 precisions and of their baselines, by model, in the registry's order."""
+    fp8 = {p.name for p in precisions.REGISTRY.values() if p.needs_torchao}
+    wanted = fp8 | {precisions.get(name).baseline for name in fp8}
+    order = {name: i for i, name in enumerate(precisions.names())}
+    cells = [c for c in summary.get("cells", []) if c["precision"] in wanted]
+    models_with_fp8 = {c["model"] for c in cells if c["precision"] in fp8}
+    cells = [c for c in cells if c["model"] in models_with_fp8]
+    return sorted(cells, key=lambda c: (c["model"], order[c["precision"]], c["seed"]))
+
+
+def verdicts(rows: list[dict]) -> list[str]:
+    """One plain sentence per FP8 cell: it pays, it does not, or why it was not measured."""
+    said = []
+    for c in rows:
+        spec = precisions.get(c["precision"])
+        if not spec.needs_torchao:
+            continue
+        what = f"{c['model']} {spec.label} (seed {c['seed']})"
+        if c["status"] not in ("ok", "collapsed"):
+            said.append(f"{what}: not measured, {c['status']}: {c.get('reason') or ''}")
+            continue
+        speedup, base = c.get("speedup_vs_baseline"), precisions.label(spec.baseline)
+        if speedup is None:
+            said.append(f"{what}: no {base} cell of the same model and seed ran, so no speedup")
+            continue
+        memory = c.get("memory_ratio_vs_baseline")
+        memory_text = f", peak memory {memory:.2f}x" if memory else ""
+        gap = c.get("loss_gap_final_vs_baseline")
+        gap_text = f", final loss {_pct(gap, signed=True)} against {base}" if gap is not None else ""
+        nonfinite = f", {c['nonfinite_steps']} non-finite steps" if c.get("nonfinite_steps") else ""
+        if c["status"] == "collapsed":
+            said.append(f"{what}: does not pay, the loss went non-finite{nonfinite}")
+        elif speedup > PAYS:
+            said.append(f"{what}: pays, {speedup:.3f}x {base}{memory_text}{gap_text}{nonfinite}")
+        else:
+            said.append(f"{what}: does not pay, {speedup:.3f}x {base} ({(1 - speedup) * 100:.1f} % slower)"
+                        f"{memory_text}{gap_text}{nonfinite}")
+    return said
+
+
+def table_html(rows: list[dict]) -> str:
+    head = ["model", "precision", "seed", "status", "throughput", "vs baseline", "speedup", "peak GiB",
+            "memory vs baseline", "final loss gap", "max step gap", "steps compared", "non-finite steps",
+            "weights in FP8", "MFU (measured peak)", "MFU (datasheet)"]
+    body = []
+    for c in rows:
+        peak = c.get("peak_allocated_bytes")
+        cells = [c["model"], precisions.label(c["precision"]), c["seed"], c["status"],
+                 f"{_num(c.get('throughput_per_s'), '.1f')} {c.get('throughput_unit') or ''}".strip(),
+                 precisions.label(c["baseline_precision"]) if c.get("baseline_precision") else "",
+                 _num(c.get("speedup_vs_baseline"), ".3f"), _num(peak / 2**30 if peak else None, ".1f"),
+                 _num(c.get("memory_ratio_vs_baseline"), ".2f"), _pct(c.get("loss_gap_final_vs_baseline"), True),
+                 _pct(c.get("loss_gap_max_vs_baseline")), c.get("loss_gap_steps") or "",
+                 "" if c.get("nonfinite_steps") is None else c["nonfinite_steps"],
+                 _pct(c.get("fp8_weight_fraction")), _pct(c.get("mfu_vs_measured_peak")),
+                 _pct(c.get("mfu_vs_datasheet"))]
+        body.append("<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in cells) + "</tr>")
+    header = "<tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head) + "</tr>"
+    return f'<div class="table-wrap"><table class="results fp8"><thead>{header}</thead><tbody>{"".join(body)}' \
+           "</tbody></table></div>"
+
+
+def section_html(summary: dict) -> str:
+    from amprepro.report import reporthtml
+    from amprepro.train import float8
+
+    rows = fp8_rows(summary)
+    if not rows:
+        return reporthtml.section_html(
+            "FP8 against compiled bf16", "", "no FP8 cell in this run: the fp8 preset has them "
+            "(`--config preset=fp8`, docs/fp8.md)")
+    said = "".join(f"<li>{html.escape(line)}</li>" for line in verdicts(rows))
+    intro = (f"torchao float8 training on the qualifying nn.Linear layers ({float8.FP8_FILTER}), torch.compile on, "
+             "bf16 autocast for the rest, against bf16 AMP compiled the same way: speedup and memory are compiled "
+             "against compiled. Loss gap: relative to the compiled bf16 cell, step by step over the same batches; "
+             "on synthetic tokens it shows numerical agreement, not convergence. MFU of an FP8 cell counts all its "
+             "model FLOPs against the FP8 peak, although attention and the layers kept in bf16 do not run in FP8.")
+    return reporthtml.section_html("FP8 against compiled bf16", f"<ul>{said}</ul>{table_html(rows)}", "", intro)
