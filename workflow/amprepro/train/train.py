@@ -40,13 +40,18 @@ def put_apex_on_path(apex: dict) -> None:
 
 
 def make_data(model_config: dict, seed: int, device, model):
-    from amprepro.train import data
+    from amprepro.train import data, imagedata, textdata
 
     kind, batch = model_config["data"], model_config["batch_size"]
     if kind == "digits":
         return data.DigitsBatches(batch, seed, device)
     if kind == "synthetic_images":
         return data.SyntheticImages(batch, model_config.get("image_size", 224), seed, device)
+    if kind == textdata.DATA_KIND:
+        return textdata.StdlibTextBatches(batch, model_config.get("seq_len", 128), seed, device,
+                                          model_config.get("eval_windows", textdata.DEFAULT_EVAL_WINDOWS))
+    if kind in imagedata.KINDS:
+        return imagedata.batches(model_config, seed, device)
     return data.SyntheticTokens(batch, model_config.get("seq_len", 1024), model.vocab_size, seed, device)
 
 
@@ -70,7 +75,7 @@ def cross_entropy(logits, target):
 
 def items_per_step(x, model_config: dict, world: int) -> tuple[int, str]:
     """Items one step trained on, counted from x, the batch that reached this rank's model (every rank gets as many)."""
-    if model_config["data"] == "synthetic_tokens":
+    if model_config["data"] in ("synthetic_tokens", "python_stdlib"):
         return x.numel() * world, "tokens"
     return x.shape[0] * world, "samples"
 
@@ -308,9 +313,11 @@ def train_cell(spec: CellSpec, apex: dict, dist, device, base: dict, plan: dict 
 def train_loop(spec, dist, device, base, model, batches, trainer, breakdown, settings) -> tuple[dict, list[dict]]:
     import torch
 
-    from amprepro.train import flops, measure, models
+    from amprepro.train import flops, heldout, measure, models
 
     model_config, train = spec.model_config, spec.train
+    curve = heldout.Curve(train["steps"], model_config.get("eval_every") if not dist.active else None)
+    curve.maybe(0, trainer, batches)
     if model_config.get("compile"):
         trainer.model = torch.compile(trainer.model)
 
@@ -337,6 +344,7 @@ def train_loop(spec, dist, device, base, model, batches, trainer, breakdown, set
                      "step_time_s": timer.seconds})
         if step % 20 == 0 and dist.is_main:
             print(f"step {step:5d} loss {loss:.4f} scale {scale} {timer.seconds * 1000:.1f} ms", flush=True)
+        curve.maybe(step + 1, trainer, batches)
     energy_end = energy.read_joules()
     load = measure.host_load()
     energy_j = dist.total(energy_end - energy_start if None not in (energy_start, energy_end) else None, device)
@@ -366,6 +374,8 @@ def train_loop(spec, dist, device, base, model, batches, trainer, breakdown, set
         "final_loss": rows[-1]["loss"],
         "final_loss_mean10": sum(r["loss"] for r in rows[-10:]) / len(rows[-10:]),
         "eval_accuracy": evaluate(trainer, batches) if not dist.active else None,
+        **curve.fields(),
+        **({"data_record": batches.record} if getattr(batches, "record", None) else {}),
         "parameters": models.parameter_count(model),
         "flops_per_step": flops_per_step,
         "flops_method": flops_method,
