@@ -41,6 +41,8 @@ rule report:
             "report.reporthtml",
             "report.reportcharts",
             "report.claims",
+            "report.convergence",
+            "report.convergencereport",
             "report.verify",
             files=["report/templates"],
         ),

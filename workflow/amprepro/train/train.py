@@ -67,6 +67,24 @@ def make_optimizer(name: str, params, lr: float, weight_decay: float, device):
     return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=(name == "adamw_fused") or None)
 
 
+COSINE_FLOOR = 0.1  # lr_schedule cosine: from lr down to this fraction of it at the last step
+
+
+def lr_at(train: dict, step: int) -> float:
+    """The learning rate of a step: train.lr (lr_schedule constant, the default), or a cosine decay from train.lr at
+    step 0 to COSINE_FLOOR x train.lr at the last step (lr_schedule cosine)."""
+    if train.get("lr_schedule", "constant") == "constant" or train["steps"] < 2:
+        return train["lr"]
+    progress = step / (train["steps"] - 1)
+    return train["lr"] * (COSINE_FLOOR + (1 - COSINE_FLOOR) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def set_lr(optimizer, train: dict, step: int) -> None:
+    if train.get("lr_schedule", "constant") != "constant":
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(train, step)
+
+
 def cross_entropy(logits, target):
     import torch.nn.functional as F
 
@@ -336,6 +354,7 @@ def train_loop(spec, dist, device, base, model, batches, trainer, breakdown, set
         if step == train["warmup_steps"]:
             energy_start = energy.read_joules()
         x, y = next_batch()
+        set_lr(trainer.optimizer, train, step)
         with measure.StepTimer(device) as timer:
             result = trainer.step(x, y)
             loss = float(dist.mean(result.loss))  # one host sync per step for every precision: fair and simple
