@@ -88,3 +88,9 @@ def test_convergence_is_refused_on_a_claim_it_cannot_judge():
 def test_non_finite_final_losses_do_not_count_as_values():
     losses = convergence.final_losses(summary([math.nan, 1.5, 1.5]), "stdlib_gpt")
     assert list(losses["apex_o1"]["values"]) == [1, 2] and losses["apex_o1"]["other"][0][0] == 0
+
+
+def test_the_report_lines_give_mean_sd_and_verdict_per_precision():
+    lines = convergence.report_lines(summary([1.60, 1.61, 1.62]))
+    assert lines[1].startswith("  fp32: 1.5000 ± 0.0200 (min–max 1.4800–1.5200, 3 seeds); baseline")
+    assert lines[2].startswith("  apex_o1: 1.6100 ± 0.0100") and "worse: Δ +0.1100 vs noise ±0.0400" in lines[2]

@@ -163,3 +163,41 @@ def judge_claim(claim: dict, summary: dict, data_records: dict | None = None) ->
     return {"verdict": worst, "verdict_text": text, "reason": reason,
             "measured_text": "; ".join(r["measured_text"] for r in measured),
             "by_baseline": {BASELINE: {"verdict": worst, "reason": reason, "models": per_model}}}
+
+
+def report_lines(summary: dict) -> list[str]:
+    """Each convergence model's precisions, one line each: final held-out loss mean ± sd over seeds and the verdict."""
+    lines = []
+    for model in convergence_models(summary):
+        judged, losses = model_verdicts(summary, model), final_losses(summary, model)
+        lines.append(f"{model}: final held-out loss per precision (mean ± sample sd over seeds); band: {BAND_TEXT}")
+        for precision, entry in losses.items():
+            values = list(entry["values"].values())
+            stats = spread(values) if values else None
+            text = (f"{fmt_loss(stats['mean'])} ± {fmt_loss(stats['sd'])} (min–max {fmt_loss(stats['min'])}–"
+                    f"{fmt_loss(stats['max'])}, {stats['n']} seeds)" if stats else "no value")
+            if entry["collapsed"]:
+                text += f", {len(entry['collapsed'])} seed(s) collapsed"
+            verdict = "baseline" if precision == BASELINE else judged["precisions"][precision]
+            if isinstance(verdict, dict):
+                verdict = (f"{verdict['verdict']}: Δ {verdict['delta']:+.4f} vs noise ±{verdict['noise']:.4f}"
+                           if verdict.get("delta") is not None
+                           else f"{verdict['verdict'] or 'not judged'}: {verdict['reason']}")
+            lines.append(f"  {precision}: {text}; {verdict}")
+    return lines or ["no cell recorded a held-out loss"]
+
+
+def main(argv=None) -> None:
+    import argparse
+    import json
+    from pathlib import Path
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--summary", default="results/summary/summary.json")
+    args = parser.parse_args(argv)
+    for line in report_lines(json.loads(Path(args.summary).read_text())):
+        print(line)
+
+
+if __name__ == "__main__":
+    main()

@@ -49,7 +49,7 @@ def curves(summary: dict, runs_dir: str, model: str) -> dict:
         steps = read_steps(runs_dir, model, precision, seed)
         if steps is not None:
             frame = steps.set_index("step")
-            entry["train"][seed] = frame["loss"].rolling(SMOOTH_STEPS, min_periods=1).mean()
+            entry["train"][seed] = frame["loss"].rolling(SMOOTH_STEPS, min_periods=1, center=True).mean()
             if frame["loss_scale"].notna().any():
                 entry["scale"][seed] = frame["loss_scale"]
             skipped = frame.index[frame["skipped"].astype(str).str.lower().isin(["true", "1"])]
@@ -100,7 +100,7 @@ def curves_chart(model: str, data: dict):
             _band(ax, entry["heldout"], color, f"{precision} held-out", 2.0 if precision == "fp32" else 1.4)
     ax.set_xlabel("optimizer steps")
     ax.set_ylabel("cross-entropy (nats per byte)")
-    ax.set_title(f"{model}: train (dotted, rolling mean of {SMOOTH_STEPS} steps) and held-out loss")
+    ax.set_title(f"{model}: train (dotted, centred rolling mean of {SMOOTH_STEPS} steps) and held-out loss")
     if ax.lines:
         ax.legend(fontsize=7, ncol=2)
     if scaled:
