@@ -408,7 +408,8 @@ def check_data_settings(model: str, settings: dict) -> None:
                               f"(only {field} {', '.join(allowed)}). Fix: remove the key.")
     if data == "python_stdlib" and arch not in GPT_ARCHS:
         raise ConfigError(f"Config error at runs.models.{model}.arch: data python_stdlib is byte-level text for a "
-                          f"language model; arch {arch} is not one. Fix: use arch gpt_bytes (or {', '.join(GPT_ARCHS)}).")
+                          f"language model; arch {arch} is not one. Fix: use arch gpt_bytes (or "
+                          f"{', '.join(GPT_ARCHS)}).")
     if data in ("cifar10", "imagefolder"):
         if arch not in IMAGE_DATA_ARCHS:
             raise ConfigError(f"Config error at runs.models.{model}.arch: data {data} needs an arch that reads "

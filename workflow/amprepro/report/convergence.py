@@ -14,7 +14,8 @@ sd·sqrt(2/n) (0.82 sd at n = 3), so 2 sd is about 2.4 standard errors: a differ
 noise alone. With 3 seeds the sd is itself uncertain (its 95 % interval spans roughly 0.5x to 6x), so a verdict near
 the band's edge is marked as such; more seeds narrow it. FP32 needs at least MIN_SEEDS seeds to have a spread at all.
 
-The accuracy claim (config/claims.yaml, `convergence:`) takes its verdict from here where these cells exist: judge_claim.
+The accuracy claim (config/claims.yaml, `convergence:`) takes its verdict from here where these cells exist
+(judge_claim).
 """
 
 from __future__ import annotations

@@ -60,11 +60,11 @@ def unavailable_reason(model_config: dict) -> str | None:
 def download_cifar(root: Path) -> str | None:
     """torchvision's download (md5-checked); the reason it could not, or None."""
     try:
-        from torchvision.datasets.utils import download_and_extract_archive
-
         from torchvision.datasets import CIFAR10
+        from torchvision.datasets.utils import download_and_extract_archive
     except Exception as exc:  # ImportError, or a torchvision built for another torch
-        return f"CIFAR-10 is not at {root / CIFAR_DIR} and torchvision, which would download it, is not importable ({exc})"
+        return (f"CIFAR-10 is not at {root / CIFAR_DIR} and torchvision, which would download it, is not importable "
+                f"({exc})")
     try:
         download_and_extract_archive(CIFAR10.url, str(root), filename=CIFAR10.filename, md5=CIFAR10.tgz_md5)
     except Exception as exc:  # no network, a proxy, a checksum mismatch

@@ -67,7 +67,7 @@ def read_corpus(root: Path | None = None) -> tuple[bytes, bytes, dict]:
     counts = {"train": 0, "heldout": 0}
     for relative in files:
         content = (root / relative).read_bytes()
-        manifest.update(f"{relative}\t{hashlib.sha256(content).hexdigest()}\n".encode("utf-8"))
+        manifest.update(f"{relative}\t{hashlib.sha256(content).hexdigest()}\n".encode())
         side = "heldout" if is_heldout(relative) else "train"
         (heldout if side == "heldout" else train).append(content)
         counts[side] += 1
