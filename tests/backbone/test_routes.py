@@ -35,8 +35,13 @@ SETTING_NEEDS = {
     "gpus": None, "nodes": None, "sync_batchnorm": None,  # torch.distributed (nodes: srun, from Slurm, not a package)
     "activation_checkpointing": None, "epoch_tokens": None, "shape": None,  # torch.utils.checkpoint; a number
     "precisions": None, "seeds": None, "train": None,  # PRECISION_NEEDS, OPTIMIZER_NEEDS
+    "eval_every": None, "eval_windows": None, "naive_norm_eps": None, "data_path": None,
+    "download": "torchvision",  # cifar10's checksummed download
 }
-DATA_NEEDS = {"digits": "scikit-learn", "synthetic_images": None, "synthetic_tokens": None}
+# python_stdlib: the interpreter's own files; cifar10: read with pickle and numpy; imagefolder: Pillow, which comes
+# with torchvision.
+DATA_NEEDS = {"digits": "scikit-learn", "synthetic_images": None, "synthetic_tokens": None, "python_stdlib": None,
+              "cifar10": None, "imagefolder": "torchvision"}
 PRECISION_NEEDS = {"apex_o1": "apex", "apex_o2": "apex", "fp8_tensorwise": "torchao", "fp8_rowwise": "torchao"}
 OPTIMIZER_NEEDS = {"apex_fused_adam": "apex"}
 GPU_NEEDS = {"nvml"}  # every GPU cell reports its energy through NVML

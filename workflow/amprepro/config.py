@@ -405,11 +405,43 @@ def check_model_settings(model: str, settings: dict) -> None:
             f"Config error at runs.models.{model}.shape: arch {settings['arch']} has no LLaMA shapes (only llama). "
             "Fix: remove the key or use arch: llama."
         )
+    check_data_settings(model, settings)
     if "epoch_tokens" in settings and settings["data"] != "synthetic_tokens":
         raise ConfigError(
             f"Config error at runs.models.{model}.epoch_tokens: data {settings['data']} is not counted in tokens. "
             "Fix: remove the key, or use it on a synthetic_tokens model."
         )
+
+
+GPT_ARCHS = ("gpt", "gpt_tiny", "gpt_bytes")  # models.GPT_SIZES (not imported: no torch at DAG build time)
+IMAGE_DATA_ARCHS = ("small_cnn", "resnet50")
+ONLY_FOR = {  # a model setting -> (the data kinds or archs it means something for, which field names them)
+    "data_path": (("cifar10", "imagefolder"), "data"),
+    "download": (("cifar10",), "data"),
+    "eval_windows": (("python_stdlib",), "data"),
+    "naive_norm_eps": (GPT_ARCHS, "arch"),
+}
+
+
+def check_data_settings(model: str, settings: dict) -> None:
+    """The real-data kinds (python_stdlib, cifar10, imagefolder) with an arch that reads them, and their settings
+    only where they mean something."""
+    data, arch = settings["data"], settings["arch"]
+    for key, (allowed, field) in ONLY_FOR.items():
+        if key in settings and settings[field] not in allowed:
+            raise ConfigError(f"Config error at runs.models.{model}.{key}: {field} {settings[field]} does not use it "
+                              f"(only {field} {', '.join(allowed)}). Fix: remove the key.")
+    if data == "python_stdlib" and arch not in GPT_ARCHS:
+        raise ConfigError(f"Config error at runs.models.{model}.arch: data python_stdlib is byte-level text for a "
+                          f"language model; arch {arch} is not one. Fix: use arch gpt_bytes (or "
+                          f"{', '.join(GPT_ARCHS)}).")
+    if data in ("cifar10", "imagefolder"):
+        if arch not in IMAGE_DATA_ARCHS:
+            raise ConfigError(f"Config error at runs.models.{model}.arch: data {data} needs an arch that reads "
+                              f"3-channel images of any size ({', '.join(IMAGE_DATA_ARCHS)}). Fix: use one of them.")
+        if not settings.get("data_path"):
+            raise ConfigError(f"Config error at runs.models.{model}.data_path: data {data} needs the dataset's "
+                              "directory. Fix: set data_path (docs: amprepro.train.imagedata).")
 
 
 def cells(runs: dict) -> list[dict]:

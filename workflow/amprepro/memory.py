@@ -79,7 +79,8 @@ RESNET50 = {"parameters": 25_557_032, "bn_channels": 26_560, "blocks": ((64, 3, 
                                                                         (512, 3, 2))}
 VIT_B_16 = {"layers": 12, "dim": 768, "patch": 16, "classes": 1000}
 GPT_SIZES = {"gpt": {"vocab_size": 50304, "layers": 12, "heads": 12, "dim": 768},
-             "gpt_tiny": {"vocab_size": 512, "layers": 2, "heads": 4, "dim": 128}}
+             "gpt_tiny": {"vocab_size": 512, "layers": 2, "heads": 4, "dim": 128},
+             "gpt_bytes": {"vocab_size": 256, "layers": 4, "heads": 4, "dim": 128}}
 # Published LLaMA-family shapes, largest first: the ladder a card too small for the 7B shape steps down (issue 21).
 # Built as published (grouped KV heads where the original has them: kv_heads), with untied embeddings as the 7B shape
 # has: SmolLM ties its input and output embeddings, so its parameter count here is higher (parameters() says how many).

@@ -42,6 +42,8 @@ rule report:
             "report.reporthtml",
             "report.reportcharts",
             "report.claims",
+            "report.convergence",
+            "report.convergencereport",
             "report.verify",
             "report.fp8",
             files=["report/templates"],

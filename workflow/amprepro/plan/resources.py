@@ -28,8 +28,8 @@ HOST_BUILT_PARAMETERS = {"resnet50": 25_600_000, "vit_b_16": 86_600_000, "vit_ba
 # H200 at the paper preset's sizes (reference/nvidia-h200, 2026-11-30: e.g. llama 2.28 s for 2048 tokens,
 # vit_b_16 0.34 s for 128 images), so an older GPU still fits.
 SECONDS_PER_ITEM = {"small_cnn": 4.3e-4, "tiny_transformer": 1.0e-3, "resnet50": 1.1e-2, "vit_b_16": 2.7e-2,
-                    "vit_base_patch16_224": 2.7e-2, "gpt": 1.9e-4, "gpt_tiny": 1.9e-4, "llama": 1.2e-2,
-                    "llama_tiny": 1.0e-4}
+                    "vit_base_patch16_224": 2.7e-2, "gpt": 1.9e-4, "gpt_tiny": 1.9e-4, "gpt_bytes": 1.9e-4,
+                    "llama": 1.2e-2, "llama_tiny": 1.0e-4}
 
 
 def nodes(model: dict) -> int:
@@ -58,7 +58,7 @@ def host_mb(model: dict, gpu_jobs: bool) -> int:
 
 
 def items_per_step(model: dict) -> int:
-    if model["data"] == "synthetic_tokens":
+    if model["data"] in ("synthetic_tokens", "python_stdlib"):
         return model["batch_size"] * model.get("seq_len", 1024)
     return model["batch_size"]
 

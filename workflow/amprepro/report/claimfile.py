@@ -82,6 +82,17 @@ SCHEMA = {
                         "note": {"type": "string"},
                     },
                 },
+                "convergence": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "required": ["models"],
+                    "description": ("models whose final held-out loss judges an accuracy claim where its own "
+                                    "models cannot (amprepro.report.convergence)"),
+                    "properties": {
+                        "models": {"type": "array", "minItems": 1, "items": {"type": "string"}},
+                        "note": {"type": "string"},
+                    },
+                },
                 "note": {"type": "string"},
                 "caveats": {"type": "array", "items": {"type": "string", "minLength": 1},
                             "description": "what a reader must know to read the verdict; the report lists them"},
@@ -131,6 +142,11 @@ def validate(data, where: str = "config/claims.yaml") -> list[dict]:
         claim["baseline"] = [claim["baseline"]] if isinstance(claim["baseline"], str) else list(claim["baseline"])
         if claim["variant"] in claim["baseline"]:
             raise ClaimsError(f"{where}: claim field {field}.variant: {claim['variant']!r} is also a baseline.")
+        if claim.get("convergence") and (claim["metric"] != "accuracy_delta" or claim["claimed"] != {"at_least": 0}
+                                         or claim["baseline"] != ["fp32"]):
+            raise ClaimsError(f"{where}: claim field {field}.convergence: held-out losses judge only an "
+                              "accuracy_delta claim of the form claimed {at_least: 0} against baseline fp32 (\"not "
+                              "lower than FP32\"). Fix: remove convergence or write the claim that way.")
         between = claim["claimed"].get("between")
         if between and between[0] > between[1]:
             raise ClaimsError(f"{where}: claim field {field}.claimed.between: {between} is not [low, high].")

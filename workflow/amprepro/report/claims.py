@@ -57,16 +57,17 @@ def tensor_cores(sanity: dict | None, summary: dict) -> tuple[bool, str]:
     return (False, "no CUDA GPU") if not gpu else (True, f"{gpu} (not checked)")
 
 
-def _model_config_field(runs_dir: str | Path | None, field: str) -> dict:
-    """Cell model name -> one field of its model_config, read from the cells' metrics.json."""
+def _model_config_field(runs_dir: str | Path | None, field: str, top: bool = False) -> dict:
+    """Cell model name -> one field of its model_config (top: of metrics.json itself), read from the cells'
+    metrics.json."""
     values = {}
     if runs_dir and Path(runs_dir).is_dir():
         for path in sorted(Path(runs_dir).glob("*/*/seed*/metrics.json")):
             try:
-                spec = json.loads(path.read_text()).get("spec", {})
+                metrics = json.loads(path.read_text())
             except (OSError, ValueError):
                 continue
-            value = spec.get("model_config", {}).get(field)
+            value = metrics.get(field) if top else metrics.get("spec", {}).get("model_config", {}).get(field)
             if value:
                 values.setdefault(path.parts[-4], value)
     return values
@@ -203,10 +204,19 @@ def _aggregate(per_model: list[dict]) -> dict:
 
 
 def evaluate_claim(claim: dict, summary: dict, sanity: dict | None = None, archs: dict | None = None,
-                   use_override: bool = True, data: dict | None = None) -> dict:
+                   use_override: bool = True, data: dict | None = None, records: dict | None = None) -> dict:
     """The verdict of one claim on this run, with every number behind it; where this run cannot judge it, the proxy
-    models (if the claim names some) are judged as context."""
+    models (if the claim names some) are judged as context, and a claim with `convergence:` models takes its verdict
+    from their held-out losses (amprepro.report.convergence; records: model -> its cells' data record)."""
     result = _judge(claim, summary, sanity, archs or {}, use_override, data)
+    if result["verdict"] == "not_measurable" and claim.get("convergence"):
+        from amprepro.report import convergence
+
+        judged = convergence.judge_claim(claim, summary, records)
+        if judged and judged["verdict"] == "not_measurable":
+            result["reason"] = f"{result['reason']}; {judged['reason']}"
+        elif judged:
+            result.update(judged, convergence_models=claim["convergence"]["models"])
     if result["verdict"] == "not_measurable" and claim.get("proxy"):
         proxy_claim = {key: value for key, value in claim.items() if key not in ("proxy", "not_measurable")}
         proxy_claim.update(models=claim["proxy"]["models"], model="/".join(claim["proxy"]["models"]))
@@ -290,14 +300,15 @@ def _judge(claim: dict, summary: dict, sanity: dict | None, archs: dict, use_ove
 
 
 def evaluate(claims: list[dict], summary: dict, sanity: dict | None = None, archs: dict | None = None,
-             data: dict | None = None) -> list[dict]:
-    return [evaluate_claim(claim, summary, sanity, archs, data=data) for claim in claims]
+             data: dict | None = None, records: dict | None = None) -> list[dict]:
+    return [evaluate_claim(claim, summary, sanity, archs, data=data, records=records) for claim in claims]
 
 
 def evaluate_run(claims_path: str | Path, summary: dict, sanity: dict | None,
                  runs_dir: str | Path | None) -> list[dict]:
     """The one evaluation of a run's claims: the CLI, verify and the report all call this, so they agree."""
-    return evaluate(load_claims(claims_path), summary, sanity, model_archs(runs_dir), model_data(runs_dir))
+    return evaluate(load_claims(claims_path), summary, sanity, model_archs(runs_dir), model_data(runs_dir),
+                    _model_config_field(runs_dir, "data_record", top=True))
 
 
 def counts(results: list[dict]) -> dict:

@@ -19,7 +19,7 @@ COLUMNS = [
     "energy_j_per_item", "skip_cause", "skip_needs",
     "epoch_hours_derived", "mem_weights_bytes", "mem_gradients_bytes", "mem_optimizer_state_bytes",
     "mem_master_weights_bytes", "mem_activations_bytes", "mem_estimate_total_bytes",
-    "batch_size", "preset_batch_size", "shape", "shape_name", "parameters", "plan_note",
+    "batch_size", "preset_batch_size", "shape", "shape_name", "parameters", "plan_note", "heldout_loss_final",
     "largest_batch", "largest_batch_bound",
     *fp8.COLUMNS,  # against the precision's own baseline (FP8 against compiled bf16): amprepro.report.fp8
 ]

@@ -25,6 +25,11 @@ def optimizer_unsupported(name: str, device, apex: dict) -> str | None:
 
 def variant_unsupported(model_config: dict, precision_name: str, device, apex: dict) -> tuple[str, str, str] | None:
     """(skip_cause, what is missing, reason) for a model variant this machine or build cannot run, or None."""
+    from amprepro.train import imagedata
+
+    reason = imagedata.unavailable_reason(model_config)
+    if reason:
+        return "machine", "the dataset", reason
     if model_config.get("fused_layer_norm") and apex.get("status") != "built":
         return "machine", "a built apex", "fused_layer_norm needs apex's FusedLayerNorm: apex is not built"
     if model_config.get("compile") and precisions.get(precision_name).needs_apex:

@@ -103,7 +103,39 @@ class GPT(nn.Module):
         return self.lm_head(self.ln_f(x))
 
 
-GPT_SIZES = {"gpt": {}, "gpt_tiny": {"vocab_size": 512, "layers": 2, "heads": 4, "dim": 128}}
+GPT_SIZES = {"gpt": {}, "gpt_tiny": {"vocab_size": 512, "layers": 2, "heads": 4, "dim": 128},
+             "gpt_bytes": {"vocab_size": 256, "layers": 4, "heads": 4, "dim": 128}}  # data: python_stdlib
+
+
+class HalfEpsNorm(nn.Module):
+    """A hand-written LayerNorm that does its arithmetic in the compute dtype (the autocast dtype where autocast is
+    on) and adds its epsilon there: the "custom norm with a tiny denominator" the second article warns about. With
+    eps 1e-8 in fp16 the epsilon rounds to 0 (fp16's smallest subnormal is 6e-8), and a variance below about 6e-8
+    rounds to 0 too; nn.LayerNorm, which autocast runs in FP32, has neither problem."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.bias = nn.Parameter(torch.zeros(dim))
+
+    def forward(self, x):
+        kind = x.device.type
+        dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else x.dtype
+        h = x.to(dtype)
+        centered = h - h.mean(-1, keepdim=True)
+        variance = (centered * centered).mean(-1, keepdim=True)
+        return centered / (variance + self.eps).sqrt() * self.weight.to(dtype) + self.bias.to(dtype)
+
+
+def swap_in_half_eps_norms(model: nn.Module, eps: float) -> nn.Module:
+    """Every nn.LayerNorm of model replaced by a HalfEpsNorm of the same width (model_config naive_norm_eps)."""
+    for name, child in model.named_children():
+        if isinstance(child, nn.LayerNorm):
+            setattr(model, name, HalfEpsNorm(child.normalized_shape[-1], eps))
+        else:
+            swap_in_half_eps_norms(child, eps)
+    return model
 
 
 class RMSNorm(nn.Module):
@@ -249,11 +281,18 @@ def unavailable_reason(arch: str) -> str | None:
 
 def build(arch: str, model_config: dict) -> nn.Module:
     if arch == "small_cnn":
+        if model_config.get("data") in ("cifar10", "imagefolder"):
+            from amprepro.train import imagedata
+
+            return SmallCNN(num_classes=imagedata.num_classes(model_config), in_channels=3)
         return SmallCNN()
     if arch == "tiny_transformer":
         return TinyTransformer()
     if arch in GPT_SIZES:
-        return GPT(seq_len=model_config.get("seq_len", 1024), **GPT_SIZES[arch])
+        model = GPT(seq_len=model_config.get("seq_len", 1024), **GPT_SIZES[arch])
+        if model_config.get("naive_norm_eps") is not None:
+            model = swap_in_half_eps_norms(model, model_config["naive_norm_eps"])
+        return model
     if arch in ("llama", "llama_tiny"):  # on the meta device: place() materialises it where it trains
         with torch.device("meta"):
             return Llama(seq_len=model_config.get("seq_len", 2048),

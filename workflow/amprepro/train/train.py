@@ -40,13 +40,18 @@ def put_apex_on_path(apex: dict) -> None:
 
 
 def make_data(model_config: dict, seed: int, device, model):
-    from amprepro.train import data
+    from amprepro.train import data, imagedata, textdata
 
     kind, batch = model_config["data"], model_config["batch_size"]
     if kind == "digits":
         return data.DigitsBatches(batch, seed, device)
     if kind == "synthetic_images":
         return data.SyntheticImages(batch, model_config.get("image_size", 224), seed, device)
+    if kind == textdata.DATA_KIND:
+        return textdata.StdlibTextBatches(batch, model_config.get("seq_len", 128), seed, device,
+                                          model_config.get("eval_windows", textdata.DEFAULT_EVAL_WINDOWS))
+    if kind in imagedata.KINDS:
+        return imagedata.batches(model_config, seed, device)
     return data.SyntheticTokens(batch, model_config.get("seq_len", 1024), model.vocab_size, seed, device)
 
 
@@ -62,6 +67,24 @@ def make_optimizer(name: str, params, lr: float, weight_decay: float, device):
     return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=(name == "adamw_fused") or None)
 
 
+COSINE_FLOOR = 0.1  # lr_schedule cosine: from lr down to this fraction of it at the last step
+
+
+def lr_at(train: dict, step: int) -> float:
+    """The learning rate of a step: train.lr (lr_schedule constant, the default), or a cosine decay from train.lr at
+    step 0 to COSINE_FLOOR x train.lr at the last step (lr_schedule cosine)."""
+    if train.get("lr_schedule", "constant") == "constant" or train["steps"] < 2:
+        return train["lr"]
+    progress = step / (train["steps"] - 1)
+    return train["lr"] * (COSINE_FLOOR + (1 - COSINE_FLOOR) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def set_lr(optimizer, train: dict, step: int) -> None:
+    if train.get("lr_schedule", "constant") != "constant":
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(train, step)
+
+
 def cross_entropy(logits, target):
     import torch.nn.functional as F
 
@@ -70,7 +93,7 @@ def cross_entropy(logits, target):
 
 def items_per_step(x, model_config: dict, world: int) -> tuple[int, str]:
     """Items one step trained on, counted from x, the batch that reached this rank's model (every rank gets as many)."""
-    if model_config["data"] == "synthetic_tokens":
+    if model_config["data"] in ("synthetic_tokens", "python_stdlib"):
         return x.numel() * world, "tokens"
     return x.shape[0] * world, "samples"
 
@@ -310,9 +333,11 @@ def train_cell(spec: CellSpec, apex: dict, dist, device, base: dict, plan: dict 
 def train_loop(spec, dist, device, base, model, batches, trainer, breakdown, settings) -> tuple[dict, list[dict]]:
     import torch
 
-    from amprepro.train import float8, flops, measure, models, precisions
+    from amprepro.train import float8, flops, heldout, measure, models, precisions
 
     model_config, train = spec.model_config, spec.train
+    curve = heldout.Curve(train["steps"], model_config.get("eval_every") if not dist.active else None)
+    curve.maybe(0, trainer, batches)
     settings["compiled"] = None
     if model_config.get("compile") or precisions.get(spec.precision).compile:
         trainer.model, settings["compiled"] = float8.compile_model(trainer.model)
@@ -332,6 +357,7 @@ def train_loop(spec, dist, device, base, model, batches, trainer, breakdown, set
         if step == train["warmup_steps"]:
             energy_start = energy.read_joules()
         x, y = next_batch()
+        set_lr(trainer.optimizer, train, step)
         with measure.StepTimer(device) as timer:
             result = trainer.step(x, y)
             loss = float(dist.mean(result.loss))  # one host sync per step for every precision: fair and simple
@@ -340,6 +366,7 @@ def train_loop(spec, dist, device, base, model, batches, trainer, breakdown, set
                      "step_time_s": timer.seconds})
         if step % 20 == 0 and dist.is_main:
             print(f"step {step:5d} loss {loss:.4f} scale {scale} {timer.seconds * 1000:.1f} ms", flush=True)
+        curve.maybe(step + 1, trainer, batches)
     energy_end = energy.read_joules()
     load = measure.host_load()
     energy_j = dist.total(energy_end - energy_start if None not in (energy_start, energy_end) else None, device)
@@ -369,6 +396,8 @@ def train_loop(spec, dist, device, base, model, batches, trainer, breakdown, set
         "final_loss": rows[-1]["loss"],
         "final_loss_mean10": sum(r["loss"] for r in rows[-10:]) / len(rows[-10:]),
         "eval_accuracy": evaluate(trainer, batches) if not dist.active else None,
+        **curve.fields(),
+        **({"data_record": batches.record} if getattr(batches, "record", None) else {}),
         "parameters": models.parameter_count(model),
         "flops_per_step": flops_per_step,
         "flops_method": flops_method,
