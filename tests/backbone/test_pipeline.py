@@ -88,10 +88,12 @@ def test_killed_run_leaves_nothing_snakemake_takes_as_complete(tmp_path):
                                start_new_session=True, env=job_env())
     log = workdir / "results/logs/runs/cnn/fp32/seed0.log"
     deadline = time.monotonic() + 240
-    while time.monotonic() < deadline and not (log.exists() and "step    20" in log.read_text()):
-        time.sleep(0.5)
-    os.killpg(process.pid, signal.SIGKILL)
-    process.wait()
+    try:
+        while time.monotonic() < deadline and not (log.exists() and "step    20" in log.read_text()):
+            time.sleep(0.5)
+    finally:  # also when the test itself is stopped: a 200000-step cell must not outlive it
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
     assert log.exists() and "step    20" in log.read_text(), "training never started"
     cell = workdir / "results/runs/cnn/fp32/seed0"
     assert not (cell / "metrics.json").exists() and not (cell / "steps.csv").exists()
