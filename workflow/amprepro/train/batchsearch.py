@@ -140,13 +140,12 @@ def not_searched(spec: CellSpec, reason: str, **extra) -> dict:
 
 
 def run(spec: CellSpec, cell: dict, plan: dict | None, apex: dict, up_to: int, seconds: float) -> dict:
+    if cell.get("status") != "ok":  # before importing torch: seconds per job on a cluster node
+        return not_searched(spec, f"its cell did not run at the planned batch ({cell.get('status')}: "
+                                  f"{(cell.get('reason') or '')[:160]})")
     import torch
 
     from amprepro.train import data, measure, precision, train
-
-    if cell.get("status") != "ok":
-        return not_searched(spec, f"its cell did not run at the planned batch ({cell.get('status')}: "
-                                  f"{(cell.get('reason') or '')[:160]})")
     if not torch.cuda.is_available():
         return not_searched(spec, "the largest batch is a GPU-memory measurement; torch sees no CUDA GPU here")
     spec = spec.planned(plan)
