@@ -34,7 +34,9 @@ CONFIG = {
     "gpu": True,  # a login node without a GPU submitting to GPU nodes (docs/slurm.md)
     "apex": {"required": False},  # no CUDA toolkit behind the fake GPUs: apex is recorded as not built
     "runs": {"models": {TWO_NODE_MODEL: {"arch": "tiny_transformer", "data": "digits", "batch_size": 64,
-                                         "gpus": 2, "nodes": 2, "precisions": ["fp32"]}}},
+                                         "gpus": 2, "nodes": 2, "precisions": ["fp32"]}},
+             # one model's largest-batch searches through Slurm, not the preset's three (18 more jobs on 2 cores)
+             "largest_batch": {"models": ["cnn"]}},
 }
 SANITY_SHIM = """#!/usr/bin/env bash
 # tests/slurm/test_slurm_paper.py: the fake GPUs have no CUDA; sanity would stop the run on cuda.is_available.
@@ -94,6 +96,9 @@ def test_paper_preset_completes_through_slurm_with_summary_and_report(paper_run)
     assert paper_run.returncode == 0, paper_run.output[-5000:]
     summary = json.loads((paper_run.workdir / "results/summary/summary.json").read_text())
     assert len(summary["cells"]) == 52, "the paper preset's 51 cells and the two-node one"
+    searches = summary["largest_batch"]["records"]  # through Slurm too; the fake GPUs' cells did not run, so no search
+    assert len(searches) == 6 and all(r["status"] == "skipped" and "did not run at the planned batch" in r["reason"]
+                                      for r in searches), searches
     assert (paper_run.workdir / "results/report/report.html").stat().st_size > 0
     # one sanity job (the shim sees `python -m amprepro.env.gpuslots ... -- python -m amprepro.env.sanity` and then the
     # `python -m amprepro.env.sanity` gpuslots runs: both lines name the same Slurm job)
