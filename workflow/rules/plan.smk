@@ -26,7 +26,7 @@ checkpoint plan:
         device="cuda" if GPUS else "cpu",
         limit=["--limit-gib", str(GPU_MEMORY_LIMIT)] if GPU_MEMORY_LIMIT else [],
         views=lambda wildcards, output: str(Path(output.views[0]).parent),
-        code=code_digest("plan.memplan", "plan.probe"),
+        code=code_digest("plan.memplan", "plan.probe", "train.train"),  # probes run the cell (forked by name)
     shell:
         "python -m amprepro.env.gpuslots --gpus {resources.gpu} -- python -m amprepro.plan.memplan"
         " --cells {params.cells:q} --device {params.device} {params.limit:q} --threads {threads}"
