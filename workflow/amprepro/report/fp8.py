@@ -148,7 +148,6 @@ def table_html(rows: list[dict]) -> str:
 
 def section_html(summary: dict) -> str:
     from amprepro.report import reporthtml
-    from amprepro.train import float8
 
     rows = fp8_rows(summary)
     if not rows:
@@ -156,7 +155,7 @@ def section_html(summary: dict) -> str:
             "FP8 against compiled bf16", "", "no FP8 cell in this run: the fp8 preset has them "
             "(`--config preset=fp8`, docs/fp8.md)")
     said = "".join(f"<li>{html.escape(line)}</li>" for line in verdicts(rows))
-    intro = (f"torchao float8 training on the qualifying nn.Linear layers ({float8.FP8_FILTER}), torch.compile on, "
+    intro = (f"torchao float8 training on the qualifying nn.Linear layers ({precisions.FP8_FILTER}), torch.compile on, "
              "bf16 autocast for the rest, against bf16 AMP compiled the same way: speedup and memory are compiled "
              "against compiled. Loss gap: relative to the compiled bf16 cell, step by step over the same batches; "
              "on synthetic tokens it shows numerical agreement, not convergence. MFU of an FP8 cell counts all its "

@@ -1,8 +1,8 @@
 """FP8 training through torchao (issue 26, docs/fp8.md): which nn.Linear layers run their matmuls in FP8, the
 conversion, why a cell cannot run it here, and how a precision with `compile` compiles the model.
 
-The filter (FP8_FILTER below, stated in the report and in every FP8 cell's metrics.json as `float8`): an nn.Linear
-runs in FP8 when
+The filter (FP8_FILTER, kept in amprepro.train.precisions: the report states it, and every FP8 cell's metrics.json
+as `float8`): an nn.Linear runs in FP8 when
 - both of its dimensions are multiples of 16 (torch._scaled_mm's requirement),
 - both are at least MIN_DIM (small matmuls get slower: the casts and scales cost more than FP8 saves; torchao's own
   auto-filter uses stricter H100 thresholds that would leave every layer of GPT-124M and ViT-B/16 in bf16 under
@@ -24,10 +24,10 @@ from torch.utils.checkpoint import checkpoint
 
 from amprepro.train import precisions
 
-MIN_DIM = 256
-OUTPUT_LAYERS = ("lm_head", "head", "heads.head")
-FP8_FILTER = (f"nn.Linear with both dims multiples of 16 and >= {MIN_DIM}, not the output layer "
-              f"({', '.join(OUTPUT_LAYERS)}), not nn.MultiheadAttention's out_proj")
+from amprepro.train.precisions import FP8_FILTER  # noqa: F401 (stated in every FP8 cell's record)
+from amprepro.train.precisions import FP8_MIN_DIM as MIN_DIM
+from amprepro.train.precisions import FP8_OUTPUT_LAYERS as OUTPUT_LAYERS
+
 TORCHAO_VERSION = "0.18.0"  # requirements.txt's pin; tests/backbone/test_fp8.py keeps them equal
 
 

@@ -10,6 +10,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# Which nn.Linear layers an FP8 cell converts (amprepro.train.float8 applies it; why each condition: its docstring).
+# Here, not there, because the report states it and the report's env has no torch.
+FP8_MIN_DIM = 256
+FP8_OUTPUT_LAYERS = ("lm_head", "head", "heads.head")
+FP8_FILTER = (f"nn.Linear with both dims multiples of 16 and >= {FP8_MIN_DIM}, not the output layer "
+              f"({', '.join(FP8_OUTPUT_LAYERS)}), not nn.MultiheadAttention's out_proj")
+
 
 @dataclass(frozen=True)
 class Precision:
