@@ -23,8 +23,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from amprepro.train import precisions
-
-from amprepro.train.precisions import FP8_FILTER  # noqa: F401 (stated in every FP8 cell's record)
+from amprepro.train.precisions import FP8_FILTER
 from amprepro.train.precisions import FP8_MIN_DIM as MIN_DIM
 from amprepro.train.precisions import FP8_OUTPUT_LAYERS as OUTPUT_LAYERS
 
