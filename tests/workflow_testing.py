@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -34,9 +36,75 @@ def job_env() -> dict:
     return env
 
 
+# Snakemake takes 3 s of a 2-core machine to import and a refused config or a dry run 0.3 s more: the tests run it
+# dozens of times. So snakemake() runs the real `python -m snakemake` command line in a process forked from one that
+# imported snakemake.cli once (a multiprocessing fork server, one per test process): the same code, arguments,
+# working directory and environment as a fresh interpreter, without the import. The workflow's own package is not
+# imported there, so every run imports amprepro from its own workflow copy, as a fresh `snakemake` would.
+_FORKS = None
+
+
+def _forks():
+    global _FORKS
+    if _FORKS is None:
+        _FORKS = multiprocessing.get_context("forkserver")
+        _FORKS.set_forkserver_preload(["snakemake.cli"])
+    return _FORKS
+
+
+def _snakemake_main(args: list[str], cwd: str, env: dict, stdout: str, stderr: str) -> None:
+    """In the forked process: what `python -m snakemake ARGS` does, its output into two files."""
+    os.chdir(cwd)
+    os.environ.clear()
+    os.environ.update(env)
+    for fd, path in ((1, stdout), (2, stderr)):
+        target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(target, fd)
+        os.close(target)
+    sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115 (the process's own streams, new objects after the fork)
+    sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
+    sys.argv = ["snakemake", *args]  # runpy puts snakemake/__main__.py in sys.argv[0], as `python -m` does
+    import runpy
+
+    from snakemake.workflow import Workflow
+
+    Workflow._rundir = str(Path.cwd().absolute())  # what a fresh import computes (it logs it as "Run directory")
+
+    try:
+        runpy.run_module("snakemake", run_name="__main__", alter_sys=True)
+        code = 0
+    except SystemExit as stop:
+        code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+        if not isinstance(stop.code, (int, type(None))):
+            print(stop.code, file=sys.stderr)
+    import logging
+
+    logging.shutdown()  # what the interpreter's exit does for Snakemake's log handlers (a forked child skips it)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def run_snakemake(workdir: Path, args: list[str], timeout: float,
+                  env: dict | None = None) -> subprocess.CompletedProcess:
+    """`python -m snakemake ARGS` in WORKDIR (forked, see above): a CompletedProcess, or subprocess.TimeoutExpired."""
+    with tempfile.TemporaryDirectory(prefix="snakemake-out-") as out:
+        stdout, stderr = f"{out}/stdout", f"{out}/stderr"
+        process = _forks().Process(target=_snakemake_main,
+                                   args=(list(args), str(workdir), env or job_env(), stdout, stderr))
+        process.start()
+        process.join(timeout)
+        if process.exitcode is None:
+            process.kill()
+            process.join()
+            raise subprocess.TimeoutExpired([*SNAKEMAKE, *args], timeout)
+        read = lambda path: Path(path).read_text(errors="replace") if Path(path).exists() else ""  # noqa: E731
+        # exitcode: negative for a signal, as subprocess's returncode
+        return subprocess.CompletedProcess([*SNAKEMAKE, *args], process.exitcode, read(stdout), read(stderr))
+
+
 def snakemake(workdir: Path, *args: str, check: bool = True, timeout: int = 900) -> subprocess.CompletedProcess:
-    result = subprocess.run([*SNAKEMAKE, *args], cwd=workdir, capture_output=True, text=True, timeout=timeout,
-                            env=job_env())
+    result = run_snakemake(workdir, list(args), timeout)
     if check and result.returncode != 0:
         raise AssertionError(f"snakemake {' '.join(args)} failed ({result.returncode}):\n{result.stderr[-4000:]}")
     return result
