@@ -3,13 +3,15 @@
 # stay on the machine while it is warm, so the next call continues), then, once it is complete and enough of this
 # call is left, the same-call checks (tools/gpu/checks.sh).
 #
-#   OUT=/path/to/outdir tools/gpu/session.sh [seconds]      # call it again until it prints "checks done"
+#   OUT=/path/to/outdir tools/gpu/session.sh [seconds] [extra-config.yaml]   # again until it prints "checks done"
+# (the extra config goes to paper_run.sh, as its second argument)
 set -uo pipefail
 OUT=${OUT:?set OUT to a directory for the results}
 budget=${1:-580}
+extra=${2:-}
 deadline=$((SECONDS + budget))
 CHECKS_SECONDS=${CHECKS_SECONDS:-380}  # pytest tests/gpu ~130 s, four timm comparisons ~200 s, apex rerun ~25 s
-OUT=$OUT bash tools/gpu/paper_run.sh "$budget" | tee "$OUT/paper_run.out"
+OUT=$OUT bash tools/gpu/paper_run.sh "$budget" ${extra:+"$extra"} | tee "$OUT/paper_run.out"
 if ! grep -q "snakemake rc=0" "$OUT/paper_run.out"; then
   echo "paper preset not complete yet: call again"
   exit 0
