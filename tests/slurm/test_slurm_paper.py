@@ -1,6 +1,8 @@
-"""The paper preset's whole DAG through `--workflow-profile profiles/slurm` on the local test cluster, with the jobs
-on (fake) GPU nodes: every job's GPUs, nodes, CPUs, memory and time limit in Slurm's own records are what its cell
-asks for (amprepro.plan.resources), and summary and report come out.
+"""The paper preset's DAG through `--workflow-profile profiles/slurm` on the local test cluster, with the jobs on
+(fake) GPU nodes: every job's GPUs, nodes, CPUs, memory and time limit in Slurm's own records are what its cell asks
+for (amprepro.plan.resources), and summary and report come out. Every model of the preset runs, in one precision
+(amp_bf16, the one every model has): what a job asks Slurm for depends on its model and training settings, never on
+the precision, so the other 37 cells would add 2-core minutes and no check.
 
 The test cluster's GPUs are gres entries without CUDA behind them (tools/slurm/start.sh). So every cell is written
 as skipped by its launcher (torch sees no CUDA device among the ones Slurm gave it) before any worker starts, which
@@ -33,9 +35,10 @@ CONFIG = {
     "preset": "paper",
     "gpu": True,  # a login node without a GPU submitting to GPU nodes (docs/slurm.md)
     "apex": {"required": False},  # no CUDA toolkit behind the fake GPUs: apex is recorded as not built
-    "runs": {"models": {TWO_NODE_MODEL: {"arch": "tiny_transformer", "data": "digits", "batch_size": 64,
-                                         "gpus": 2, "nodes": 2, "precisions": ["fp32"]}},
-             # one model's largest-batch searches through Slurm, not the preset's three (18 more jobs on 2 cores)
+    "runs": {"precisions": ["amp_bf16"],
+             "models": {TWO_NODE_MODEL: {"arch": "tiny_transformer", "data": "digits", "batch_size": 64,
+                                         "gpus": 2, "nodes": 2, "precisions": ["amp_bf16"]}},
+             # one model's largest-batch search through Slurm, not the preset's three
              "largest_batch": {"models": ["cnn"]}},
 }
 SANITY_SHIM = """#!/usr/bin/env bash
@@ -95,9 +98,11 @@ def paper_runs() -> dict:
 def test_paper_preset_completes_through_slurm_with_summary_and_report(paper_run):
     assert paper_run.returncode == 0, paper_run.output[-5000:]
     summary = json.loads((paper_run.workdir / "results/summary/summary.json").read_text())
-    assert len(summary["cells"]) == 52, "the paper preset's 51 cells and the two-node one"
+    models = paper_runs()["models"]
+    assert len(models) == 15 and {c["model"] for c in summary["cells"]} == set(models), "the preset's 14 and the 2-node"
+    assert len(summary["cells"]) == 15 and {c["precision"] for c in summary["cells"]} == {"amp_bf16"}
     searches = summary["largest_batch"]["records"]  # through Slurm too; the fake GPUs' cells did not run, so no search
-    assert len(searches) == 6 and all(r["status"] == "skipped" and "did not run at the planned batch" in r["reason"]
+    assert len(searches) == 1 and all(r["status"] == "skipped" and "did not run at the planned batch" in r["reason"]
                                       for r in searches), searches
     assert (paper_run.workdir / "results/report/report.html").stat().st_size > 0
     # one sanity job (the shim sees `python -m amprepro.env.gpuslots ... -- python -m amprepro.env.sanity` and then the
@@ -125,18 +130,18 @@ def test_every_train_job_got_what_its_cell_asks_for(paper_run):
         assert megabytes(record["MinMemoryNode"]) == resources.host_mb(model, True), where
         assert minutes(record["TimeLimit"]) == resources.runtime_minutes(model, train, 1.0), where
         checked.add((model_name, precision, int(seed)))
-    assert len(checked) == 52, f"{len(checked)} train jobs in Slurm's records"
+    assert len(checked) == 15, f"{len(checked)} train jobs in Slurm's records"
 
 
 def test_cell_resources_differ_by_cell_as_the_model_needs(paper_run):
     """Anchors that do not come from amprepro.plan.resources: the 7B cells' time, the 2-GPU cell, the 2-node cell."""
     records = paper_run.records().values()
     by_cell = {CELL.match(r["Comment"]).group(1, 2): r for r in records if CELL.match(r["Comment"])}
-    assert minutes(by_cell["llama7b", "fp32"]["TimeLimit"]) == 15  # 10 steps of 2048 tokens: 5 min + start-up
-    assert minutes(by_cell["cnn", "fp32"]["TimeLimit"]) == 11
-    ddp = by_cell["transformer_ddp", "fp32"]
+    assert minutes(by_cell["llama7b", "amp_bf16"]["TimeLimit"]) == 15  # 10 steps of 2048 tokens: 5 min + start-up
+    assert minutes(by_cell["cnn", "amp_bf16"]["TimeLimit"]) == 11
+    ddp = by_cell["transformer_ddp", "amp_bf16"]
     assert (ddp["TresPerJob"], ddp["NumCPUs"], megabytes(ddp["MinMemoryNode"])) == ("gres:gpu:2", "16", 16000)
-    two_nodes = by_cell[TWO_NODE_MODEL, "fp32"]
+    two_nodes = by_cell[TWO_NODE_MODEL, "amp_bf16"]
     assert (two_nodes["NumNodes"], two_nodes["TresPerNode"], two_nodes["NumCPUs"]) == ("2", "gres:gpu:2", "32")
 
 
