@@ -31,6 +31,10 @@ from conda_offline_checks import (
 
 pytestmark = pytest.mark.e2e
 README_COMMAND = ["snakemake", "--use-conda", "--cores", "1"]
+# The copy's config/config.yaml runs the smoke preset in two of its precisions (4 cells, not 12), as a user who edits
+# `runs:` there would: every rule still runs in its env, and each more cell is a torch start in the env, on 2 cores.
+PRECISIONS = ["fp32", "amp_bf16"]
+CELLS = 2 * len(PRECISIONS)  # the smoke preset's two models
 
 
 def run(command: list[str], workdir: Path, standin: Standin, probe: Path, timeout: int = 1200):
@@ -54,6 +58,10 @@ def offline_run(channel_standin: Standin, tmp_path_factory) -> dict:
     standin = channel_standin
     workdir = copy_workflow(tmp_path_factory.mktemp("conda-run") / "amprepro")
     probe = workdir.parent / "probe.jsonl"
+    config = workdir / "config" / "config.yaml"
+    assert "\nruns: {}\n" in config.read_text()
+    runs = f"\nruns: {{precisions: [{', '.join(PRECISIONS)}]}}\n"
+    config.write_text(config.read_text().replace("\nruns: {}\n", runs))
     for env in ENVS_RUN_HERE:
         (workdir / "envs" / env).write_text(offline_env(REPO / "envs" / env, standin.channel))
     pin, _ = run([str(standin.venv / "bin" / "snakedeploy"), "pin-conda-envs", "--conda-frontend", "conda",
@@ -88,7 +96,7 @@ def test_pin_files_from_the_local_channel_are_what_snakemake_installs(offline_ru
 def test_every_job_ran_inside_its_snakemake_conda_env(offline_run):
     workdir = offline_run["workdir"]
     jobs = jobs_in_log(offline_run["log"])
-    assert sum(1 for job in jobs if job.rule == "train") == 12, "the smoke preset's 12 training cells"
+    assert sum(1 for job in jobs if job.rule == "train") == CELLS, "the smoke preset's cells in PRECISIONS"
     assert {"environment", "apex", "sanity", "summary", "report"} <= {job.rule for job in jobs}
     assert isolation_problems(workdir, jobs, offline_run["starts"]) == []
     envs = {job.rule: (workdir / job.env).resolve() for job in jobs if job.env}
