@@ -41,11 +41,15 @@ def env(monkeypatch) -> dict:
     return {**os.environ, "PYTHONPATH": PYTHONPATH}
 
 
-@pytest.fixture
-def server(env, tmp_path):
-    started = cellserver.start(env, str(tmp_path))
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """One server for this module's cells, as one run's cells share one (a server imports torch and the model
+    libraries: seconds of a 2-core machine for each test otherwise). The tests that end a server start their own."""
+    env = {k: v for k, v in os.environ.items() if k not in (cellserver.ENV, "AMPREPRO_FRESH_CELLS")}
+    started = cellserver.start({**env, "PYTHONPATH": PYTHONPATH}, str(tmp_path_factory.mktemp("cellserver")))
     assert started is not None
     yield started
+    assert started[0].poll() is None, "a test ended the shared server"
     cellserver.stop(*started)
     assert not Path(started[1]).parent.exists()
 
