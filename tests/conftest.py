@@ -2,9 +2,10 @@
 
 Parallel runs (`make test`: pytest-xdist, `-n 2 --dist loadgroup --no-loadscope-reorder`): every test file is one
 work unit, so a module's expensive fixture is built once, on one worker. Files that share a session-scoped fixture are
-one unit together (SHARED_FIXTURES): tests/conda (the conda stand-in and its channel) and the report files that read
-the rendered fixture reports. The units are handed out slowest first (SLOWEST_FIRST), so the two Slurm runs, the
-longest, start at once on the two workers and everything else fills in around them.
+one unit together (SHARED_FIXTURES): tests/conda (the conda stand-in and its channel), the two apex build files (the
+one real compile of the fake apex) and the report files that read the rendered fixture reports. The units are
+handed out slowest first (SLOWEST_FIRST), so the two Slurm runs, the longest, start at once on the two workers and
+everything else fills in around them.
 
 The grouping is done by the scheduler below (pytest_xdist_make_scheduler), not by `xdist_group` marks: pytest-xdist
 3.8 applies those by rewriting `item._nodeid`, which pytest 9.2 no longer reads, so the marks group nothing.
@@ -24,6 +25,8 @@ SLOWEST_FIRST = [
 ]
 # Files that share a session-scoped fixture: one work unit, or each worker would build the fixture again.
 SHARED_FIXTURES = {
+    "tests/apex/test_apex_build.py": "tests/apex (built: the session's one compile of the fake apex)",
+    "tests/apex/test_apex_cudakit.py": "tests/apex (built: the session's one compile of the fake apex)",
     "tests/conda/test_conda_failures.py": "tests/conda (standin, channel_standin)",
     "tests/conda/test_conda_offline.py": "tests/conda (standin, channel_standin)",
     "tests/report/test_breakdown.py": "tests/report (smoke_html, gpu_html, llm7b_html)",
