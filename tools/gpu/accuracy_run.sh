@@ -23,12 +23,7 @@ apex_source=$(realpath -m "${APEX_SOURCE:-vendor/apex-25.05}")
 mkdir -p "$OUT" "$work"
 [ -d "$apex_source" ] || echo "warning: no apex source at $apex_source: the apex_o1 cells will be skipped, with the reason"
 source tools/gpu/venv.sh || exit 1
-cat > "$work/accuracy.yaml" <<YAML
-preset: accuracy
-apex:
-  source: {path: $apex_source, ref: "25.05", commit: 379937e1719b8190f38f3e666e2a8d32c97e221f, url: null}
-  cache_dir: ${APEX_CACHE_DIR:-/tmp/amprepro-apex-cache}
-YAML
+{ echo "preset: accuracy"; bash tools/gpu/apex_config.sh "$apex_source"; } > "$work/accuracy.yaml" || exit 1
 args=(VENV="$venv" SNAKEMAKE_ARGS="--directory $work --configfile $repo/config/config.yaml $work/accuracy.yaml")
 start=$(date +%s)
 timeout -k 20 $((deadline - SECONDS - 40)) make run "${args[@]}" > "$OUT/make-run.log" 2>&1

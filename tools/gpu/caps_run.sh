@@ -11,11 +11,7 @@ OUT=${OUT:?set OUT to a directory for the results}
 venv=${AMPREPRO_VENV:-/tmp/amprepro-venv}
 mkdir -p "$OUT"
 source tools/gpu/venv.sh || exit 1
-cat > /tmp/amprepro-gpu.yaml <<YAML
-apex:
-  source: {path: ${APEX_SOURCE:-vendor/apex-25.05}, ref: "25.05", commit: 379937e1719b8190f38f3e666e2a8d32c97e221f, url: null}
-  cache_dir: /tmp/amprepro-apex-cache
-YAML
+bash tools/gpu/apex_config.sh > /tmp/amprepro-gpu.yaml || exit 1
 deadline=$((SECONDS + ${BUDGET:-570}))
 for cap in ${CAPS:?set CAPS, e.g. "none 12 16"}; do
   if [ -f "$OUT/../done-$cap" ] || [ -f "/tmp/done-$cap" ]; then continue; fi

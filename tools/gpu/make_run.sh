@@ -16,11 +16,7 @@ mode=${2:-}
 venv=${AMPREPRO_VENV:-/tmp/amprepro-venv}
 mkdir -p "$OUT"
 source tools/gpu/venv.sh || exit 1
-cat > /tmp/amprepro-gpu.yaml <<YAML
-apex:
-  source: {path: ${APEX_SOURCE:-vendor/apex-25.05}, ref: "25.05", commit: 379937e1719b8190f38f3e666e2a8d32c97e221f, url: null}
-  cache_dir: ${APEX_CACHE_DIR:-/tmp/amprepro-apex-cache}
-YAML
+bash tools/gpu/apex_config.sh > /tmp/amprepro-gpu.yaml || exit 1
 started=/tmp/amprepro-started-$(echo "$PWD" | md5sum | cut -c1-8)
 [ -f "$started" ] || date +%s > "$started"
 args=(VENV="$venv" SNAKEMAKE_ARGS="--configfile config/config.yaml /tmp/amprepro-gpu.yaml")

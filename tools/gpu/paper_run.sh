@@ -28,12 +28,7 @@ timeout 60 python -c 'import torch, snakemake; print("torch", torch.__version__,
   || { echo "python lacks torch or snakemake (or hangs importing them)"; exit 1; }
 timeout 120 python -m snakemake results/summary/summary.json -n --quiet rules --configfile config/config.yaml \
   > "$OUT/dry-run.log" 2>&1 || { echo "dry run failed:"; tail -n 20 "$OUT/dry-run.log"; exit 1; }
-cat > /tmp/amprepro-gpu.yaml <<EOF
-preset: ${PRESET:-paper}
-apex:
-  source: {path: ${APEX_SOURCE:-vendor/apex-25.05}, ref: "25.05", commit: 379937e1719b8190f38f3e666e2a8d32c97e221f, url: null}
-  cache_dir: /tmp/amprepro-apex-cache
-EOF
+{ echo "preset: ${PRESET:-paper}"; bash tools/gpu/apex_config.sh; } > /tmp/amprepro-gpu.yaml || exit 1
 configs=(config/config.yaml /tmp/amprepro-gpu.yaml ${extra:+"$extra"})
 # The acceptance's host has 16 cores: build apex with 16 threads on bigger boxes, leaving the rest to the cells.
 threads=(); [ "$(nproc)" -gt 16 ] && threads=(--set-threads apex=16)
