@@ -11,11 +11,18 @@ The grouping is done by the scheduler below (pytest_xdist_make_scheduler), not b
 3.8 applies those by rewriting `item._nodeid`, which pytest 9.2 no longer reads, so the marks group nothing.
 """
 
+import signal
 from pathlib import Path
 
 import pytest
 
 from workflow_testing import copy_workflow
+
+# A suite started in the background by a non-interactive shell (`cmd &`) gets SIGINT ignored, and every process a test
+# starts inherits that: the Ctrl-C tests (a `make run`, a venv install) would send a signal nothing can receive.
+# Python's own handler instead, whose children start with the default, as under a terminal.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # Work units by how long they took on 2 cores (issue 28's measurements), longest first; the others follow in
 # collection order.

@@ -271,8 +271,7 @@ def test_ctrl_c_says_it_was_interrupted_and_the_next_run_continues(env, tmp_path
     launcher = subprocess.Popen([sys.executable, "-m", "amprepro.env.launch"], cwd=tmp_path, env=run_env,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        # the job's `sleep` itself, not only its first line: a Ctrl-C while bash still ran `cat pause` ended only the
-        # cat, and bash went on to sleep the whole pause (bash waits for a child that handled the signal)
+        # the job's `sleep` itself, not only the job's first line: the Ctrl-C lands while the job sleeps
         wait_for(lambda: any(sleeping(pid) for pid in group_members(launcher.pid)), 120, "the job's sleep to start")
         os.killpg(launcher.pid, signal.SIGINT)
         _, err = launcher.communicate(timeout=60)
