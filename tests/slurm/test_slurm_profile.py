@@ -34,6 +34,7 @@ CELLS_FILE = "slurm-cells.yaml"
 CELLS = {"runs": {"precisions": ["fp32", "tf32", "amp_bf16"]}}
 CONFIG = ["--config", "preset=smoke"]
 SLURM = ["--workflow-profile", "profiles/slurm", "--profile", "profiles/slurm-localtest", *CONFIG]
+SLURM_CELLS = [*SLURM, "--configfile", CELLS_FILE]
 # A guard against a hang, not a speed target: under `make test` the paper preset's Slurm run (test_slurm_paper.py)
 # runs beside these on the same 2 cores, and the smoke runs then took more than 420 s (issue 28).
 RUN_TIMEOUT_S = 900
@@ -225,14 +226,13 @@ def runs(tmp_path_factory):
     started = [local := Run(local_dir, ["--cores", "2", *CONFIG, "--configfile", CELLS_FILE], env_with(), "local",
                             nice=19)]
     try:
-        started.append(first := Run(slurm_dir, [*SLURM, "--configfile", CELLS_FILE], env_with(shim_dir),
-                                    "slurm-1-faults"))
+        started.append(first := Run(slurm_dir, SLURM_CELLS, env_with(shim_dir), "slurm-1-faults"))
         first.wait()
         after_first = {p.relative_to(slurm_dir) for p in slurm_dir.glob("results/**/*") if p.is_file()}
-        started.append(rerun := Run(slurm_dir, [*SLURM, "--configfile", CELLS_FILE], env_with(), "slurm-2-rerun"))
+        started.append(rerun := Run(slurm_dir, SLURM_CELLS, env_with(), "slurm-2-rerun"))
         rerun.wait()
-        noop = subprocess.run([*SNAKEMAKE, *SLURM, "--configfile", CELLS_FILE, "--dry-run"], cwd=slurm_dir,
-                              env=env_with(), capture_output=True, text=True, timeout=120)
+        noop = subprocess.run([*SNAKEMAKE, *SLURM_CELLS, "--dry-run"], cwd=slurm_dir, env=env_with(),
+                              capture_output=True, text=True, timeout=120)
         local.wait()
     finally:
         for run in started:
