@@ -266,8 +266,9 @@ def apply_memory_limit(plan: dict | None, device) -> int | None:
         return None
     import torch
 
-    total = torch.cuda.get_device_properties(device).total_memory
-    torch.cuda.set_per_process_memory_fraction(min(1.0, limit / total), device)
+    index = torch.cuda.current_device() if device.index is None else device.index  # the call wants an index
+    total = torch.cuda.get_device_properties(index).total_memory
+    torch.cuda.set_per_process_memory_fraction(min(1.0, limit / total), index)
     return limit
 
 
