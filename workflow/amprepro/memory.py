@@ -72,6 +72,14 @@ from amprepro.train import precisions
 
 GIB = 2**30
 WORKSPACE_BYTES = 68 * 2**20
+# A batch measured to fit (a plan's probe, a largest-batch try) fits for the cells only when its allocator peak is at
+# most HEADROOM of the budget: the rest is for what a cell's later steps and its siblings meet and one short
+# measurement does not (fragmentation, another memory layout). H200, 2026-12-01, 16 GiB cap: resnet50/fp32's probe
+# at 184 peaked at 98.3 % of the budget and ran, then resnet50_channels_last/tf32 at 184 ran out of memory; at a 3 GiB
+# cap a largest-batch try of vit_b_16/amp_bf16 finished and the same batch ran out of memory at a fresh cell's second
+# step (0.22 GiB reserved but unallocated). Every probe peak of the 12, 16 and 24 GiB runs whose cells all ran was at
+# most 94 % (results-reference/memory-caps).
+HEADROOM = 0.95
 
 # Shapes of the archs the presets use: what the model needs to know without building the model (torchvision and timm
 # need not be importable here). Parameter counts are the built models' (reference/nvidia-h200: weights bytes / 4).
@@ -455,6 +463,11 @@ def llama_estimate(shape: str, precision: str, batch: int = 1, seq_len: int = 20
     model_config = {"arch": "llama", "shape": shape, "data": "synthetic_tokens", "batch_size": batch,
                     "seq_len": seq_len, "activation_checkpointing": checkpointing}
     return estimate(model_config, precision, optimizer, batch, sharding=sharding, lora=lora)
+
+
+def within_headroom(peak: int | None, budget: int | None) -> bool:
+    """A measured allocator peak leaves the headroom a cell needs (HEADROOM); without a budget, nothing to compare."""
+    return budget is None or peak is None or peak <= HEADROOM * budget
 
 
 def gib(n: int | float | None) -> str:

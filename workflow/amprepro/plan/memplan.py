@@ -15,7 +15,8 @@ GPU, so that every precision of it fits and the precisions still compare at equa
 - "Fits" is decided from amprepro.memory's estimate against the budget: the memory a cell's allocator may take (the
   card's free memory, or the emulated card's size minus what is already in use: gpu_memory_limit_gib). An estimate
   up to FIT fits; one up to PROBE_UP_TO is checked by a short probe (amprepro.plan.probe: a few real steps in a fresh
-  or forked process, under the same cap), which decides; above that it does not fit. The apex precisions cannot be
+  or forked process, under the same cap), which decides (it fits when it ran with its allocator peak at most
+  amprepro.memory.HEADROOM of the budget); above that it does not fit. The apex precisions cannot be
   probed here (apex is still being built), so they fit up to APEX_UNPROBED.
 - Writes plan.json (everything: the card, the budget, each cell's estimate and the decision, every probe, the seconds)
   and one view per model (results/plan/models/<model>.json: what its cells read, whose bytes change only when that
@@ -105,7 +106,8 @@ class Planner:
         record = self.probe_fn(spec)
         seconds = time.monotonic() - started
         self.probe_time += seconds
-        ok = record.get("status") == "ok"
+        ran = record.get("status") == "ok"
+        ok = ran and memory.within_headroom(record.get("peak_allocated_bytes"), self.budget)
         probe = {"model": spec.model, "precision": spec.precision, "batch_size": judged["batch_size"],
                  "shape": spec.model_config.get("shape"), "status": record.get("status"),
                  "peak_allocated_bytes": record.get("peak_allocated_bytes"),
@@ -115,7 +117,9 @@ class Planner:
         group_probes.append(probe)
         judged["probe"] = probe
         judged["decision"] = "fits" if ok else "does not fit"
-        judged["how"] += (f": ran, peak {memory.gib(probe['peak_allocated_bytes'])}" if ok
+        peak = memory.gib(probe["peak_allocated_bytes"])
+        judged["how"] += (f": ran, peak {peak}" if ok else
+                          f": ran, but its peak {peak} is over {memory.HEADROOM:.0%} of the budget (no headroom)" if ran
                           else f": {record.get('status')} ({(record.get('reason') or '')[:120]})")
         return ok
 
@@ -233,7 +237,8 @@ def make_plan(cells: list[dict], machine: dict, probe=None) -> dict:
         decisions.append(decision)
         for model in decision["models"]:
             models[model] = view(model, decision, machine)
-    return {"machine": machine, "margins": {"fit": FIT, "probe_up_to": PROBE_UP_TO, "apex_unprobed": APEX_UNPROBED},
+    return {"machine": machine, "margins": {"fit": FIT, "probe_up_to": PROBE_UP_TO, "apex_unprobed": APEX_UNPROBED,
+                                            "probe_headroom": memory.HEADROOM},
             "groups": decisions, "models": models, "probes": planner.probes,
             "probe_seconds": round(planner.probe_time, 2), "seconds": round(time.monotonic() - started, 2)}
 

@@ -3,14 +3,16 @@ batch and shape the plan is deciding on, under the same allocator cap the cells 
 from the cell server when `make run` started one, else a fresh interpreter), so an out-of-memory probe leaves nothing
 behind in the plan's process (pytorch#18853: an exception keeps its tensors alive).
 
-It fits when the cell's record says ok: the steps ran, including the optimizer step and the second forward (the peak
-is reached by then: weights, optimizer state and activations are all alive). Its record is kept under
+It fits when the cell's record says ok (the steps ran, including the optimizer step and the second forward: the peak
+is reached by then, weights, optimizer state and activations all alive) and its allocator peak leaves the headroom
+of amprepro.memory.HEADROOM (amprepro.plan.memplan decides that). Its record is kept under
 results/plan/probes/ and in plan.json.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -26,6 +28,8 @@ class Prober:
     def __init__(self, folder: Path, machine: dict, threads: int = 1):
         self.folder, self.machine, self.threads = Path(folder), machine, threads
         self.count = 0
+        if self.folder.is_dir():  # an earlier plan's probes: this plan replaces that plan and its records
+            shutil.rmtree(self.folder)
 
     def run(self, spec: CellSpec) -> dict:
         self.count += 1

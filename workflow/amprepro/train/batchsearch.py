@@ -6,8 +6,10 @@
 One process per precision (apex O1 patches torch for the whole process). It builds the model, optimizer and precision
 exactly as the cell does (amprepro.train.train), takes one step at the planned batch (the cell ran there: it fits, and
 the optimizer state is then alive, as in every later step), then tries larger batches with one training step each,
-under the same allocator cap as the cells (gpu_memory_limit_gib). A batch fits when its step finishes; an allocation
-failure (CUDA OOM, cuBLAS/cuDNN ALLOC_FAILED) means it does not, and everything it held is freed before the next try.
+under the same allocator cap as the cells (gpu_memory_limit_gib). A batch fits when its step finishes with its
+allocator peak at most amprepro.memory.HEADROOM of the budget (what a cell's later steps need beyond one step); an
+allocation failure (CUDA OOM, cuBLAS/cuDNN ALLOC_FAILED) or a peak above that means it does not, and everything it
+held is freed before the next try.
 
 The search (search()) is bounded: batches on the planned batch's grid (multiples of 8 where it is one), at most
 `up_to` times the planned batch, and at most `seconds` of trial steps. It starts from a guess (the memory model's
@@ -145,6 +147,7 @@ def run(spec: CellSpec, cell: dict, plan: dict | None, apex: dict, up_to: int, s
                                   f"{(cell.get('reason') or '')[:160]})")
     import torch
 
+    from amprepro import memory
     from amprepro.train import data, measure, precision, train
     if not torch.cuda.is_available():
         return not_searched(spec, "the largest batch is a GPU-memory measurement; torch sees no CUDA GPU here")
@@ -172,6 +175,8 @@ def run(spec: CellSpec, cell: dict, plan: dict | None, apex: dict, up_to: int, s
             trainer.step(x, y)
             torch.cuda.synchronize(device)
             fits = True
+            if not memory.within_headroom(torch.cuda.max_memory_allocated(device), budget):
+                fits, note = False, f"its step ran, but its peak is over {memory.HEADROOM:.0%} of the budget"
         except Exception as exc:  # only an allocation failure is an answer; anything else is raised
             if not train.out_of_memory(exc):
                 raise
