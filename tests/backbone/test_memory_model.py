@@ -176,8 +176,10 @@ def test_a_probe_runs_the_real_cell_for_a_few_steps_in_its_own_process(tmp_path)
 CAPPED = Path(__file__).resolve().parents[2] / "results-reference" / "memory-caps"
 
 
-@pytest.mark.parametrize("run", ["uncapped", "12gib", "24gib"])
-def test_the_estimate_is_within_15_percent_on_the_capped_card_runs_too(run):
+# cells ok per run: 49 of 51 (the two 2-GPU cells skipped on one GPU); at 16 GiB resnet50_channels_last/tf32 also ran
+# out of memory at the plan's batch (the probe that allowed it left no headroom: amprepro.memory.HEADROOM, since)
+@pytest.mark.parametrize("run, ok", [("uncapped", 49), ("12gib", 49), ("16gib", 48), ("24gib", 49), ("48gib", 49)])
+def test_the_estimate_is_within_15_percent_on_the_capped_card_runs_too(run, ok):
     """The planned batches and LLaMA shapes of the committed emulated-card runs (results-reference/memory-caps)."""
     import csv
 
@@ -188,7 +190,7 @@ def test_the_estimate_is_within_15_percent_on_the_capped_card_runs_too(run):
     runs = yaml.safe_load((REFERENCE.parents[2] / "config" / "presets" / "paper.yaml").read_text())
     views = {p.stem: json.loads(p.read_text()) for p in (CAPPED / run / "plan" / "models").glob("*.json")}
     rows = [r for r in csv.DictReader((CAPPED / run / "summary.csv").open()) if r["status"] == "ok"]
-    assert len(rows) == 49
+    assert len(rows) == ok
     for row in rows:
         spec = cfg.cell_record(runs, row["model"], row["precision"], int(row["seed"])).planned(views[row["model"]])
         assert str(spec.batch_size) == row["batch_size"] and (spec.model_config.get("shape") or "") == row["shape"]
