@@ -240,7 +240,7 @@ def test_config_check_refuses_the_same_configs_without_running_them(workdir, cas
 
 
 DEFAULT_TITLE = "amprepro: which mixed-precision claims hold on this machine"
-SMOKE_TRAIN = {"deterministic": False, "lr": 0.002, "optimizer": "adamw", "steps": 120, "warmup_steps": 10,
+SMOKE_TRAIN = {"deterministic": False, "lr": 0.002, "optimizer": "adamw", "steps": 40, "warmup_steps": 10,
                "weight_decay": 0.0}
 SMOKE_CELLS = 12  # 2 models x 6 precisions x seed 0
 

@@ -350,7 +350,7 @@ def test_cell_resources_reach_slurm(runs):
         for record in records:
             assert "gpu" not in record.get("TresPerJob", "") + record.get("TRES", ""), f"{rule} asked for a GPU"
     for train in by_rule["train"]:
-        # smoke: 120 steps of 64 digits -> 10 min start-up + under a minute of steps (amprepro.plan.resources)
+        # smoke: 40 steps of 64 digits -> 10 min start-up + under a minute of steps (amprepro.plan.resources)
         assert train["TimeLimit"] in ("00:11:00", "00:01:00"), train  # or cut to 1 min by the shim
         assert (train["NumNodes"], train["NumCPUs"], train["MinMemoryNode"]) == ("1", "1", "4000M"), train
 
