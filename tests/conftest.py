@@ -72,6 +72,60 @@ def pytest_xdist_make_scheduler(config, log):
     return ByWorkUnit(config, log)
 
 
+# CPU seconds per test phase (this process and every child it waited for, so Snakemake and its jobs count; Slurm's
+# jobs, children of slurmd, do not): on 2 cores the suite is CPU-bound (a fresh-clone run of 2026-12-01 kept both cores
+# 99 % busy for its 2204 s), so CPU, not wall time, says what a test costs. The slowest-by-CPU table is printed at the
+# end, beside pytest's --durations.
+def _cpu_seconds() -> float:
+    import resource
+
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def _timed(item, when):
+    started = _cpu_seconds()
+    try:
+        return (yield)
+    finally:  # before the phase's report is made, so the report carries it to xdist's controller
+        item.user_properties.append(("cpu_seconds", when, round(_cpu_seconds() - started, 2)))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+    return (yield from _timed(item, "setup"))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    return (yield from _timed(item, "call"))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item):
+    return (yield from _timed(item, "teardown"))
+
+_CPU: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    for entry in report.user_properties:
+        if len(entry) == 3 and entry[0] == "cpu_seconds" and entry[1] == report.when:
+            _CPU[report.nodeid] = _CPU.get(report.nodeid, 0.0) + entry[2]
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not _CPU:
+        return
+    units: dict[str, float] = {}
+    for nodeid, seconds in _CPU.items():
+        units[work_unit(nodeid)] = units.get(work_unit(nodeid), 0.0) + seconds
+    write = terminalreporter.write_line
+    terminalreporter.section(f"CPU seconds: {sum(_CPU.values()):.0f} in all; the 12 costliest work units")
+    for unit, seconds in sorted(units.items(), key=lambda kv: -kv[1])[:12]:
+        write(f"{seconds:8.1f}s  {unit}")
+
+
 def pytest_collection_modifyitems(config, items):
     rank = {work_unit(name): index for index, name in enumerate(SLOWEST_FIRST)}
     items.sort(key=lambda item: rank.get(work_unit(item.nodeid), len(rank)))  # stable: collection order otherwise
