@@ -30,18 +30,19 @@ SLOWEST_FIRST = [
     "tests/slurm (one Slurm run at a time)",  # 470 alone; 1730 when its two files ran side by side
     "tests/backbone/test_launch.py",  # 570
     "tests/conda/test_conda_offline.py",  # the tests/conda unit: 330
-    "tests/backbone/test_pipeline.py",  # 380
+    "the smoke preset run (smoke_preset_run)",  # test_pipeline 380 + test_pipeline_report 130, each with its own run
     "tests/backbone/test_cellserver.py",  # 200
     "tests/backbone/test_gpu_tools.py",  # 170
     "tests/backbone/test_module.py",  # 160
     "tests/apex/test_apex_build.py",  # the tests/apex unit of the one compile: 140
-    "tests/report/test_pipeline_report.py",  # 130
 ]
 # Files that share a session-scoped fixture: one work unit, or each worker would build the fixture again.
 SHARED_FIXTURES = {
     # Not a shared fixture: one Slurm run at a time. Side by side on 2 cores (13 jobs each importing torch) the two
     # took 790 s and 687 s (CI, 336ae4b); one after the other, alone, 259 s and 211 s (2026-12-01).
     "tests/slurm/test_slurm_profile.py": "tests/slurm (one Slurm run at a time)",
+    "tests/backbone/test_pipeline.py": "the smoke preset run (smoke_preset_run)",
+    "tests/report/test_pipeline_report.py": "the smoke preset run (smoke_preset_run)",
     "tests/slurm/test_slurm_paper.py": "tests/slurm (one Slurm run at a time)",
     "tests/apex/test_apex_build.py": "tests/apex (built: the session's one compile of the fake apex)",
     "tests/apex/test_apex_cudakit.py": "tests/apex (built: the session's one compile of the fake apex)",
@@ -129,6 +130,23 @@ def pytest_terminal_summary(terminalreporter):
 def pytest_collection_modifyitems(config, items):
     rank = {work_unit(name): index for index, name in enumerate(SLOWEST_FIRST)}
     items.sort(key=lambda item: rank.get(work_unit(item.nodeid), len(rank)))  # stable: collection order otherwise
+
+
+@pytest.fixture(scope="session")
+def smoke_preset_run(tmp_path_factory) -> tuple[Path, float, Path]:
+    """The smoke preset end to end, once for the files of its work unit: (the run's directory, its seconds, a copy
+    taken as soon as it finished). Tests that change the run's files use the copy or copy it again."""
+    import shutil
+    import time
+
+    from workflow_testing import snakemake
+
+    workdir = copy_workflow(tmp_path_factory.mktemp("smoke") / "amprepro")
+    started = time.monotonic()
+    snakemake(workdir, "--cores", "2", "--config", "preset=smoke")
+    seconds = time.monotonic() - started
+    pristine = Path(shutil.copytree(workdir, tmp_path_factory.mktemp("smoke-copy") / "amprepro", symlinks=True))
+    return workdir, seconds, pristine
 
 
 @pytest.fixture

@@ -19,11 +19,10 @@ SECTIONS = ["Results", "Throughput", "Speedup against both baselines", "Peak mem
 
 
 @pytest.fixture(scope="module")
-def smoke_run(tmp_path_factory):
-    workdir = copy_workflow(tmp_path_factory.mktemp("smoke") / "amprepro")
-    started = time.monotonic()
-    snakemake(workdir, "--cores", "2", "--config", "preset=smoke")
-    return workdir, time.monotonic() - started
+def smoke_run(smoke_preset_run):
+    """The session's smoke preset run (tests/conftest.py, shared with tests/report/test_pipeline_report.py)."""
+    workdir, seconds, _ = smoke_preset_run
+    return workdir, seconds
 
 
 def job_counts(dry_run_stdout: str) -> dict:

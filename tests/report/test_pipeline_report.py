@@ -14,7 +14,6 @@ from report_helpers import CLAIMS, copy_workflow
 from workflow_testing import snakemake as run_snakemake
 
 pytestmark = pytest.mark.e2e
-SHORT = "preset: smoke\nruns:\n  train:\n    steps: 30\n    warmup_steps: 5\n"
 
 
 def snakemake(workdir, *args, timeout=900):
@@ -22,12 +21,9 @@ def snakemake(workdir, *args, timeout=900):
 
 
 @pytest.fixture(scope="module")
-def smoke_run(tmp_path_factory):
-    workdir = copy_workflow(tmp_path_factory.mktemp("e2e") / "amprepro")
-    (workdir / "short.yaml").write_text(SHORT)
-    result = snakemake(workdir, "--cores", "2", "--configfile", "config/config.yaml", "short.yaml")
-    assert result.returncode == 0, result.stderr[-5000:]
-    return workdir
+def smoke_run(smoke_preset_run):
+    """The copy of the session's smoke preset run taken when it finished (tests/conftest.py)."""
+    return smoke_preset_run[2]
 
 
 def test_report_summary_judges_every_claim(smoke_run):
@@ -45,7 +41,7 @@ def test_report_summary_judges_every_claim(smoke_run):
 
 
 def test_verify_target_warns_and_exits_zero_without_a_reference(smoke_run):
-    result = snakemake(smoke_run, "--cores", "1", "verify", "--configfile", "config/config.yaml", "short.yaml")
+    result = snakemake(smoke_run, "--cores", "1", "verify", "--config", "preset=smoke")
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-4000:]
     assert "verify: WARNING: this run has no GPU" in output
@@ -55,8 +51,7 @@ def test_verify_target_warns_and_exits_zero_without_a_reference(smoke_run):
 
 
 def test_snakemake_report_zip(smoke_run):
-    result = snakemake(smoke_run, "--cores", "1", "--report", "report.zip", "--configfile", "config/config.yaml",
-                       "short.yaml")
+    result = snakemake(smoke_run, "--cores", "1", "--report", "report.zip", "--config", "preset=smoke")
     assert result.returncode == 0, result.stderr[-4000:]
     with zipfile.ZipFile(smoke_run / "report.zip") as archive:
         names = archive.namelist()
