@@ -27,7 +27,10 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 # Work units by how long they took on 2 cores, longest first; the others follow in collection order. The seconds:
 # about what each took in a fresh-clone `.ci/run` of 2026-12-01 (2330 s in all), both Slurm runs side by side.
 SLOWEST_FIRST = [
-    "tests/slurm (one Slurm run at a time)",  # 470 alone; 1730 when its two files ran side by side
+    # Alone on 2 idle cores the two took 259 s and 211 s (2026-12-01). One after the other on one worker (a fresh-
+    # clone run of 99b1584) they took 1211 s with the two-node test and the suite 78 s longer: the suite is CPU-bound.
+    "tests/slurm/test_slurm_paper.py",  # 730
+    "tests/slurm/test_slurm_profile.py",  # 1000
     "tests/backbone/test_launch.py",  # 570
     "tests/conda/test_conda_offline.py",  # the tests/conda unit: 330
     "the smoke preset run (smoke_preset_run)",  # test_pipeline 380 + test_pipeline_report 130, each with its own run
@@ -38,12 +41,8 @@ SLOWEST_FIRST = [
 ]
 # Files that share a session-scoped fixture: one work unit, or each worker would build the fixture again.
 SHARED_FIXTURES = {
-    # Not a shared fixture: one Slurm run at a time. Side by side on 2 cores (13 jobs each importing torch) the two
-    # took 790 s and 687 s (CI, 336ae4b); one after the other, alone, 259 s and 211 s (2026-12-01).
-    "tests/slurm/test_slurm_profile.py": "tests/slurm (one Slurm run at a time)",
     "tests/backbone/test_pipeline.py": "the smoke preset run (smoke_preset_run)",
     "tests/report/test_pipeline_report.py": "the smoke preset run (smoke_preset_run)",
-    "tests/slurm/test_slurm_paper.py": "tests/slurm (one Slurm run at a time)",
     "tests/apex/test_apex_build.py": "tests/apex (built: the session's one compile of the fake apex)",
     "tests/apex/test_apex_cudakit.py": "tests/apex (built: the session's one compile of the fake apex)",
     "tests/conda/test_conda_failures.py": "tests/conda (standin, channel_standin)",

@@ -65,7 +65,8 @@ def test_rerun_is_a_hit_in_seconds(built):
     start = time.monotonic()
     record = apexbuild.build_and_verify(built.settings, jobs=2, results_dir=built.results, echo=Echo())
     assert record["cache"]["status"] == "hit (results)" and record["manifest"] == built.record["manifest"]
-    assert time.monotonic() - start < 10
+    # a rebuild of the fake apex takes over a minute here; a hit under make test's load took 10.7 s (2026-12-01)
+    assert time.monotonic() - start < 30
 
 
 def test_a_second_workflow_reuses_the_shared_cache(built, tmp_path):
