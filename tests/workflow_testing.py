@@ -42,6 +42,9 @@ def job_env() -> dict:
 # working directory and environment as a fresh interpreter, without the import. The workflow's own package is not
 # imported there, so every run imports amprepro from its own workflow copy, as a fresh `snakemake` would.
 _FORKS = None
+# CPU seconds of the forked runs and everything they waited for (their jobs): the fork server's children are not this
+# process's, so tests/conftest.py's CPU accounting adds this.
+FORKED_CPU_SECONDS = 0.0
 
 
 def _forks():
@@ -52,7 +55,7 @@ def _forks():
     return _FORKS
 
 
-def _snakemake_main(args: list[str], cwd: str, env: dict, stdout: str, stderr: str) -> None:
+def _snakemake_main(args: list[str], cwd: str, env: dict, stdout: str, stderr: str, cpu: str) -> None:
     """In the forked process: what `python -m snakemake ARGS` does, its output into two files."""
     os.chdir(cwd)
     os.environ.clear()
@@ -82,6 +85,10 @@ def _snakemake_main(args: list[str], cwd: str, env: dict, stdout: str, stderr: s
     logging.shutdown()  # what the interpreter's exit does for Snakemake's log handlers (a forked child skips it)
     sys.stdout.flush()
     sys.stderr.flush()
+    import resource
+
+    used = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+    Path(cpu).write_text(str(sum(u.ru_utime + u.ru_stime for u in used)))
     os._exit(code)
 
 
@@ -89,11 +96,14 @@ def run_snakemake(workdir: Path, args: list[str], timeout: float,
                   env: dict | None = None) -> subprocess.CompletedProcess:
     """`python -m snakemake ARGS` in WORKDIR (forked, see above): a CompletedProcess, or subprocess.TimeoutExpired."""
     with tempfile.TemporaryDirectory(prefix="snakemake-out-") as out:
-        stdout, stderr = f"{out}/stdout", f"{out}/stderr"
+        global FORKED_CPU_SECONDS
+        stdout, stderr, cpu = f"{out}/stdout", f"{out}/stderr", f"{out}/cpu"
         process = _forks().Process(target=_snakemake_main,
-                                   args=(list(args), str(workdir), env or job_env(), stdout, stderr))
+                                   args=(list(args), str(workdir), env or job_env(), stdout, stderr, cpu))
         process.start()
         process.join(timeout)
+        if Path(cpu).exists():
+            FORKED_CPU_SECONDS += float(Path(cpu).read_text())
         if process.exitcode is None:
             process.kill()
             process.join()
