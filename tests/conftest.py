@@ -107,6 +107,7 @@ def pytest_runtest_call(item):
 def pytest_runtest_teardown(item):
     return (yield from _timed(item, "teardown"))
 
+
 _CPU: dict[str, float] = {}
 
 

@@ -95,8 +95,8 @@ def _snakemake_main(args: list[str], cwd: str, env: dict, stdout: str, stderr: s
 def run_snakemake(workdir: Path, args: list[str], timeout: float,
                   env: dict | None = None) -> subprocess.CompletedProcess:
     """`python -m snakemake ARGS` in WORKDIR (forked, see above): a CompletedProcess, or subprocess.TimeoutExpired."""
+    global FORKED_CPU_SECONDS
     with tempfile.TemporaryDirectory(prefix="snakemake-out-") as out:
-        global FORKED_CPU_SECONDS
         stdout, stderr, cpu = f"{out}/stdout", f"{out}/stderr", f"{out}/cpu"
         process = _forks().Process(target=_snakemake_main,
                                    args=(list(args), str(workdir), env or job_env(), stdout, stderr, cpu))

@@ -177,13 +177,13 @@ def run(spec: CellSpec, cell: dict, plan: dict | None, apex: dict, up_to: int, s
             trainer.step(x, y)
             torch.cuda.synchronize(device)
             fits = True
-            if not memory.within_headroom(torch.cuda.max_memory_allocated(device), budget):
-                fits, note = False, f"its step ran, but its peak is over {memory.HEADROOM:.0%} of the budget"
         except Exception as exc:  # only an allocation failure is an answer; anything else is raised
             if not train.out_of_memory(exc):
                 raise
             fits, note = False, (str(exc).strip().splitlines() or [""])[0][:200]
         peak = torch.cuda.max_memory_allocated(device)
+        if fits and not memory.within_headroom(peak, budget):
+            fits, note = False, f"its step ran, but its peak is over {memory.HEADROOM:.0%} of the budget"
         x = y = None  # the try's batch goes before the cache is emptied
         trainer.zero_grad()
         if trainer.scaler is not None:  # a step cut short leaves GradScaler mid-step
