@@ -1,15 +1,16 @@
 #!/bin/bash
 # GPU evidence for the pip route (issue 23): on the H200 box with its CUDA toolkit hidden, `make run` of the paper
 # preset builds apex with nvcc from pip (requirements-cuda13.0.txt, installed by the apex job into the venv) and
-# `make verify` passes. The box has no network, so the toolkit's wheels are carried in, in two calls (64 MiB a call):
+# `make verify` passes. The box has no network, so the toolkit's wheels are carried in, in three calls (64 MiB a call,
+# the working tree included):
 #
-#   here:  bash tools/gpu/wheels.sh; bash tools/gpu/cuda_wheels.sh          # .whl/, .whl-cuda/{a,b}/ (git-ignored)
+#   here:  bash tools/gpu/wheels.sh; bash tools/gpu/cuda_wheels.sh          # .whl/, .whl-cuda/{a,b,c}/ (git-ignored)
 #          (and vendor/apex-25.05 + vendor/apex-25.05.source.json, as tools/gpu/README.md says)
-#   call 1 (fresh nvidia-h200), carry [".whl-cuda/a"]:  bash tools/gpu/pip_nvcc_run.sh wheels   (about 55 MB)
-#   call 2, carry [".whl-cuda/b"]:                      bash tools/gpu/pip_nvcc_run.sh wheels   (about 49 MB)
-#   call 3, carry [".whl", "vendor/apex-25.05", "vendor/apex-25.05.source.json"]:
+#   calls 1-3 (fresh nvidia-h200), carry [".whl-cuda/a"], then [".whl-cuda/b"], then [".whl-cuda/c"]:
+#                                                       bash tools/gpu/pip_nvcc_run.sh wheels   (37, 36, 31 MB)
+#   call 4, carry [".whl", "vendor/apex-25.05", "vendor/apex-25.05.source.json"]:
 #                                                       OUT=$OUT bash tools/gpu/pip_nvcc_run.sh run 560
-#   (cut at 10 minutes: call 3 again; make run resumes)
+#   (cut at 10 minutes: call 4 again; make run resumes)
 # Calls follow each other at once: the machine goes back 30 s after a call, and a fresh one has none of the wheels
 # (`wheels` says which are missing). What comes back: $OUT/toolkit.txt (what was hidden, what was found), build.json,
 # apex.json, the apex logs, make-run.log, make-verify.log, results.tgz.
@@ -24,17 +25,18 @@ missing() {
   done
 }
 mkdir -p "$stash"
-for dir in .whl-cuda/a .whl-cuda/b; do
+for dir in .whl-cuda/a .whl-cuda/b .whl-cuda/c; do
   [ -d "$dir" ] && for f in "$dir"/*; do [ -e "$stash/$(basename "$f")" ] || cp "$f" "$stash"/; done
 done
-# nvvm comes in parts (tools/gpu/cuda_wheels.sh): join them once both are here, and check the recorded sha256
+# nvvm comes in parts (tools/gpu/cuda_wheels.sh): join what is here and keep the wheel only when it gives the
+# recorded sha256 (until every part has come, it does not)
 for sum in "$stash"/*.whl.sha256; do
   [ -e "$sum" ] || continue
   wheel=${sum%.sha256}
-  if [ ! -e "$wheel" ] && [ -e "$wheel.part-00" ] && [ -e "$wheel.part-01" ]; then
-    cat "$wheel".part-* > "$wheel.tmp" && (cd "$stash" && sed 's|\.whl$|.whl.tmp|' "$sum" | sha256sum -c --quiet -) \
+  if [ ! -e "$wheel" ] && [ -e "$wheel.part-00" ]; then
+    cat "$wheel".part-* > "$wheel.tmp" && (cd "$stash" && sed 's|\.whl$|.whl.tmp|' "$sum" | sha256sum -c --quiet - 2>/dev/null) \
       && mv "$wheel.tmp" "$wheel" && echo "joined $(basename "$wheel") (sha256 checked)" \
-      || { rm -f "$wheel.tmp"; echo "ERROR: the parts of $(basename "$wheel") do not give its sha256"; }
+      || { rm -f "$wheel.tmp"; echo "$(basename "$wheel"): $(ls "$wheel".part-* | wc -l) parts here, not yet the whole wheel"; }
   fi
 done
 if [ "$mode" = wheels ]; then
@@ -44,7 +46,7 @@ fi
 OUT=${OUT:?set OUT}
 mkdir -p "$OUT"
 if [ -n "$(missing)" ]; then
-  echo "ERROR: wheels missing in $stash: $(missing | tr '\n' ' '). Fix: calls 1 and 2 (carry .whl-cuda/a, .whl-cuda/b)"
+  echo "ERROR: wheels missing in $stash: $(missing | tr '\n' ' '). Fix: calls 1-3 (carry .whl-cuda/a, .whl-cuda/b, .whl-cuda/c)"
   exit 1
 fi
 say() { echo "$*" | tee -a "$OUT/toolkit.txt"; }
