@@ -141,3 +141,20 @@ def test_the_summary_puts_each_answer_on_its_cell_and_the_report_shows_the_ratio
     none = summary.largest_batch({"models": ["vit_b_16"], "note": "this run has no GPU"}, [])
     assert "nothing to show on this run: this run has no GPU" in reporthtml.largest_batch_section(
         {"largest_batch": none})
+
+
+def test_the_search_draws_its_synthetic_batches_where_the_device_is_and_the_cells_keep_theirs():
+    # The cells' values are drawn on the CPU (the same on every machine); the search's tries draw on the device (only
+    # the shape matters there). On the CPU both are CPU tensors: the cell's values are unchanged by the option.
+    import torch
+
+    from amprepro.train import data
+
+    cell = data.SyntheticImages(4, 32, 0, "cpu")
+    reference = torch.randn(4, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(cell.x, reference)
+    tried = data.SyntheticImages(4, 32, 0, "cpu", on_device=True)
+    assert tried.x.shape == cell.x.shape and tried.x.dtype == cell.x.dtype
+    assert 0 <= tried.y.min() and tried.y.max() < data.SyntheticImages.num_classes
+    tokens = data.SyntheticTokens(2, 16, 50, 1, "cpu", on_device=True)
+    assert tokens.x.shape == (2, 16) and torch.equal(tokens.x[:, 1:], tokens.y[:, :-1])

@@ -53,6 +53,7 @@ def test_the_largest_batch_runs_in_a_fresh_process_and_the_next_does_not(tmp_pat
     assert record["status"] == "ok" and record["bound"] == "exact", record
     largest, failing = record["largest_batch"], record["smallest_failing_batch"]
     assert largest >= 4 and failing == largest + 1 and any(not t["fits"] for t in record["tries"])
+    assert all(0 <= t["data_seconds"] <= t["seconds"] for t in record["tries"] if t["fits"]), record["tries"]
     cell = fresh_cell(spec, tmp_path, largest)
     assert cell["status"] == "ok" and memory.within_headroom(cell["peak_allocated_bytes"], LIMIT), cell
     over = fresh_cell(spec, tmp_path, failing)  # out of memory (skipped for memory), or no headroom left

@@ -166,14 +166,20 @@ def run(spec: CellSpec, cell: dict, plan: dict | None, apex: dict, up_to: int, s
     trainer = precision.Trainer(spec.precision, model, optimizer, train.cross_entropy, device,
                                 recomputes=getattr(model, "checkpointing", False))
 
+    data_seconds = {}  # per batch tried: the part of its try that made its batch (synthetic data: on the device)
+
     def trial(batch: int) -> tuple[bool, int | None, str]:
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
         note = ""
+        started = time.perf_counter()
         try:
-            x, y = train.make_data({**model_config, "batch_size": batch}, spec.seed, device, model).next()
+            x, y = train.make_data({**model_config, "batch_size": batch}, spec.seed, device, model,
+                                   on_device=True).next()
             if model_config.get("channels_last") and x.dim() == 4:
                 x = x.contiguous(memory_format=torch.channels_last)
+            torch.cuda.synchronize(device)
+            data_seconds[batch] = round(time.perf_counter() - started, 3)
             trainer.step(x, y)
             torch.cuda.synchronize(device)
             fits = True
@@ -193,7 +199,9 @@ def run(spec: CellSpec, cell: dict, plan: dict | None, apex: dict, up_to: int, s
         return fits, peak, note
 
     planned = spec.batch_size
+    warm_started = time.perf_counter()
     fits, warm_peak, note = trial(planned)  # also allocates the optimizer state
+    warm_seconds = time.perf_counter() - warm_started
     base = {"model": spec.model, "precision": spec.precision, "seed": spec.seed, "spec": spec.as_dict(),
             "hardware": measure.hardware(device), "budget_bytes": budget, "allocator_limit_bytes": limit,
             "cap_gib": (plan or {}).get("cap_gib"), "warm_peak_allocated_bytes": warm_peak}
@@ -205,8 +213,10 @@ def run(spec: CellSpec, cell: dict, plan: dict | None, apex: dict, up_to: int, s
                              cell.get("peak_allocated_bytes") or warm_peak, budget,
                              planned * up_to if most is None else min(planned * up_to, most))
     result = search(trial, planned, up_to, guess, seconds, most=most)
+    for t in result.tries:
+        t["data_seconds"] = data_seconds.get(t["batch"])
     return {**base, "status": "ok", "guess_batch": guess, "guess_how": how, "seconds_allowed": seconds,
-            **result.as_record()}
+            "warm_seconds": round(warm_seconds, 3), **result.as_record()}
 
 
 def main(argv=None) -> None:

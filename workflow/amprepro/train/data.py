@@ -65,17 +65,27 @@ class DigitsBatches:
         return self.test_x, self.test_y
 
 
+def generator_on(seed: int, device, on_device: bool):
+    """Where the synthetic values are drawn: on the CPU (the same values on every machine: the cells), or on the device
+    itself (the largest-batch search's tries, where only the shape matters and drawing hundreds of images on the CPU
+    would cost more than the try's step)."""
+    import torch
+
+    where = torch.device(device) if on_device else torch.device("cpu")
+    return torch.Generator(device=where).manual_seed(seed), where
+
+
 class SyntheticImages:
     """One fixed random batch reused every step: measures the model, not a data loader."""
 
     num_classes = 1000
 
-    def __init__(self, batch_size: int, image_size: int, seed: int, device):
+    def __init__(self, batch_size: int, image_size: int, seed: int, device, on_device: bool = False):
         import torch
 
-        generator = torch.Generator().manual_seed(seed)
-        self.x = torch.randn(batch_size, 3, image_size, image_size, generator=generator).to(device)
-        self.y = torch.randint(0, self.num_classes, (batch_size,), generator=generator).to(device)
+        generator, where = generator_on(seed, device, on_device)
+        self.x = torch.randn(batch_size, 3, image_size, image_size, generator=generator, device=where).to(device)
+        self.y = torch.randint(0, self.num_classes, (batch_size,), generator=generator, device=where).to(device)
 
     def next(self):
         return self.x, self.y
@@ -87,11 +97,11 @@ class SyntheticImages:
 class SyntheticTokens:
     """Random token ids; the target is the next token (language-model shape, no meaning)."""
 
-    def __init__(self, batch_size: int, seq_len: int, vocab_size: int, seed: int, device):
+    def __init__(self, batch_size: int, seq_len: int, vocab_size: int, seed: int, device, on_device: bool = False):
         import torch
 
-        generator = torch.Generator().manual_seed(seed)
-        tokens = torch.randint(0, vocab_size, (batch_size, seq_len + 1), generator=generator).to(device)
+        generator, where = generator_on(seed, device, on_device)
+        tokens = torch.randint(0, vocab_size, (batch_size, seq_len + 1), generator=generator, device=where).to(device)
         self.x, self.y = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
 
     def next(self):

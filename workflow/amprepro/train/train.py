@@ -39,20 +39,21 @@ def put_apex_on_path(apex: dict) -> None:
         sys.path.insert(0, apex["site_dir"])
 
 
-def make_data(model_config: dict, seed: int, device, model):
+def make_data(model_config: dict, seed: int, device, model, on_device: bool = False):
+    """The cell's batches. on_device: synthetic values drawn on the device (data.generator_on), for the search."""
     from amprepro.train import data, imagedata, textdata
 
     kind, batch = model_config["data"], model_config["batch_size"]
     if kind == "digits":
         return data.DigitsBatches(batch, seed, device)
     if kind == "synthetic_images":
-        return data.SyntheticImages(batch, model_config.get("image_size", 224), seed, device)
+        return data.SyntheticImages(batch, model_config.get("image_size", 224), seed, device, on_device)
     if kind == textdata.DATA_KIND:
         return textdata.StdlibTextBatches(batch, model_config.get("seq_len", 128), seed, device,
                                           model_config.get("eval_windows", textdata.DEFAULT_EVAL_WINDOWS))
     if kind in imagedata.KINDS:
         return imagedata.batches(model_config, seed, device)
-    return data.SyntheticTokens(batch, model_config.get("seq_len", 1024), model.vocab_size, seed, device)
+    return data.SyntheticTokens(batch, model_config.get("seq_len", 1024), model.vocab_size, seed, device, on_device)
 
 
 def make_optimizer(name: str, params, lr: float, weight_decay: float, device):
