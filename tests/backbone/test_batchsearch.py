@@ -155,6 +155,6 @@ def test_the_search_draws_its_synthetic_batches_where_the_device_is_and_the_cell
     assert torch.equal(cell.x, reference)
     tried = data.SyntheticImages(4, 32, 0, "cpu", on_device=True)
     assert tried.x.shape == cell.x.shape and tried.x.dtype == cell.x.dtype
-    assert 0 <= tried.y.min() and tried.y.max() < data.SyntheticImages.num_classes
+    assert tried.y.min() >= 0 and tried.y.max() < data.SyntheticImages.num_classes
     tokens = data.SyntheticTokens(2, 16, 50, 1, "cpu", on_device=True)
     assert tokens.x.shape == (2, 16) and torch.equal(tokens.x[:, 1:], tokens.y[:, :-1])
