@@ -30,7 +30,7 @@ for cap in ${CAPS:?set CAPS, e.g. "none 12 16"}; do
   grep -E "^plan: " results/logs/plan.log | tail -n 12
   grep -E "^verify: |^  [a-z0-9-]+: " "$OUT/make-verify-$cap.log" | head -n 14
   mkdir -p "/tmp/cap-$cap"
-  cp -r results/summary results/verify results/plan results/report/report.html results/logs/plan.log \
+  cp -r results/summary results/verify results/plan results/largest_batch results/report/report.html results/logs/plan.log \
     "$OUT/make-run-$cap.log" "$OUT/make-verify-$cap.log" "$OUT/timing-$cap.txt" "/tmp/cap-$cap/" 2>/dev/null
   python3 tools/gpu/job_seconds.py "$OUT/make-run-$cap.log" > "/tmp/cap-$cap/job-seconds.txt" 2>&1
   tar czf "$OUT/cap-$cap.tgz" -C /tmp "cap-$cap"

@@ -31,6 +31,7 @@ if [ "$rc" = 0 ] && [ "$mode" = verify ]; then
   tail -n 25 "$OUT/make-verify.log"
 fi
 tar czf "$OUT/results.tgz" results/summary results/apex/*.json results/apex/logs results/peak results/sanity \
-  results/environment results/runs results/logs results/verify results/report/report.html 2>/dev/null
+  results/environment results/runs results/logs results/verify results/plan results/largest_batch \
+  results/report/report.html 2>/dev/null
 cp "$started" "$OUT/started-epoch.txt"
 ls -la "$OUT"
