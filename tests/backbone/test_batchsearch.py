@@ -158,3 +158,15 @@ def test_the_search_draws_its_synthetic_batches_where_the_device_is_and_the_cell
     assert tried.y.min() >= 0 and tried.y.max() < data.SyntheticImages.num_classes
     tokens = data.SyntheticTokens(2, 16, 50, 1, "cpu", on_device=True)
     assert tokens.x.shape == (2, 16) and torch.equal(tokens.x[:, 1:], tokens.y[:, :-1])
+
+
+def test_a_baselines_search_gets_two_shares_of_the_runs_seconds():
+    # The paper preset's 18 searches: 3 models x (fp32, tf32 at two shares + 4 AMP precisions at one) = 24 shares.
+    searches = [{"model": m, "precision": p} for m in ("a", "b", "c")
+                for p in ("fp32", "tf32", "amp_fp16", "amp_bf16", "apex_o1", "apex_o2")]
+    assert cfg.largest_batch_seconds(searches, 90, "fp32") == 7.5
+    assert cfg.largest_batch_seconds(searches, 90, "tf32") == 7.5
+    assert cfg.largest_batch_seconds(searches, 90, "apex_o1") == 3.75
+    shares = sum(cfg.largest_batch_seconds(searches, 90, s["precision"]) for s in searches)
+    assert abs(shares - 90) < 0.05  # the run's seconds, shared out, no more
+    assert cfg.largest_batch_seconds([{"model": "a", "precision": "amp_bf16"}], 90, "amp_bf16") == 90

@@ -362,6 +362,22 @@ def largest_batch_searches(runs: dict) -> list[dict]:
             and c["seed"] == runs["models"][c["model"]].get("seeds", runs["seeds"])[0]]
 
 
+# A baseline's search (strict FP32, TF32) gets this many shares of runs.largest_batch.seconds, any other one: its
+# answer is the denominator of every ratio and must be exact, and its tries are the slowest (2-3x an AMP try on the
+# H200 at 80 GiB: ViT-B/16 FP32 1.9 s at batch 616, apex O1 1.0 s at 936, 2026-12-01).
+BASELINE_SEARCH_SHARES = 2
+BASELINE_SEARCH_PRECISIONS = ("fp32", "tf32")
+
+
+def largest_batch_seconds(searches: list[dict], total: float, precision: str) -> float:
+    """Seconds of trial steps one search of `precision` may spend: runs.largest_batch.seconds shared by the run's
+    searches, a baseline's search counting BASELINE_SEARCH_SHARES."""
+    def shares(name: str) -> int:
+        return BASELINE_SEARCH_SHARES if name in BASELINE_SEARCH_PRECISIONS else 1
+
+    return round(total * shares(precision) / max(1, sum(shares(c["precision"]) for c in searches)), 2)
+
+
 def check_batch(model: str, settings: dict) -> None:
     """A batch the data can supply, split evenly over the model's GPUs: throughput counts exactly this batch."""
     batch, gpus, most = settings["batch_size"], settings.get("gpus", 1), largest_batch(settings["data"])

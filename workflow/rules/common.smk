@@ -15,6 +15,7 @@ from amprepro.config import (  # noqa: E402
     gpus_for_jobs,
     gpu_memory_limit,
     largest_batch_searches,
+    largest_batch_seconds,
     plan_cells,
     stop_on_config_error,
 )

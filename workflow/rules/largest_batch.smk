@@ -4,7 +4,7 @@
 
 
 rule largest_batch:
-    """The largest batch one precision of a model fits here: one training step per try, bounded in batch and time."""
+    """The largest batch one precision of a model fits here: two training steps per try, bounded in batch and time."""
     input:
         unpack(largest_batch_inputs),
     output:
@@ -23,7 +23,9 @@ rule largest_batch:
         spec=largest_batch_spec,
         apex=lambda wildcards, input: ["--apex", input.apex] if "apex" in input.keys() else [],
         up_to=LARGEST_BATCH.get("up_to", 8),
-        seconds=round(LARGEST_BATCH.get("seconds", 60) / max(1, len(SEARCHES)), 2),
+        seconds=lambda wildcards: largest_batch_seconds(
+            SEARCHES, LARGEST_BATCH.get("seconds", 60), wildcards.precision
+        ),
         code=code_digest("train.batchsearch", "train.train", "plan.launcher"),
     shell:
         "python -m amprepro.env.gpuslots --gpus {resources.gpu} -- python -m amprepro.plan.launcher"

@@ -329,7 +329,7 @@ def largest_batch_section(summary: dict) -> str:
 
 LARGEST_BATCH_INTRO = (
     "\"With AMP you can use a bigger batch\": for each model of runs.largest_batch, the largest batch each precision "
-    "fits on this card (under gpu_memory_limit_gib where set), found with one training step per try on the planned "
+    "fits on this card (under gpu_memory_limit_gib where set), found with two training steps per try on the planned "
     "batch's grid, up to a cap, within a time budget. \"exact\": the next batch on the grid did not fit; \"capped\": "
     "it fits at the cap, so the ratio is a lower bound; \"at_least\": the time ran out first (no ratio).")
 

@@ -4,8 +4,8 @@
         --up-to 8 --seconds S --out results/largest_batch/<model>/<precision>.json
 
 One process per precision (apex O1 patches torch for the whole process). It builds the model, optimizer and precision
-exactly as the cell does (amprepro.train.train), takes one step at the planned batch (the cell ran there: it fits, and
-the optimizer state is then alive, as in every later step), then tries larger batches with one training step each,
+exactly as the cell does (amprepro.train.train), tries the planned batch first (the cell ran there: it fits, and the
+optimizer state is then alive, as in every later step), then tries larger batches, STEPS_PER_TRY training steps each,
 under the same allocator cap as the cells (gpu_memory_limit_gib). A batch fits when its step finishes with its
 allocator peak at most amprepro.memory.HEADROOM of the budget (what a cell's later steps need beyond one step); an
 allocation failure (CUDA OOM, cuBLAS/cuDNN ALLOC_FAILED) or a peak above that means it does not, and everything it
@@ -36,6 +36,11 @@ from amprepro.files import read_json, write_json
 # The guess aims this far below the budget, under HEADROOM (a try over it does not fit): scaled to the cell's measured
 # peak, the estimate was within 3 % of the tries' peaks on the H200 at 48 GiB (2026-12-01).
 GUESS_MARGIN = 0.93
+# Training steps per try: the second one meets what the first left in the allocator's cache. On the H200 under a
+# 3 GiB cap (tests/gpu/test_batchsearch_gpu.py, 2026-12-01) the answers of one-step tries (ViT-B/16 FP32 14, bf16 24)
+# ran out of memory at a fresh cell's second step, with their allocated peak under HEADROOM and 222-316 MiB reserved
+# but unallocated: fragmentation, which one step does not show.
+STEPS_PER_TRY = 2
 
 
 @dataclass
@@ -180,7 +185,8 @@ def run(spec: CellSpec, cell: dict, plan: dict | None, apex: dict, up_to: int, s
                 x = x.contiguous(memory_format=torch.channels_last)
             torch.cuda.synchronize(device)
             data_seconds[batch] = round(time.perf_counter() - started, 3)
-            trainer.step(x, y)
+            for _ in range(STEPS_PER_TRY):
+                trainer.step(x, y)
             torch.cuda.synchronize(device)
             fits = True
         except Exception as exc:  # only an allocation failure is an answer; anything else is raised
