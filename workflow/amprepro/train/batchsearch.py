@@ -7,7 +7,7 @@ One process per precision (apex O1 patches torch for the whole process). It buil
 exactly as the cell does (amprepro.train.train), tries the planned batch first (the cell ran there: it fits, and the
 optimizer state is then alive, as in every later step), then tries larger batches, STEPS_PER_TRY training steps each,
 under the same allocator cap as the cells (gpu_memory_limit_gib). A batch fits when its step finishes with its
-allocator peak at most amprepro.memory.HEADROOM of the budget (what a cell's later steps need beyond one step); an
+allocator peak at most amprepro.memory.HEADROOM of the budget (a margin for what a cell's later steps need beyond the try's); an
 allocation failure (CUDA OOM, cuBLAS/cuDNN ALLOC_FAILED) or a peak above that means it does not, and everything it
 held is freed before the next try.
 
@@ -173,7 +173,7 @@ def run(spec: CellSpec, cell: dict, plan: dict | None, apex: dict, up_to: int, s
 
     data_seconds = {}  # per batch tried: the part of its try that made its batch (synthetic data: on the device)
 
-    def trial(batch: int) -> tuple[bool, int | None, str]:
+    def trial(batch: int, steps: int = STEPS_PER_TRY) -> tuple[bool, int | None, str]:
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
         note = ""
@@ -185,7 +185,7 @@ def run(spec: CellSpec, cell: dict, plan: dict | None, apex: dict, up_to: int, s
                 x = x.contiguous(memory_format=torch.channels_last)
             torch.cuda.synchronize(device)
             data_seconds[batch] = round(time.perf_counter() - started, 3)
-            for _ in range(STEPS_PER_TRY):
+            for _ in range(steps):
                 trainer.step(x, y)
             torch.cuda.synchronize(device)
             fits = True
@@ -206,7 +206,7 @@ def run(spec: CellSpec, cell: dict, plan: dict | None, apex: dict, up_to: int, s
 
     planned = spec.batch_size
     warm_started = time.perf_counter()
-    fits, warm_peak, note = trial(planned)  # also allocates the optimizer state
+    fits, warm_peak, note = trial(planned, steps=1)  # allocates the optimizer state; the cell ran here, so one step
     warm_seconds = time.perf_counter() - warm_started
     base = {"model": spec.model, "precision": spec.precision, "seed": spec.seed, "spec": spec.as_dict(),
             "hardware": measure.hardware(device), "budget_bytes": budget, "allocator_limit_bytes": limit,
