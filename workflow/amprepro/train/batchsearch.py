@@ -8,8 +8,8 @@ exactly as the cell does (amprepro.train.train), tries the planned batch first (
 optimizer state is then alive, as in every later step), then tries larger batches, STEPS_PER_TRY training steps each,
 under the same allocator cap as the cells (gpu_memory_limit_gib). A batch fits when its steps finish with their
 allocator peak at most amprepro.memory.HEADROOM of the budget (a margin for what a cell's later steps need beyond the
-try's); an allocation failure (CUDA OOM, cuBLAS/cuDNN ALLOC_FAILED) or a peak above that means it does not, and everything it
-held is freed before the next try.
+try's); an allocation failure (CUDA OOM, cuBLAS/cuDNN ALLOC_FAILED) or a peak above that means it does not, and
+everything it held is freed before the next try.
 
 The search (search()) is bounded: batches on the planned batch's grid (multiples of 8 where it is one), at most
 `up_to` times the planned batch, and at most `seconds` of trial steps. It starts from a guess (the memory model's
