@@ -362,9 +362,9 @@ def largest_batch_searches(runs: dict) -> list[dict]:
             and c["seed"] == runs["models"][c["model"]].get("seeds", runs["seeds"])[0]]
 
 
-# A baseline's search (strict FP32, TF32) gets this many shares of runs.largest_batch.seconds, any other one: its
-# answer is the denominator of every ratio and must be exact, and its tries are the slowest (2-3x an AMP try on the
-# H200 at 80 GiB: ViT-B/16 FP32 1.9 s at batch 616, apex O1 1.0 s at 936, 2026-12-01).
+# A baseline's search (strict FP32, TF32) counts this many shares of runs.largest_batch.seconds, any other search one:
+# the baseline's answer is the denominator of every ratio and must be exact, and its tries are the slowest (2-3x an
+# AMP try on the H200 at 80 GiB: ViT-B/16 FP32 1.9 s at batch 616, apex O1 1.0 s at 936, 2026-12-01).
 BASELINE_SEARCH_SHARES = 2
 BASELINE_SEARCH_PRECISIONS = ("fp32", "tf32")
 
