@@ -77,8 +77,8 @@ file says so (tools/gpu/regimes_run.sh writes one).
   new copies. A frozen FP32 base under autocast is cast again at every use (autocast caches only weights that require
   grad), and each cast is saved for the input gradient: without checkpointing, a 16-bit copy of every frozen matmul
   weight is alive at the end of the forward (counted as the cast cache); with checkpointing, the LM head's, and one
-  block's while it is recomputed. Left out (under 0.1 GiB for LLaMA-7B): the frozen embedding's output needs no
-  gradient, so the first block keeps a little less.
+  block's while it is recomputed. Left out (at most 0.13 GiB for LLaMA-7B, an overestimate): the frozen embedding's
+  output needs no gradient, so the first block keeps neither its input nor, over an FP32 base, qkv's weight cast.
 - Without checkpointing every block keeps its saved tensors. Korthikanti et al. 2022 (arXiv 2205.05198) count
   s b h (34 + 5 a s / h) bytes per layer of a 16-bit GPT block without recomputation; korthikanti_terms() maps that
   count onto this block term by term (no dropout masks, SDPA keeps no s^2 scores, SwiGLU instead of the 4h GELU MLP,
