@@ -16,7 +16,9 @@ Parts (bytes), with an AdamW-type optimizer (two FP32 moments):
 The peak is the largest of these moments:
 - A, the end of the forward: weights, master weights, optimizer state (from the second step on), the forward's cast
   cache, the saved activations and the first gradients of the backward; gradients are freed before the forward
-  (zero_grad(set_to_none=True)), except apex O2's FP32 master gradients, which its patched zero_grad zeroes and keeps.
+  (zero_grad(set_to_none=True)), except apex O2's FP16 model gradients, which its patched zero_grad zeroes and keeps
+  (and scale_loss frees before the backward; it frees the FP32 master gradients and allocates them after the
+  backward, so the end of the backward holds the FP16 gradients only: apex 25.05's _process_optimizer).
   For a LLaMA it is two moments: the forward's last (the loss: the logits, their FP32 copy and log-softmax's output,
   with autocast's whole cast cache) and the backward's first ("backward start": log-softmax's output, its gradient and
   its input's gradient, 12 bytes x vocab per token, or the LM head's weight gradient where larger; autocast has exited
@@ -472,7 +474,8 @@ def llama_backward_end_bytes(model_config: dict, precision: str, batch: int, lor
     - the first block's backward (recomputed under checkpointing, kept without it): its saved tensors and extras,
       its 16-bit weight casts (autocast over FP32 weights, unless apex O1's kept cache holds them: cast_kept), the
       incoming gradient (tokens x dim x r) and the widest gradient of its MLP (tokens x 2 ffn x c), less the gradients
-      not yet allocated then: its own and the embedding's (divided over the ranks from ZeRO-2 on).
+      not yet allocated then: its own and the embedding's (divided over the ranks from ZeRO-2 on; apex O2's FP32
+      master gradients, allocated after the backward, estimate() leaves out of the moment).
     0 for other models."""
     if model_config["arch"] not in LLAMA_SHAPES:
         return 0
@@ -487,7 +490,9 @@ def llama_backward_end_bytes(model_config: dict, precision: str, batch: int, lor
     if lora:
         pending = 4 * lora_parameters(shape, lora) // shape["layers"]
     else:
-        pending = precision_of(precision).bytes_per_parameter[1] * (block_matmul + 2 * d + shape["vocab_size"] * d)
+        p = precision_of(precision)  # apex O2: its FP16 gradients (the FP32 master ones come after the backward)
+        grad_bytes = p.bytes_per_parameter[1] - (4 if p.apex_opt_level == "O2" else 0)
+        pending = grad_bytes * (block_matmul + 2 * d + shape["vocab_size"] * d)
     pending //= sharding.ranks if sharding.stage >= 2 else 1
     embedding = 0 if lora else tokens * d * r
     return max(embedding, working - pending)
@@ -535,7 +540,11 @@ def estimate(model_config: dict, precision: str, optimizer: str, batch: int | No
     cast_kept = cast if (o1 and apex_cast_cache) else 0
     if o1 and not apex_cast_cache:
         cast = 0
-    grads_kept = 4 * trainable if p.apex_opt_level == "O2" else 0  # O2's FP32 master gradients: zeroed, kept
+    # apex O2 (25.05, _process_optimizer): its zero_grad zeroes and keeps the FP16 model gradients and frees the FP32
+    # master gradients; scale_loss frees the FP16 ones before the backward and allocates the FP32 ones after it
+    o2 = p.apex_opt_level == "O2"
+    grads_kept = 2 * trainable if o2 else 0  # through the forward
+    masters_later = 4 * trainable if o2 else 0  # not yet allocated during the backward
     temporaries = 0 if optimizer in IN_PLACE_OPTIMIZERS else p.bytes_per_parameter[2] // 2 * trainable
     ranks, stage = sharding.ranks, sharding.stage
     unit = llama_unit_parameters(llama_shape(model_config)) if stage >= 2 else 0
@@ -543,7 +552,7 @@ def estimate(model_config: dict, precision: str, optimizer: str, batch: int | No
     if stage >= 1:
         o, m, temporaries = o // ranks, m // ranks, temporaries // ranks
     if stage >= 2:
-        g, grads_kept = g // ranks, grads_kept // ranks
+        g, grads_kept, masters_later = g // ranks, grads_kept // ranks, masters_later // ranks
         unit_grad = unit * p.compute_bytes  # one unit's unsharded gradient, before its reduce-scatter
     if stage == 3:
         w, cast = w // ranks, 0  # FSDP MixedPrecision gathers 16-bit weights: no autocast cast cache
@@ -558,13 +567,14 @@ def estimate(model_config: dict, precision: str, optimizer: str, batch: int | No
         # the casts a checkpointed forward made are freed when autocast exits (its cache is their only holder), but
         # the LM head's; without checkpointing every cast is saved by its matmul (apex O1's kept cache: all of them)
         cast_saved = cast if (not recomputes or cast_kept) else head_cast if o1 else min(cast, head_cast)
-        moments = {"forward end": states + cast + kept + loss, "backward start": states + cast_saved + activations}
+        moments = {"forward end": states + cast + kept + loss,
+                   "backward start": states - grads_kept + cast_saved + activations}
         end = llama_backward_end_bytes(model_config, precision, batch, lora, sharding, cast_kept=bool(cast_kept))
     else:
         activations = activation_bytes(model_config, precision, batch)
         moments = {"forward end": states + cast + activations}
         end = 0
-    moments["backward end"] = w + gathered + m + g + unit_grad + o + cast_kept + end
+    moments["backward end"] = w + gathered + m + g - masters_later + unit_grad + o + cast_kept + end
     moments["optimizer step"] = w + m + g + o + cast_kept + temporaries
     peak_moment = max(moments, key=moments.get)
     return Estimate(weights=w + gathered, gradients=g + unit_grad, optimizer_state=o, master_weights=m,
