@@ -51,12 +51,15 @@ def test_7b_memory_estimate_is_bytes_per_parameter_plus_activations(precision):
     assert estimate.cast_cache == cast * MATMUL_7B
     assert 1 * memory.GIB < estimate.activations < 8 * memory.GIB  # checkpointed: a few GiB, not tens
     step = state + estimate.optimizer_temporaries  # fused AdamW: no temporaries
-    forward = state - estimate.gradients + estimate.cast_cache + estimate.activations
-    if precision == "apex_o2":  # O2's zero_grad keeps its FP32 master gradients through the forward
-        forward += 4 * PARAMETERS_7B
-    backward_end = state + memory.llama_recompute_bytes(model_config, precision, 1)  # the first block recomputed
-    assert 0 < backward_end - state < estimate.activations
-    assert estimate.total == max(step, forward, backward_end) + memory.WORKSPACE_BYTES
+    forward = state - estimate.gradients + estimate.cast_cache + estimate.activations  # bounds both forward moments
+    # apex O2: its zero_grad keeps the FP16 gradients through the forward; the FP32 master ones come after the backward
+    later = 4 * PARAMETERS_7B if precision == "apex_o2" else 0
+    forward += later // 2
+    # micro-batch 1: the backward ends in the embedding's, holding every gradient and its output's gradient
+    backward_end = state - later + memory.llama_backward_end_bytes(model_config, precision, 1)
+    assert backward_end - state + later == 2048 * DIM * memory.precision_of(precision).residual_bytes
+    assert forward < max(step, backward_end)
+    assert estimate.total == max(step, backward_end) + memory.WORKSPACE_BYTES
 
 
 def test_the_memory_models_shapes_are_the_built_models():

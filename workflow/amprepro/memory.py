@@ -9,16 +9,27 @@ Parts (bytes), with an AdamW-type optimizer (two FP32 moments):
   + 2-byte FP16 and 4-byte FP32 master gradients + 8 optimizer state + 4-byte FP32 master weights (ZeRO's 16 bytes per
   parameter of mixed-precision Adam, arXiv 1910.02054, plus O2's FP32 master gradients, read from apex 25.05).
 - activations: the tensors autograd saves for the backward, counted from the architecture (below), plus the largest
-  short-lived gradient at the start of the backward; the input batch.
+  short-lived gradient at the start of the backward; the input batch (not for a LLaMA: its token ids are a few KiB).
 - workspace: cuBLAS/cuDNN workspaces and allocator rounding. WORKSPACE_BYTES is what the digits models (whose own
   tensors are under 2 MiB) peaked at on the H200 reference (0.066-0.070 GiB): a measured constant, not derived.
 
-The peak is the largest of three moments:
+The peak is the largest of these moments:
 - A, the end of the forward: weights, master weights, optimizer state (from the second step on), the forward's cast
   cache, the saved activations and the first gradients of the backward; gradients are freed before the forward
-  (zero_grad(set_to_none=True)), except apex O2's FP32 master gradients, which its patched zero_grad zeroes and keeps.
-- B, the end of a LLaMA's backward: almost every gradient, and the first block (recomputed under checkpointing, kept
-  without it) with its saved tensors, their gradients and, in FP32 with grouped KV heads, its attention scores.
+  (zero_grad(set_to_none=True)), except apex O2's FP16 model gradients, which its patched zero_grad zeroes and keeps
+  (and scale_loss frees before the backward; it frees the FP32 master gradients and allocates them after the
+  backward, so the end of the backward holds the FP16 gradients only: apex 25.05's _process_optimizer).
+  For a LLaMA it is two moments: the forward's last (the loss: the logits, their FP32 copy and log-softmax's output,
+  with autocast's whole cast cache) and the backward's first ("backward start": log-softmax's output, its gradient and
+  its input's gradient, 12 bytes x vocab per token, or the LM head's weight gradient where larger; autocast has exited
+  and freed the casts no saved tensor holds: under checkpointing all but the LM head's).
+- B, the end of a LLaMA's backward (llama_backward_end_bytes): every gradient, and the larger of the embedding's
+  backward (the last: its output's gradient) and the first block's (recomputed under checkpointing, kept without it:
+  its saved tensors, weight casts and working gradients, less its own and the embedding's gradients, not yet
+  allocated then). At micro-batch 1 the embedding's is the larger: the H200 measured 32 MiB beyond the model states
+  and the workspace for LLaMA-7B in TF32 and in bf16 AMP, with and without checkpointing (results-reference/regimes).
+  Without checkpointing the backward between A and B frees each block's saved tensors and casts as it allocates the
+  block's gradients, so the memory moves monotonically from A to B and the larger end is the peak.
 - C, the optimizer step: every gradient, the optimizer state, the optimizer's temporaries (the default foreach AdamW
   allocates one FP32 tensor per parameter; fused AdamW and apex FusedAdam update in place), and apex O1's cast cache,
   which apex keeps until scale_loss exits after the backward (not when activation checkpointing recomputes blocks:
@@ -33,8 +44,17 @@ precision, r = of the residual stream, g = of GELU's input: FP32 under apex O1, 
   gradients: 12 x vocab bytes per token.
 - ResNet: each convolution's output (BatchNorm's input) and each ReLU's output (the next convolution's input), max
   pooling's output and int64 indices, a downsample convolution's output; the first convolution's gradient.
-- LLaMA with one checkpoint per block: every block's input, one block's saved tensors and their gradients while it is
-  recomputed, the logits with cross-entropy's FP32 copies.
+- LLaMA (llama_block_terms, by tensor, per token of one block; c the matmul bytes, r the residual stream's, the
+  weights' dtype): each RMSNorm keeps its input (x.float() is the FP32 residual itself; of a 16-bit residual two FP32
+  copies, one per x.float() call) and, for its weight's gradient, its normalised input (FP32, or r bytes); the qkv and
+  gate_up linears keep their inputs (c); SDPA keeps q, k, v (v a view of qkv's output, which it keeps whole), the
+  rotated q and k and its output, which the out projection reads as a view; SwiGLU keeps gate_up's output (SiLU and
+  the product keep views of it), SiLU's output and the product (down's input). Flash attention pads a head size that
+  is not a multiple of 8 (OpenLLaMA-3B's 100, under 16-bit compute): it keeps the padded q, k, v and output instead,
+  and the out projection a copy of its input. Per sequence: autocast's bf16 casts of RoPE's FP32 cos and sin tables.
+  With one checkpoint per block only every block's input is kept; the final norm and the LM head's input; at the
+  loss and the backward's start the logits as in moment A. Checked against the H200 regime measurements
+  (results-reference/regimes): every measured forward and backward moment within 0.3 %.
 The committed H200 reference checks every cell against this (tests/backbone/test_memory_model.py): within 15 % of
 the measured allocator peak.
 
@@ -53,15 +73,18 @@ file says so (tools/gpu/regimes_run.sh writes one).
 - LoRA (Lora): the base frozen in FP32 or bf16, rank-r adapters (A: in x r, B: r x out, FP32 as peft casts them) on
   every linear of the blocks (qkv, out, gate_up, down; this model fuses q, k and v into one linear, so "q and v only"
   is not a module peft can target here); the LM head and embeddings frozen. Gradients and AdamW state exist for the
-  adapters only. The blocks keep the same saved tensors as full training (each adapter's A keeps its linear's input,
-  the tensor full training keeps for the weight gradient). A frozen FP32 base under autocast is cast again at every
-  use (autocast caches only weights that require grad), and each cast is saved for the input gradient: without
-  checkpointing, a 16-bit copy of every frozen matmul weight is alive at the end of the forward (counted as the cast
-  cache); with checkpointing, one block's, while it is recomputed.
+  adapters only. The frozen norms keep no normalised input and the frozen LM head no input; each adapter's A keeps
+  its own copy of its linear's input: peft casts the input to the adapter's FP32 (a bf16 input is copied) and
+  autocast casts that back to bf16, so under autocast even the out projection's and down's bf16 inputs are kept as
+  new copies. A frozen FP32 base under autocast is cast again at every use (autocast caches only weights that require
+  grad), and each cast is saved for the input gradient: without checkpointing, a 16-bit copy of every frozen matmul
+  weight is alive at the end of the forward (counted as the cast cache); with checkpointing, the LM head's, and one
+  block's while it is recomputed. Left out (at most 0.13 GiB for LLaMA-7B, an overestimate): the frozen embedding's
+  output needs no gradient, so the first block keeps neither its input nor, over an FP32 base, qkv's weight cast.
 - Without checkpointing every block keeps its saved tensors. Korthikanti et al. 2022 (arXiv 2205.05198) count
   s b h (34 + 5 a s / h) bytes per layer of a 16-bit GPT block without recomputation; korthikanti_terms() maps that
   count onto this block term by term (no dropout masks, SDPA keeps no s^2 scores, SwiGLU instead of the 4h GELU MLP,
-  RMSNorm's FP32 inputs, RoPE's rotated q and k).
+  RMSNorm's FP32 inputs and normalised inputs, RoPE's rotated q and k, flash attention's head padding).
 """
 
 from __future__ import annotations
@@ -170,7 +193,8 @@ IN_PLACE_OPTIMIZERS = ("adamw_fused", "apex_fused_adam")
 
 @dataclass(frozen=True)
 class Estimate:
-    """A cell's predicted peak, by part (bytes), and which moment is the peak ("forward end" or "optimizer step")."""
+    """A cell's predicted peak, by part (bytes), and which moment is the peak ("forward end", "backward start" (a
+    LLaMA's), "backward end" or "optimizer step")."""
 
     weights: int
     gradients: int
@@ -321,31 +345,93 @@ def activation_bytes(model_config: dict, precision: str, batch: int) -> int:
     raise ValueError(f"no memory model for arch {arch!r}")
 
 
-def llama_block_bytes(shape: dict, batch: int, seq_len: int, precision: str) -> tuple[int, int, int]:
-    """(block inputs kept by the checkpoints, one block's saved tensors, one block's attention scores) in bytes."""
-    c, r, _ = _bytes(precision)
-    tokens, dim, ffn = batch * seq_len, shape["dim"], shape["ffn_dim"]
+def _llama_dtypes(precision: str, lora: Lora | None = None) -> tuple[int, int, int, bool, bool]:
+    """(c, r, a, autocast, casts) of a LLaMA cell: bytes of the matmul inputs and outputs, of the residual stream
+    (RMSNorm's input: the weights' dtype) and of a LoRA adapter's saved input; whether torch.autocast (or apex O1's
+    patched functions) runs the matmuls; whether FP32 matmul weights are cast to 16 bits at each use. A bf16 LoRA base
+    makes the matmuls and the residual stream bf16 whatever the precision."""
+    p = precision_of(precision)
+    bf16_base = bool(lora) and lora.base == "bf16"
+    c = 2 if bf16_base else p.compute_bytes
+    r = 2 if bf16_base else p.residual_bytes
+    autocast = p.autocast_dtype is not None or p.apex_opt_level == "O1"
+    return c, r, 2 if autocast else 4, autocast, autocast and r == 4
+
+
+def llama_block_terms(shape: dict, precision: str, lora: Lora | None = None) -> dict[str, int]:
+    """Bytes per token one decoder block (amprepro.train.models.LlamaBlock) keeps for its backward, tensor by tensor,
+    as autograd saves them (the module's docstring says why each is there). Counted once where two ops keep one
+    tensor (the SiLU and the product keep views of gate_up's output; SDPA keeps v, a view of qkv's output)."""
+    c, r, a, _, _ = _llama_dtypes(precision, lora)
+    d, f, kv, heads = shape["dim"], shape["ffn_dim"], kv_dim(shape), shape["heads"]
+    kv_heads, head_dim = shape.get("kv_heads", heads), d // heads
+    trainable = lora is None  # LoRA freezes the norms and the linears' weights
+    linear_input = a if lora else c  # under LoRA the adapter's A keeps its own copy of the linear's input
+    # each norm's input: the FP32 residual itself, or two FP32 copies of a 16-bit one
+    terms = {"RMSNorm inputs": 2 * (4 * d if r == 4 else 2 * 4 * d)}
+    if trainable:
+        terms["RMSNorm's normalised input"] = 2 * (4 if r == 4 else r) * d
+    terms["qkv and gate_up inputs"] = 2 * linear_input * d
+    padded = c == 2 and head_dim % 8 != 0  # flash attention pads the head size to a multiple of 8
+    if padded:
+        terms["flash attention's padded q, k, v and output"] = c * (-(-head_dim // 8) * 8) * 2 * (heads + kv_heads)
+    else:
+        terms["q, k and v"] = c * (d + 2 * kv)
+        terms["rotated q and k"] = c * (d + kv)
+        terms["attention output"] = c * d
+    if padded or (lora and c == 2):
+        terms["out projection's input copy"] = linear_input * d
+    terms["gate_up output"] = 2 * f * c
+    terms["SiLU output"] = f * c
+    terms["product (down's input)"] = f * linear_input
+    if lora:
+        terms["adapters' rank-r outputs"] = len(lora.targets) * lora.rank * a
+    return terms
+
+
+def llama_block_bytes(shape: dict, batch: int, seq_len: int, precision: str,
+                      lora: Lora | None = None) -> tuple[int, int, int]:
+    """(every block's input, kept by the checkpoints; one block's saved tensors; one block's per-sequence extras) in
+    bytes. The extras: the 16-bit casts of RoPE's FP32 cos and sin tables (q and k each, under autocast over FP32
+    weights) and, in FP32 with grouped KV heads, the attention scores the math path keeps."""
+    c, r, _, autocast, _ = _llama_dtypes(precision, lora)
+    tokens, dim, heads = batch * seq_len, shape["dim"], shape["heads"]
     block_inputs = shape["layers"] * tokens * dim * r
-    # q, k, v (dim + 2 kv), rotated q and k (dim + kv), attention output (1), two norm outputs (2), gate/up (2 ffn),
-    # silu and product (2 ffn), plus the two FP32 norm inputs.
-    kv = kv_dim(shape)
-    saved = tokens * ((5 * dim + 3 * kv + 4 * ffn) * c + 2 * dim * 4)
+    saved = tokens * sum(llama_block_terms(shape, precision, lora).values())
+    rope = 4 * seq_len * (dim // heads) * c if autocast and r == 4 else 0
     # Grouped KV heads in FP32: no fused SDPA kernel takes them, so the math path keeps one block's attention scores,
     # probabilities and their gradient, s^2 per head (measured on the H200: TinyLlama-1.1B strict FP32 +1.8 GiB).
-    scores = 3 * 4 * batch * shape["heads"] * seq_len**2 if c == 4 and kv < dim else 0
-    return block_inputs, saved, scores
+    scores = 3 * 4 * batch * heads * seq_len**2 if c == 4 and kv_dim(shape) < dim else 0
+    return block_inputs, saved, rope + scores
 
 
-def llama_activation_bytes(shape: dict, batch: int, seq_len: int, precision: str, checkpointing: bool = True) -> int:
-    """Activations with one checkpoint per block: every block's input is kept, one block is recomputed at a time (its
-    saved tensors and their gradients), and the logits with cross-entropy's FP32 copies. Without checkpointing every
-    block keeps its saved tensors."""
-    c = _bytes(precision)[0]
-    block_inputs, saved, scores = llama_block_bytes(shape, batch, seq_len, precision)
-    logits = batch * seq_len * shape["vocab_size"] * (c + 4 + 4 + 4)  # logits, .float(), softmax, grad
-    if not checkpointing:
-        return shape["layers"] * (saved + scores) + saved + logits
-    return block_inputs + 2 * saved + scores + logits
+def llama_head_bytes(shape: dict, batch: int, seq_len: int, precision: str,
+                     lora: Lora | None = None) -> tuple[int, int, int]:
+    """(kept, loss, first gradients) in bytes, for the final RMSNorm, the LM head and the loss:
+    - kept from the forward: the final norm's saved tensors and the LM head's input (a frozen head keeps none);
+    - loss, the forward's last moment: the logits (when 16-bit), their FP32 copy and log-softmax's output;
+    - first gradients, the backward's first moment: log-softmax's output, its gradient and its input's gradient (12
+      bytes x vocab per token), or, where larger, the LM head's weight gradient with its 16-bit original (autocast)
+      or with the logits' gradient it is computed from."""
+    c, r, _, autocast, _ = _llama_dtypes(precision, lora)
+    tokens, d, v = batch * seq_len, shape["dim"], shape["vocab_size"]
+    trainable = lora is None
+    kept = tokens * ((4 * d if r == 4 else 2 * 4 * d) + ((4 if r == 4 else r) * d + c * d if trainable else 0))
+    loss = tokens * v * (4 + 4 + (c if c < 4 else 0))
+    first = 12 * tokens * v
+    if trainable:
+        first = max(first, tokens * v * c + v * d * c + tokens * d * c, v * d * (c + 4) if autocast else 0)
+    return kept, loss, first
+
+
+def llama_activation_bytes(shape: dict, batch: int, seq_len: int, precision: str, checkpointing: bool = True,
+                           lora: Lora | None = None) -> int:
+    """Activations at the start of the backward: with one checkpoint per block every block's input, without
+    checkpointing every block's saved tensors; the final norm's and the LM head's; the first gradients."""
+    block_inputs, saved, extra = llama_block_bytes(shape, batch, seq_len, precision, lora)
+    kept, _, first = llama_head_bytes(shape, batch, seq_len, precision, lora)
+    blocks = block_inputs if checkpointing else shape["layers"] * (saved + extra)
+    return blocks + kept + first
 
 
 def korthikanti_layer_bytes(shape: dict, batch: int, seq_len: int) -> int:
@@ -356,31 +442,60 @@ def korthikanti_layer_bytes(shape: dict, batch: int, seq_len: int) -> int:
 
 
 def korthikanti_terms(shape: dict, seq_len: int) -> dict[str, int]:
-    """Korthikanti's per-layer count, per token, turned into this model's 16-bit block term by term (bytes). The terms
-    sum to llama_block_bytes' saved tensors per token under bf16 AMP; each difference is named:
+    """Korthikanti's per-layer count, per token, turned into this model's block under bf16 AMP (FP32 weights and
+    residual stream, bf16 matmuls) term by term (bytes). The terms sum to llama_block_terms() under amp_bf16; each
+    difference is named:
     - no dropout in LLaMA: their attention and MLP dropout masks (1 byte x h each) go;
     - SDPA (flash / memory-efficient) keeps no s^2 scores: their 5 a s (scores, softmax, its dropout mask) go;
     - SwiGLU instead of a 4h GELU MLP: their GELU input and output (2 x 2 x 4h) become gate_up's output, SiLU's output
       and the product (4 x 2 x ffn);
     - grouped KV heads keep narrower k and v than their 3 x 2h (zero for LLaMA-7B);
     - RoPE keeps the rotated q and k as well (2 x (h + kv));
-    - RMSNorm keeps its input in FP32 (2 x 4h), where their LayerNorm inputs are 16-bit (2 x 2h)."""
+    - RMSNorm over an FP32 residual stream keeps its input and its normalised input in FP32 (2 x 2 x 4h), where their
+      LayerNorm inputs are 16-bit (2 x 2h);
+    - flash attention pads a head size that is not a multiple of 8 (OpenLLaMA-3B's 100): the padded q, k, v and
+      output replace q, k, v, the rotated q and k and the output, and the out projection keeps a copy of its input."""
     h, f, kv, a = shape["dim"], shape["ffn_dim"], kv_dim(shape), shape["heads"]
+    block = llama_block_terms(shape, "amp_bf16")
+    padded = block.get("flash attention's padded q, k, v and output", 0) + block.get("out projection's input copy", 0)
+    unpadded = 2 * (h + 2 * kv) + 2 * (h + kv) + 2 * h  # q, k, v, the rotated q and k, the output
     return {"korthikanti (34 h + 5 a s)": 34 * h + 5 * a * seq_len, "no dropout masks": -2 * h,
             "no s^2 scores (SDPA)": -5 * a * seq_len, "SwiGLU for the 4h GELU MLP": 2 * 4 * f - 2 * 2 * 4 * h,
             "grouped KV heads": 2 * (h + 2 * kv) - 2 * 3 * h, "RoPE's rotated q and k": 2 * (h + kv),
-            "RMSNorm's FP32 inputs": 2 * 4 * h - 2 * 2 * h}
+            "RMSNorm's FP32 inputs and normalised inputs": 2 * 2 * 4 * h - 2 * 2 * h,
+            "flash attention's head padding": padded - unpadded if padded else 0}
 
 
-def llama_recompute_bytes(model_config: dict, precision: str, batch: int) -> int:
-    """What the last block of the backward (the first block: recomputed under checkpointing, kept without it) holds,
-    when almost every gradient already exists: its saved tensors, their gradients and (FP32 with grouped KV heads) its
-    attention scores. 0 for other models."""
+def llama_backward_end_bytes(model_config: dict, precision: str, batch: int, lora: Lora | None = None,
+                             sharding: Sharding | None = None, cast_kept: bool = False) -> int:
+    """What the end of a LLaMA's backward holds beyond the model states (every gradient counted): the larger of
+    - the embedding's backward, the last (the embedding's gradient is the last allocated): the gradient of its output,
+      tokens x dim in the residual's dtype (none under LoRA: the embedding is frozen, the backward ends in block 0);
+    - the first block's backward (recomputed under checkpointing, kept without it): its saved tensors and extras,
+      its 16-bit weight casts (autocast over FP32 weights, unless apex O1's kept cache holds them: cast_kept), the
+      incoming gradient (tokens x dim x r) and the widest gradient of its MLP (tokens x 2 ffn x c), less the gradients
+      not yet allocated then: its own and the embedding's (divided over the ranks from ZeRO-2 on; apex O2's FP32
+      master gradients, allocated after the backward, estimate() leaves out of the moment).
+    0 for other models."""
     if model_config["arch"] not in LLAMA_SHAPES:
         return 0
-    _, saved, scores = llama_block_bytes(llama_shape(model_config), batch, model_config.get("seq_len", 2048),
-                                         precision)
-    return 2 * saved + scores
+    sharding = sharding or Sharding()
+    shape, seq_len = llama_shape(model_config), model_config.get("seq_len", 2048)
+    c, r, _, _, casts = _llama_dtypes(precision, lora)
+    _, saved, extra = llama_block_bytes(shape, batch, seq_len, precision, lora)
+    tokens, d, f = batch * seq_len, shape["dim"], shape["ffn_dim"]
+    block_matmul = sum(i * o for i, o in llama_linear_shapes(shape).values())
+    weight_casts = 2 * block_matmul if casts and not cast_kept and sharding.stage < 3 else 0
+    working = saved + extra + weight_casts + tokens * (d * r + 2 * f * c)
+    if lora:
+        pending = 4 * lora_parameters(shape, lora) // shape["layers"]
+    else:
+        p = precision_of(precision)  # apex O2: its FP16 gradients (the FP32 master ones come after the backward)
+        grad_bytes = p.bytes_per_parameter[1] - (4 if p.apex_opt_level == "O2" else 0)
+        pending = grad_bytes * (block_matmul + 2 * d + shape["vocab_size"] * d)
+    pending //= sharding.ranks if sharding.stage >= 2 else 1
+    embedding = 0 if lora else tokens * d * r
+    return max(embedding, working - pending)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -412,23 +527,24 @@ def estimate(model_config: dict, precision: str, optimizer: str, batch: int | No
     trainable = lora_parameters(llama_shape(model_config), lora) if lora else total_params
     w, g, o, m = (b * trainable for b in p.bytes_per_parameter[:4])
     cast = p.bytes_per_parameter[4] * matmul_params
-    # a bf16 base makes the residual stream and every activation bf16, as bf16 weights do
-    act_precision = BF16_WEIGHTS.name if lora and lora.base == "bf16" else precision
-    recompute = llama_recompute_bytes(model_config, act_precision, batch)
+    if llama:
+        shape = llama_shape(model_config)
+        casts = _llama_dtypes(precision, lora)[4] and sharding.stage < 3  # FP32 matmul weights cast at each use
+        head_cast = 2 * shape["vocab_size"] * shape["dim"] if casts else 0  # outside the checkpoints: saved
     if lora:  # frozen base + FP32 adapters; only the adapters have gradients and AdamW state
         w, g, o, m = (4 if lora.base == "fp32" else 2) * total_params + 4 * trainable, 4 * trainable, 8 * trainable, 0
-        base_casts = p.autocast_dtype is not None and lora.base == "fp32"
-        shape = llama_shape(model_config)
-        block_matmul = (matmul_params - shape["vocab_size"] * shape["dim"]) // shape["layers"]  # less the LM head
         cast = 2 * trainable if p.autocast_dtype else 0  # autocast's cache of the adapters' casts
-        if base_casts and recomputes:
-            recompute += 2 * block_matmul  # the recomputed block's casts of the frozen weights
-        elif base_casts:
-            cast += 2 * matmul_params  # every frozen matmul weight's cast, saved for the input gradient
+        # a frozen FP32 weight is cast at every use, and the cast saved for the input gradient: every matmul weight's
+        # without checkpointing, the LM head's with it (the recomputed block's: llama_backward_end_bytes)
+        cast += (2 * matmul_params if not recomputes else head_cast) if casts else 0
     cast_kept = cast if (o1 and apex_cast_cache) else 0
     if o1 and not apex_cast_cache:
         cast = 0
-    grads_kept = 4 * trainable if p.apex_opt_level == "O2" else 0  # O2's FP32 master gradients: zeroed, kept
+    # apex O2 (25.05, _process_optimizer): its zero_grad zeroes and keeps the FP16 model gradients and frees the FP32
+    # master gradients; scale_loss frees the FP16 ones before the backward and allocates the FP32 ones after it
+    o2 = p.apex_opt_level == "O2"
+    grads_kept = 2 * trainable if o2 else 0  # through the forward
+    masters_later = 4 * trainable if o2 else 0  # not yet allocated during the backward
     temporaries = 0 if optimizer in IN_PLACE_OPTIMIZERS else p.bytes_per_parameter[2] // 2 * trainable
     ranks, stage = sharding.ranks, sharding.stage
     unit = llama_unit_parameters(llama_shape(model_config)) if stage >= 2 else 0
@@ -436,16 +552,30 @@ def estimate(model_config: dict, precision: str, optimizer: str, batch: int | No
     if stage >= 1:
         o, m, temporaries = o // ranks, m // ranks, temporaries // ranks
     if stage >= 2:
-        g, grads_kept = g // ranks, grads_kept // ranks
+        g, grads_kept, masters_later = g // ranks, grads_kept // ranks, masters_later // ranks
         unit_grad = unit * p.compute_bytes  # one unit's unsharded gradient, before its reduce-scatter
     if stage == 3:
         w, cast = w // ranks, 0  # FSDP MixedPrecision gathers 16-bit weights: no autocast cast cache
         gathered = 2 * unit * p.compute_bytes  # the unit computing and the one prefetched
-    activations = activation_bytes(model_config, act_precision, batch)
-    forward_end = w + gathered + m + o + cast + grads_kept + activations
-    backward_end = w + gathered + m + g + unit_grad + o + cast_kept + recompute
-    step = w + m + g + o + cast_kept + temporaries
-    moments = {"forward end": forward_end, "backward end": backward_end, "optimizer step": step}
+    states = w + gathered + m + o + grads_kept
+    if llama:
+        seq_len = model_config.get("seq_len", 2048)
+        block_inputs, saved, extra = llama_block_bytes(shape, batch, seq_len, precision, lora)
+        kept, loss, first = llama_head_bytes(shape, batch, seq_len, precision, lora)
+        kept += block_inputs if recomputes else shape["layers"] * (saved + extra)
+        activations = kept + first
+        # the casts a checkpointed forward made are freed when autocast exits (its cache is their only holder), but
+        # the LM head's; without checkpointing every cast is saved by its matmul (apex O1's kept cache: all of them)
+        cast_saved = cast if (not recomputes or cast_kept) else head_cast if o1 else min(cast, head_cast)
+        moments = {"forward end": states + cast + kept + loss,
+                   "backward start": states - grads_kept + cast_saved + activations}
+        end = llama_backward_end_bytes(model_config, precision, batch, lora, sharding, cast_kept=bool(cast_kept))
+    else:
+        activations = activation_bytes(model_config, precision, batch)
+        moments = {"forward end": states + cast + activations}
+        end = 0
+    moments["backward end"] = w + gathered + m + g - masters_later + unit_grad + o + cast_kept + end
+    moments["optimizer step"] = w + m + g + o + cast_kept + temporaries
     peak_moment = max(moments, key=moments.get)
     return Estimate(weights=w + gathered, gradients=g + unit_grad, optimizer_state=o, master_weights=m,
                     cast_cache=cast, activations=activations, workspace=WORKSPACE_BYTES,
