@@ -164,6 +164,11 @@ def largest_batch_inputs(wildcards):
     return inputs
 
 
+def search_seconds(wildcards):
+    """This search's share of runs.largest_batch.seconds (a baseline's search counts two shares)."""
+    return largest_batch_seconds(SEARCHES, LARGEST_BATCH.get("seconds", 60), wildcards.precision)
+
+
 def largest_batch_spec(wildcards):
     seed = next(c["seed"] for c in SEARCHES if c["model"] == wildcards.model)
     return cell_spec_json(RUNS, wildcards.model, wildcards.precision, seed)

@@ -23,9 +23,7 @@ rule largest_batch:
         spec=largest_batch_spec,
         apex=lambda wildcards, input: ["--apex", input.apex] if "apex" in input.keys() else [],
         up_to=LARGEST_BATCH.get("up_to", 8),
-        seconds=lambda wildcards: largest_batch_seconds(
-            SEARCHES, LARGEST_BATCH.get("seconds", 60), wildcards.precision
-        ),
+        seconds=search_seconds,
         code=code_digest("train.batchsearch", "train.train", "plan.launcher"),
     shell:
         "python -m amprepro.env.gpuslots --gpus {resources.gpu} -- python -m amprepro.plan.launcher"
