@@ -104,3 +104,15 @@ def test_jobpython_names_a_python_on_path_that_is_not_snakemakes(tmp_path):
     assert "source .venv/bin/activate" in said and "make run" in said
     assert "there is none on PATH" in jobpython.warning(jobpython.job_python(str(tmp_path)), "/work/.venv")
     assert jobpython.parameter(here) != jobpython.parameter(other)  # a change of interpreter re-runs environment
+
+
+def test_the_grad_scaler_check_passes_without_importing_dynamo():
+    # sanity runs before every cell: a torch.optim optimizer would import torch._dynamo (4-8 s on 2 cores) for a
+    # check of GradScaler's scale and unscale alone
+    import subprocess
+    import sys
+
+    code = ("import sys, torch; from amprepro.env import sanity; r = sanity.grad_scaler_check(torch); "
+            "print(r['status'], 'torch._dynamo' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
+    assert out.stdout.split() == ["pass", "False"], out.stdout + out.stderr
