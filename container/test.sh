@@ -10,7 +10,7 @@
 # run-results/ (the first run, no per-step CSVs), readonly-summary/ and readonly-apex/ (the read-only run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-results-reference/container}
+OUT=$(realpath -m "${OUT:-results-reference/container}")  # absolute: it is mounted into the container
 BASE=${BASE:-localhost/amprepro-base:bookworm}
 TAG=${TAG:-localhost/amprepro:test}
 rm -rf "$OUT"/info.txt "$OUT"/build.log "$OUT"/run*.log "$OUT"/run-results "$OUT"/readonly-*
@@ -50,7 +50,7 @@ podman image inspect --format 'image {{.Id}}, {{.Size}} bytes' "$TAG" | tee -a "
 mkdir -p "$OUT/run-results"  # not named results/: git ignores those
 SECONDS=0
 set +e
-podman run --rm --network=none -v "$PWD/$OUT/run-results:/opt/amprepro/results" \
+podman run --rm --network=none -v "$OUT/run-results:/opt/amprepro/results" \
   -e SNAKEMAKE_ARGS="--configfile config/config.yaml container/image.yaml --config preset=smoke" \
   "$TAG" > "$OUT/run.log" 2>&1
 rc=$?
