@@ -18,11 +18,19 @@ LAUNCH := PYTHONPATH=$(CURDIR)/workflow $(BIN)/python -m amprepro.env.launch
 # The stamp is written last, after every install succeeded, so a venv whose install failed or was interrupted, one
 # made by `python -m venv` alone, or one whose requirements changed is completed by the next make. pip keeps what
 # already satisfies a pin: a torch 2.13.0 you installed first (CPU or CUDA 12.9 build) stays.
+# `make run` needs the run's requirements only (requirements.txt, the Slurm plugin); `make test`, `lint` and `mutation`
+# add the developer tools (requirements-dev.txt) under a second stamp, so a newcomer's first `make run` and a container
+# image (container/Containerfile) install no test tools.
 VENV_STAMP := $(VENV)/.amprepro-installed
-VENV_INPUTS := requirements.txt requirements-dev.txt profiles/slurm/requirements.txt pyproject.toml
+VENV_INPUTS := requirements.txt profiles/slurm/requirements.txt pyproject.toml
 VENV_HASH := $(firstword $(shell cat $(VENV_INPUTS) | sha256sum))
 ifneq ($(shell cat $(VENV_STAMP) 2>/dev/null),$(VENV_HASH))
 .PHONY: $(VENV_STAMP)
+endif
+DEV_STAMP := $(VENV)/.amprepro-dev-installed
+DEV_HASH := $(firstword $(shell cat $(VENV_INPUTS) requirements-dev.txt | sha256sum))
+ifneq ($(shell cat $(DEV_STAMP) 2>/dev/null),$(DEV_HASH))
+.PHONY: $(DEV_STAMP)
 endif
 
 .PHONY: help run test lint verify venv clean-venv venv-hash container-test mutation
@@ -33,7 +41,7 @@ help:
 	@echo "make verify      compare a finished run with the committed reference of the same GPU model"
 	@echo "make test        the test suite (what CI runs: .ci/run)"
 	@echo "make lint        snakemake --lint, snakefmt --check, ruff check"
-	@echo "make venv        create or complete .venv only (what make run and make test do first)"
+	@echo "make venv        create or complete .venv with the developer tools (make run installs only what runs)"
 	@echo "make clean-venv  remove .venv (results/ stays)"
 	@echo "make container-test  build the container image and run the smoke preset in it (minutes)"
 	@echo "make mutation    mutation testing of the verdict's core (docs/mutation.md; over an hour)"
@@ -46,13 +54,20 @@ $(VENV_STAMP):
 	@echo "amprepro: installing the pinned requirements into $(VENV) (a torch there that matches the pin is kept)"
 	@$(PYTHON) -m venv $(VENV) && \
 	  $(BIN)/python -m pip install --quiet --upgrade pip && \
-	  $(BIN)/python -m pip install --quiet --no-compile -r requirements-dev.txt && \
+	  $(BIN)/python -m pip install --quiet --no-compile -r requirements.txt -r profiles/slurm/requirements.txt && \
 	  $(BIN)/python -m pip install --quiet --no-deps -e . || \
 	  { echo "amprepro: the install into $(VENV) did not finish; run make again (it continues from what is there)" >&2; \
 	    exit 1; }
 	@printf '%s\n' '$(VENV_HASH)' > $(VENV_STAMP).tmp && mv $(VENV_STAMP).tmp $(VENV_STAMP)
 
-venv: $(VENV_STAMP)
+$(DEV_STAMP): $(VENV_STAMP)
+	@echo "amprepro: installing the developer tools into $(VENV) (requirements-dev.txt)"
+	@$(BIN)/python -m pip install --quiet --no-compile -r requirements-dev.txt || \
+	  { echo "amprepro: the install into $(VENV) did not finish; run make again (it continues from what is there)" >&2; \
+	    exit 1; }
+	@printf '%s\n' '$(DEV_HASH)' > $(DEV_STAMP).tmp && mv $(DEV_STAMP).tmp $(DEV_STAMP)
+
+venv: $(DEV_STAMP)
 
 run: $(VENV_STAMP)
 	$(LAUNCH)
@@ -66,21 +81,21 @@ verify: $(VENV_STAMP)
 # TEST_WORKERS pytest-xdist processes (2: CI's cores); each test file is one work unit, the slowest first
 # (tests/conftest.py). TEST_WORKERS=0 runs everything in this one process.
 TEST_WORKERS ?= 2
-test: $(VENV_STAMP)
+test: $(DEV_STAMP)
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder tests
 
 # Mutation testing of the verdict's core (docs/mutation.md; not part of make test: over an hour on 2 cores). mutmut copies
 # the package into mutants/, mutates the modules [tool.mutmut] in pyproject.toml names, runs the tests that reach
 # each mutant and records the counts per module in docs/mutation.md. MUTATION_CHILDREN: mutants tested at once.
 MUTATION_CHILDREN ?= 2
-mutation: $(VENV_STAMP)
+mutation: $(DEV_STAMP)
 	rm -rf mutants
 	start=$$(date +%s); \
 	$(BIN)/python tools/mutation/mutmut_workflow.py run --max-children $(MUTATION_CHILDREN) > mutants.log 2>&1; \
 	status=$$?; tail -n 5 mutants.log; [ $$status = 0 ] || exit $$status; \
 	$(BIN)/python tools/mutation/summary.py --doc docs/mutation.md --seconds $$(($$(date +%s) - start))
 
-lint: $(VENV_STAMP)
+lint: $(DEV_STAMP)
 	$(BIN)/snakemake --lint
 	$(BIN)/snakefmt --check Snakefile workflow/rules
 	$(BIN)/ruff check workflow tools tests

@@ -101,13 +101,13 @@ def descendants(pid: int) -> list[int]:
 
 
 def pip_of(root: int) -> int | None:
-    """The pid of the `pip install -r requirements-dev.txt` under make (pid root), if one runs."""
+    """The pid of the `pip install -r requirements.txt` under make (pid root), if one runs."""
     for pid in descendants(root):
         try:
             argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"pip" in argv and b"requirements-dev.txt" in argv:
+        if b"pip" in argv and b"requirements.txt" in argv:
             return pid
     return None
 
@@ -173,6 +173,18 @@ def test_changed_requirements_make_the_stamp_stale(workdir, tmp_path):
         requirements.write("# a comment changes the hash too\n")
     assert expected_hash(workdir, env) != before
     assert "installing the pinned requirements" in make(workdir, env, "-n", "run").stdout
+
+
+def test_make_run_installs_no_developer_tools_and_make_test_adds_them(workdir, tmp_path):
+    env = offline_env(tmp_path)
+    (workdir / "venv").mkdir()
+    (workdir / "venv" / STAMP).write_text(expected_hash(workdir, env) + "\n")
+    run = make(workdir, env, "-n", "run").stdout
+    assert "installing" not in run and "requirements-dev.txt" not in run  # the run's venv is finished as it is
+    test = make(workdir, env, "-n", "test").stdout
+    assert "installing the developer tools" in test and "pinned requirements" not in test
+    (workdir / "venv" / ".amprepro-dev-installed").write_text("an older hash\n")
+    assert "installing the developer tools" in make(workdir, env, "-n", "lint").stdout  # a stale dev stamp too
 
 
 def test_every_make_target_ci_calls_exists():
