@@ -47,6 +47,10 @@ help:
 	@echo "make mutation    mutation testing of the verdict's core (docs/mutation.md; over an hour)"
 	@echo "make help        this list"
 
+# What a failed or interrupted install says (the stamps are not written: the next make continues from what is there).
+UNFINISHED = { echo "amprepro: the install into $(VENV) did not finish; run make again (it continues from what is there)" >&2; \
+  exit 1; }
+
 # The pinned requirements, then amprepro itself, editable (workflow/amprepro) and --no-deps (the pins stay the source
 # of truth), so the venv's python imports it from any directory. --no-compile: Python compiles what it imports on
 # first use instead of pip compiling every file of every package (torch alone: 2 min 15 s -> 1 min 42 s here).
@@ -56,15 +60,13 @@ $(VENV_STAMP):
 	  $(BIN)/python -m pip install --quiet --upgrade pip && \
 	  $(BIN)/python -m pip install --quiet --no-compile -r requirements.txt -r profiles/slurm/requirements.txt && \
 	  $(BIN)/python -m pip install --quiet --no-deps -e . || \
-	  { echo "amprepro: the install into $(VENV) did not finish; run make again (it continues from what is there)" >&2; \
-	    exit 1; }
+	  $(UNFINISHED)
 	@printf '%s\n' '$(VENV_HASH)' > $(VENV_STAMP).tmp && mv $(VENV_STAMP).tmp $(VENV_STAMP)
 
 $(DEV_STAMP): $(VENV_STAMP)
 	@echo "amprepro: installing the developer tools into $(VENV) (requirements-dev.txt)"
 	@$(BIN)/python -m pip install --quiet --no-compile -r requirements-dev.txt || \
-	  { echo "amprepro: the install into $(VENV) did not finish; run make again (it continues from what is there)" >&2; \
-	    exit 1; }
+	  $(UNFINISHED)
 	@printf '%s\n' '$(DEV_HASH)' > $(DEV_STAMP).tmp && mv $(DEV_STAMP).tmp $(DEV_STAMP)
 
 venv: $(DEV_STAMP)
