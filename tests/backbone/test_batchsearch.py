@@ -8,7 +8,7 @@ import pytest
 from amprepro import config as cfg
 from amprepro import memory
 from amprepro.cellspec import CellSpec
-from amprepro.report import claimmetrics, reporthtml, summary
+from amprepro.report import claimmetrics, claims, reporthtml, summary
 from amprepro.train import batchsearch
 
 
@@ -36,6 +36,36 @@ def test_the_answer_is_the_largest_batch_on_the_grid_that_fits(limit, guess):
 def test_a_good_guess_takes_two_tries_and_a_bad_one_stays_logarithmic():
     assert len(batchsearch.search(card(1000), 256, 8, 1000, 60).tries) == 2
     assert len(batchsearch.search(card(1000), 256, 8, 2040, 60).tries) <= 16
+
+
+def test_after_a_fitting_guess_the_batch_expected_to_fail_brackets_the_answer():
+    calls = []
+    s = batchsearch.search(card(1003, calls), 256, 8, guess=960, seconds=60, over=1040)
+    assert calls[:2] == [960, 1040] and (s.largest, s.bound) == (1000, "exact")
+    calls = []
+    batchsearch.search(card(1100, calls), 256, 8, guess=960, seconds=60, over=1040)  # the model was low: walk on
+    assert calls[:3] == [960, 1040, 1056]
+    calls = []
+    batchsearch.search(card(900, calls), 256, 8, guess=960, seconds=60, over=1040)  # the guess failed: over unused
+    assert 1040 not in calls
+
+
+def test_a_search_its_time_cuts_short_keeps_the_batch_that_failed(monkeypatch):
+    clock = iter(range(0, 10_000, 5))  # every try takes 5 s
+    monkeypatch.setattr(batchsearch.time, "perf_counter", lambda: next(clock))
+    s = batchsearch.search(card(1003), 256, 8, guess=960, seconds=12, over=1040)
+    assert (s.bound, s.largest, s.smallest_failing) == ("at_least", 960, 1040)
+
+
+def test_the_batch_expected_to_fail_is_just_over_the_headroom():
+    c = {"arch": "vit_b_16", "data": "synthetic_images", "batch_size": 128, "image_size": 224}
+    at = lambda b: memory.estimate(c, "fp32", "adamw", batch=b).total  # noqa: E731
+    budget = at(400)
+    guess, _ = batchsearch.guess_batch(c, "fp32", "adamw", 128, at(128), budget, 1024)
+    over = batchsearch.over_batch(c, "fp32", "adamw", 128, at(128), budget, 1024)
+    assert over % 8 == 0 and over > guess and at(over - 8) <= batchsearch.OVER_MARGIN * budget < at(over)
+    assert memory.HEADROOM < batchsearch.OVER_MARGIN
+    assert batchsearch.over_batch(c, "fp32", "adamw", 128, at(128), 10**15, 1024) is None  # all fits to the cap
 
 
 def test_a_batch_that_is_no_multiple_of_8_searches_every_batch():
@@ -104,26 +134,57 @@ def test_the_config_names_models_of_the_run_on_one_gpu():
         cfg.validate({**runs(models=["a"]), "largest_batch": {"up_to": 1}}, "runs", "runs")
 
 
-def row(precision, largest, bound, model="vit_b_16"):
+def row(precision, largest, bound, model="vit_b_16", failing=None):
     return {"model": model, "precision": precision, "seed": 0, "status": "ok", "largest_batch": largest,
-            "largest_batch_bound": bound}
+            "largest_batch_bound": bound, "largest_batch_failing": failing, "largest_batch_grid": 8}
 
 
-def test_the_claim_metric_needs_an_exact_baseline():
-    exact = row("fp32", 200, "exact")
+def test_the_claim_metric_is_the_interval_the_two_searches_leave():
+    exact, inf = row("fp32", 200, "exact"), float("inf")
+    assert claimmetrics.metric_bounds("batch_ratio", row("apex_o1", 300, "exact"), exact) == (1.5, 1.5, "")
     assert claimmetrics.metric_value("batch_ratio", row("apex_o1", 300, "exact"), exact) == (1.5, "")
-    assert claimmetrics.metric_value("batch_ratio", row("apex_o1", 400, "capped"), exact)[0] == 2.0
-    for variant, baseline, said in [(row("apex_o1", 300, "exact"), row("fp32", 200, "at_least"), "not known"),
-                                    (row("apex_o1", 300, "at_least"), row("fp32", 200, "exact"), "time ran out"),
+    assert claimmetrics.metric_bounds("batch_ratio", row("apex_o1", 400, "capped"), exact)[:2] == (2.0, inf)
+    # FP32's search cut short by its time after a batch failed: its largest is 200..(248 - 8), so the ratio 300 / 240
+    # to 300 / 200
+    cut = row("fp32", 200, "at_least", failing=248)
+    assert claimmetrics.metric_bounds("batch_ratio", row("apex_o1", 300, "exact"), cut)[:2] == (1.25, 1.5)
+    assert claimmetrics.metric_bounds("batch_ratio", row("apex_o1", 300, "at_least"), cut)[:2] == (1.25, inf)
+    value, why = claimmetrics.metric_value("batch_ratio", row("apex_o1", 300, "exact"), cut)
+    assert value is None and "interval" in why  # no single value: metric_bounds has the interval
+    for variant, baseline, said in [(row("apex_o1", 300, "at_least"), row("fp32", 200, "at_least"), "no ratio"),
                                     (row("apex_o1", None, None), row("fp32", 200, "exact"), "no largest-batch search")]:
-        value, why = claimmetrics.metric_value("batch_ratio", variant, baseline)
-        assert value is None and said in why
+        low, high, why = claimmetrics.metric_bounds("batch_ratio", variant, baseline)
+        assert low is None and high is None and said in why
+    # an unbounded baseline still bounds the ratio from above
+    assert claimmetrics.metric_bounds("batch_ratio", row("apex_o1", 300, "exact"), row("fp32", 300, "at_least"))[:2] \
+        == (0.0, 1.0)
     assert claimmetrics.fmt_value("batch_ratio", 1.5) == "1.50× the batch"
 
 
-def record(precision, largest, bound="exact", status="ok"):
+CLAIM = {"id": "bigger", "metric": "batch_ratio", "variant": "apex_o1", "claimed": {"at_least": 1.1}, "tolerance": 0.0}
+
+
+@pytest.mark.parametrize("low, high, decided", [(1.2, 1.2, 1.2), (1.2, float("inf"), 1.2), (1.25, 1.5, 1.25),
+                                                (0.5, 1.0, 1.0), (1.0, 1.3, None), (0.0, float("inf"), None)])
+def test_an_interval_gets_a_verdict_only_where_both_ends_agree(low, high, decided):
+    assert claimmetrics.decided_value(CLAIM, low, high) == decided
+
+
+def test_the_claim_holds_on_a_ratio_bounded_from_below_and_says_so():
+    cells = {("vit_b_16", "apex_o1", 0): row("apex_o1", 936, "at_least"),
+             ("vit_b_16", "fp32", 0): row("fp32", 616, "at_least", failing=640)}
+    out = claims.evaluate_model(CLAIM, cells, "vit_b_16", "fp32")
+    assert out["verdict"] == "holds" and out["values"] == {0: 936 / 632}
+    assert "1.48× the batch" in out["measured_text"] and "bounded: 1.48× the batch to unbounded" in out["measured_text"]
+    cells[("vit_b_16", "apex_o1", 0)] = row("apex_o1", 680, "exact")
+    out = claims.evaluate_model(CLAIM, cells, "vit_b_16", "fp32")  # 680 / 632 .. 680 / 616 straddles 1.1
+    assert out["verdict"] == "not_measurable" and "straddles" in out["reason"] and "1.08× the batch" in out["reason"]
+
+
+def record(precision, largest, bound="exact", status="ok", failing=None):
     return {"model": "vit_b_16", "precision": precision, "seed": 0, "status": status, "largest_batch": largest,
-            "bound": bound, "why": f"fits at {largest}", "planned_batch": 128, "tries": [{}, {}], "trial_seconds": 1.5,
+            "bound": bound, "smallest_failing_batch": failing, "grid_step": 8, "why": f"fits at {largest}",
+            "planned_batch": 128, "tries": [{}, {}], "trial_seconds": 1.5,
             "reason": "its cell did not run"}
 
 
@@ -138,6 +199,11 @@ def test_the_summary_puts_each_answer_on_its_cell_and_the_report_shows_the_ratio
     html = reporthtml.largest_batch_section({"largest_batch": found})
     assert "Largest batch per precision" in html and "1.60×" in html and "≥ 5.12×" in html
     assert "not searched: its cell did not run" in html
+    cut = [record("fp32", 616, "at_least", failing=640), record("apex_o1", 936, "at_least"),
+           record("amp_bf16", 700)]
+    assert summary.add_largest_batch([row("fp32", None, None)], cut)[0]["largest_batch_failing"] == 640
+    html = reporthtml.largest_batch_section({"largest_batch": summary.largest_batch({"models": ["vit_b_16"]}, cut)})
+    assert "≥ 1.48×" in html and "1.11× to 1.14×" in html
     none = summary.largest_batch({"models": ["vit_b_16"], "note": "this run has no GPU"}, [])
     assert "nothing to show on this run: this run has no GPU" in reporthtml.largest_batch_section(
         {"largest_batch": none})

@@ -35,24 +35,72 @@ def metric_value(metric: str, variant: dict, baseline: dict) -> tuple[float | No
             return None, f"no eval accuracy: {variant['model']} trains on synthetic tensors here (throughput only)"
         return v - b, ""
     if metric == "batch_ratio":
-        return batch_ratio(variant, baseline)
+        low, high, why = batch_ratio(variant, baseline)
+        return (low, why) if low == high else (None, why or "the searches leave an interval: metric_bounds")
     raise ValueError(f"unknown metric {metric}")
 
 
-def batch_ratio(variant: dict, baseline: dict) -> tuple[float | None, str]:
-    """Largest batch (amprepro.train.batchsearch) of the variant over the baseline's. The baseline's must be exact;
-    the variant's may be capped (it fits at the search's cap: the ratio is then a lower bound)."""
-    v, b = variant.get("largest_batch"), baseline.get("largest_batch")
-    if not v or not b:
-        return None, (f"no largest-batch search for {variant['model']} here (runs.largest_batch.models; it runs on "
-                      "a GPU, after the cells)")
-    if baseline.get("largest_batch_bound") != "exact":
-        return None, (f"the {baseline['precision']} search ended {baseline.get('largest_batch_bound')} at {b}: its "
-                      "largest batch is not known, so no ratio")
-    if variant.get("largest_batch_bound") not in ("exact", "capped"):
-        return None, (f"the {variant['precision']} search ended {variant.get('largest_batch_bound')} at {v} (its "
-                      "time ran out): no ratio")
-    return v / b, ""
+def largest_batch_bounds(row: dict) -> tuple[int | None, float | None]:
+    """Where the true largest batch on the search's grid lies, [low, high] (amprepro.train.batchsearch): exact, one
+    batch; capped (fits at the search's cap), at least the cap; at_least (the time ran out), from the largest that
+    fitted up to one grid step under the smallest that failed, or unbounded where none failed."""
+    largest, bound = row.get("largest_batch"), row.get("largest_batch_bound")
+    if not largest:
+        return None, None
+    if bound == "exact":
+        return largest, largest
+    failing = row.get("largest_batch_failing")
+    if bound == "at_least" and failing:
+        return largest, failing - (row.get("largest_batch_grid") or 1)
+    return largest, float("inf")
+
+
+def batch_ratio(variant: dict, baseline: dict) -> tuple[float | None, float | None, str]:
+    """(low, high, why-not): the variant's largest batch over the baseline's, as the interval their searches leave
+    (largest_batch_bounds): the variant's lowest over the baseline's highest, up to the other way round. A search
+    cut short by its time still bounds the ratio where the baseline's found a batch that fails."""
+    (v_low, v_high), (b_low, b_high) = largest_batch_bounds(variant), largest_batch_bounds(baseline)
+    if not v_low or not b_low:
+        return None, None, (f"no largest-batch search for {variant['model']} here (runs.largest_batch.models; it "
+                            "runs on a GPU, after the cells)")
+    return v_low / b_high, v_high / b_low, ""
+
+
+def search_text(row: dict) -> str:
+    """'fp32: at least 616, fails at 640' for a reason that says why a ratio is undecided."""
+    low, high = largest_batch_bounds(row)
+    if low == high:
+        return f"{row['precision']}: {low}"
+    failing = row.get("largest_batch_failing")
+    return (f"{row['precision']}: {row.get('largest_batch_bound')} at {low}"
+            + (f", fails at {failing}" if failing else ", nothing larger tried"))
+
+
+def metric_bounds(metric: str, variant: dict, baseline: dict) -> tuple[float | None, float | None, str]:
+    """(low, high, why-not) for one seed's pair of cells: a point (low == high) for every metric but batch_ratio,
+    whose searches may leave an interval."""
+    if metric == "batch_ratio":
+        low, high, why = batch_ratio(variant, baseline)
+        if low is not None and low != high and high == float("inf") and low == 0:
+            why = (f"neither search bounds the ratio ({search_text(variant)}; {search_text(baseline)}): the "
+                   f"{baseline['precision']} search found no batch that fails, so no ratio")
+            return None, None, why
+        return low, high, why
+    value, why = metric_value(metric, variant, baseline)
+    return value, value, why
+
+
+def decided_value(claim: dict, low: float, high: float) -> float | None:
+    """The value that stands for [low, high] when every value in it gets one verdict (the band is an interval, so
+    both ends agreeing is enough): the end nearer the band, so a positive verdict is the least favourable reading and
+    a falls_short the most favourable one. None where the ends' verdicts differ."""
+    if low == high:
+        return low
+    v_low, v_high = verdict_for(claim, low), verdict_for(claim, high)
+    if v_low != v_high:
+        return None
+    lower_is_nearer = (v_low == "falls_short") != HIGHER_IS_BETTER[claim["metric"]]
+    return low if lower_is_nearer else high
 
 
 def fmt_value(metric: str, value: float | None) -> str:
@@ -65,7 +113,7 @@ def fmt_value(metric: str, value: float | None) -> str:
     if metric == "accuracy_delta":
         return f"{value * 100:+.2f} pp".replace("-", "−")
     if metric == "batch_ratio":
-        return f"{value:.2f}× the batch"
+        return "unbounded" if value == float("inf") else f"{value:.2f}× the batch"
     return f"{value:.3g}"
 
 

@@ -27,7 +27,15 @@ from pathlib import Path
 
 from amprepro.report import regimes as regimes_mod
 from amprepro.report.claimfile import load_claims
-from amprepro.report.claimmetrics import band_side, claimed_text, fmt_value, metric_value, verdict_for
+from amprepro.report.claimmetrics import (
+    band_side,
+    claimed_text,
+    decided_value,
+    fmt_range,
+    fmt_value,
+    metric_bounds,
+    verdict_for,
+)
 from amprepro.train.precisions import label as precision_label
 
 VERDICT_TEXT = {"holds": "holds", "exceeds": "exceeds the claim", "falls_short": "falls short",
@@ -133,11 +141,17 @@ def evaluate_model(claim: dict, cells: dict, model: str, baseline: str) -> dict:
     for seed in seeds:
         v, b = var.get(seed), base.get(seed)
         if v and b and v["status"] == "ok" and b["status"] == "ok":
-            value, why_not = metric_value(metric, v, b)
+            low, high, why_not = metric_bounds(metric, v, b)
+            value = None if low is None else decided_value(claim, low, high)
+            if low is not None and value is None:
+                why_not = (f"between {fmt_range(metric, low, high)} (seed {seed}), which straddles the claim's "
+                           f"{claimed_text(claim)}: the searches did not narrow it enough")
             if value is None:
                 why = why or why_not
             else:
                 out["values"][seed] = value
+                if low != high:
+                    out.setdefault("bounds", {})[seed] = [low, high]
     if not out["values"]:
         out["reason"] = why or f"no seed where both {model}/{variant} and {model}/{baseline} ran"
         return out
@@ -146,7 +160,8 @@ def evaluate_model(claim: dict, cells: dict, model: str, baseline: str) -> dict:
     out["verdict"] = verdict_for(claim, stats["median"])
     out["borderline"] = len({verdict_for(claim, stats[k]) for k in ("min", "median", "max")}) > 1
     out["setting"] = setting_text(var_rows[0])
-    out["measured_text"] = measured_text(metric, stats) + (f" [{out['setting']}]" if out["setting"] else "")
+    out["measured_text"] = (measured_text(metric, stats) + bounds_text(metric, out.get("bounds"))
+                            + (f" [{out['setting']}]" if out["setting"] else ""))
     out["reason"] = (f"{model}: {out['measured_text']}"
                      + ("" if out["verdict"] == "holds" else f", {band_side(claim, stats['median'])}")
                      + (" (the spread straddles the band edge)" if out["borderline"] else ""))
@@ -163,6 +178,14 @@ def setting_text(row: dict) -> str:
     if batch is not None and preset is not None and batch != preset:
         return f"at batch {batch}: {note}"
     return ""
+
+
+def bounds_text(metric: str, bounds: dict | None) -> str:
+    """' (bounded: 1.41× to unbounded)' where a seed's value stands for an interval its searches left
+    (claimmetrics.decided_value)."""
+    if not bounds:
+        return ""
+    return " (bounded: " + "; ".join(f"{fmt_range(metric, low, high)}" for low, high in bounds.values()) + ")"
 
 
 def measured_text(metric: str, stats: dict) -> str:

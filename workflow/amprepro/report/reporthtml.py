@@ -15,8 +15,8 @@ from pathlib import Path
 import jinja2
 import pandas as pd
 
+from amprepro.report import claimmetrics, reportcharts
 from amprepro.report import claims as claims_mod
-from amprepro.report import reportcharts
 from amprepro.report.cellcompare import METRIC_LABEL
 from amprepro.report.reportcharts import breakdown_chart, png_bytes
 from amprepro.report.reportlib import (
@@ -307,14 +307,11 @@ def largest_batch_section(summary: dict) -> str:
     for model in dict.fromkeys(r["model"] for r in records):
         mine = {r["precision"]: r for r in records if r["model"] == model}
         fp32 = mine.get("fp32")
-        exact = fp32 is not None and fp32["bound"] == "exact"
         for name in precisions.names():
             r = mine.get(name)
             if r is None:
                 continue
-            ratio = f"{r['largest_batch'] / fp32['largest_batch']:.2f}×" if exact else "—"
-            if exact and r["bound"] == "capped":
-                ratio = "≥ " + ratio
+            ratio = ratio_text(r, fp32) if fp32 else "—"
             rows.append({"Model": model, "Precision": precisions.get(name).label, "Planned batch": r["planned_batch"],
                          "Largest batch": r["largest_batch"], "vs strict FP32": ratio, "How it ended": r["why"],
                          "Tries": len(r["tries"]), "Trial seconds": f"{r['trial_seconds']:.1f}"})
@@ -327,11 +324,29 @@ def largest_batch_section(summary: dict) -> str:
                         intro=LARGEST_BATCH_INTRO if rows else "")
 
 
+def _as_row(record: dict) -> dict:
+    return {"model": record["model"], "precision": record["precision"], "largest_batch": record["largest_batch"],
+            "largest_batch_bound": record["bound"], "largest_batch_failing": record.get("smallest_failing_batch"),
+            "largest_batch_grid": record.get("grid_step")}
+
+
+def ratio_text(record: dict, fp32: dict) -> str:
+    """A precision's largest batch over strict FP32's: '1.60×', or the interval two searches cut short leave
+    ('1.41× to 1.63×', '≥ 1.41×'), or '—' where they leave it unbounded."""
+    low, high, _ = claimmetrics.batch_ratio(_as_row(record), _as_row(fp32))
+    if low is None or (low == 0 and high == float("inf")):
+        return "—"
+    if low == high:
+        return f"{low:.2f}×"
+    return f"≥ {low:.2f}×" if high == float("inf") else f"{low:.2f}× to {high:.2f}×"
+
+
 LARGEST_BATCH_INTRO = (
     "\"With AMP you can use a bigger batch\": for each model of runs.largest_batch, the largest batch each precision "
     "fits on this card (under gpu_memory_limit_gib where set), found with two training steps per try on the planned "
     "batch's grid, up to a cap, within a time budget. \"exact\": the next batch on the grid did not fit; \"capped\": "
-    "it fits at the cap, so the ratio is a lower bound; \"at_least\": the time ran out first (no ratio).")
+    "it fits at the cap, so the ratio is a lower bound; \"at_least\": the time ran out first, and the ratio is the "
+    "interval the two searches leave (from the largest batch that fitted to one step under the smallest that failed).")
 
 
 def sanity_html(sanity: dict) -> str:

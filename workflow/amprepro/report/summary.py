@@ -20,7 +20,7 @@ COLUMNS = [
     "epoch_hours_derived", "mem_weights_bytes", "mem_gradients_bytes", "mem_optimizer_state_bytes",
     "mem_master_weights_bytes", "mem_activations_bytes", "mem_estimate_total_bytes",
     "batch_size", "preset_batch_size", "shape", "shape_name", "parameters", "plan_note", "heldout_loss_final",
-    "largest_batch", "largest_batch_bound",
+    "largest_batch", "largest_batch_bound", "largest_batch_failing", "largest_batch_grid",
     *fp8.COLUMNS,  # against the precision's own baseline (FP8 against compiled bf16): amprepro.report.fp8
 ]
 # Flat columns from metrics.json's nested memory records: (column, record, key).
@@ -109,6 +109,8 @@ def add_largest_batch(rows: list[dict], records: list[dict]) -> list[dict]:
         record = found.get((row["model"], row["precision"], row["seed"]))
         row["largest_batch"] = record and record["largest_batch"]
         row["largest_batch_bound"] = record and record["bound"]
+        row["largest_batch_failing"] = record and record.get("smallest_failing_batch")
+        row["largest_batch_grid"] = record and record.get("grid_step")
     return rows
 
 

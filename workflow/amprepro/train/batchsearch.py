@@ -13,8 +13,10 @@ everything it held is freed before the next try.
 
 The search (search()) is bounded: batches on the planned batch's grid (multiples of 8 where it is one), at most
 `up_to` times the planned batch, and at most `seconds` of trial steps. It starts from a guess (the memory model's
-estimate scaled to this cell's measured peak at the planned batch), walks from it in steps of 1, 2, 4 ... grid steps
-until a try goes the other way, then bisects.
+estimate scaled to this cell's measured peak at the planned batch), then, if that fits, tries the batch the model
+expects just not to fit, so that two tries usually bracket the answer; it walks on in steps of 1, 2, 4 ... grid steps
+while every try went one way, then bisects. A search its time cuts short still leaves an interval (the largest batch
+that fitted, the smallest that failed), which bounds the ratios the report and the claim compute.
 Its answer says how it ended: exact (the next batch on the grid did not fit), capped (fits at up_to times the planned
 batch; the true largest may be higher) or at_least (the time ran out first). Every try is recorded: batch, fits or
 not, allocator peak, seconds.
@@ -41,6 +43,11 @@ GUESS_MARGIN = 0.93
 # ran out of memory at a fresh cell's second step, with their allocated peak under HEADROOM and 222-316 MiB reserved
 # but unallocated: fragmentation, which one step does not show.
 STEPS_PER_TRY = 2
+# The try after a fitting guess aims just over this share of the budget (a little above HEADROOM, where a try stops
+# fitting), so that the guess and it bracket the answer in two tries; a strict-FP32 search, the slowest, then has a
+# batch that fails even when its time runs out before the bisection, and the ratios it is the denominator of are
+# bounded (amprepro.report.claimmetrics.batch_ratio).
+OVER_MARGIN = 0.97
 
 
 @dataclass
@@ -71,15 +78,18 @@ def snap(batch: int, step: int) -> int:
     return max(step, batch // step * step)
 
 
-def next_batch(s: Search, guess: int) -> int:
-    """The next batch to try, strictly between what fits and what does not (or up to the cap): the guess first; then,
-    while every try went one way, steps of 1, 2, 4 ... grid steps from the last one in that direction; once a fit and
-    a failure bracket the answer, bisection."""
+def next_batch(s: Search, guess: int, over: int | None = None) -> int:
+    """The next batch to try, strictly between what fits and what does not (or up to the cap): the guess first; if it
+    fits, the batch the memory model expects not to fit (over), so that two tries bracket the answer; then, while every
+    try went one way, steps of 1, 2, 4 ... grid steps from the last one in that direction; once a fit and a failure
+    bracket the answer, bisection."""
     high = s.up_to if s.smallest_failing is None else s.smallest_failing - s.step
     outcomes = {t["fits"] for t in s.tries}
     stride = s.step * 2 ** (len(s.tries) - 1)
     if not s.tries:
         wanted = guess
+    elif outcomes == {True} and len(s.tries) == 1 and over is not None and over > s.largest:
+        wanted = over
     elif outcomes == {True}:
         wanted = s.largest + stride
     elif outcomes == {False}:
@@ -89,9 +99,10 @@ def next_batch(s: Search, guess: int) -> int:
     return min(high, max(s.largest + s.step, snap(wanted, s.step)))
 
 
-def search(trial, planned: int, up_to_factor: int, guess: int, seconds: float, most: int | None = None) -> Search:
+def search(trial, planned: int, up_to_factor: int, guess: int, seconds: float, most: int | None = None,
+           over: int | None = None) -> Search:
     """trial(batch) -> (fits, peak_bytes, note). planned: a batch known to fit; most: the largest batch the data can
-    supply (digits' training split), if any."""
+    supply (digits' training split), if any; over: the batch to try after a fitting guess, expected not to fit."""
     step = grid_step(planned)
     up_to = planned * up_to_factor if most is None else max(planned, min(planned * up_to_factor, most))
     s = Search(planned=planned, up_to=snap(up_to, step), step=step, largest=planned)
@@ -104,7 +115,7 @@ def search(trial, planned: int, up_to_factor: int, guess: int, seconds: float, m
         if s.smallest_failing is not None and s.smallest_failing - s.largest <= s.step:
             s.bound, s.why = "exact", f"fits at {s.largest}, not at {s.smallest_failing}"
             return s
-        batch = next_batch(s, guess)
+        batch = next_batch(s, guess, over)
         if s.tries and spent + per_item * batch > seconds:  # the first try always runs
             s.bound = "at_least"
             s.why = (f"fits at {s.largest}; the search's {seconds:g} s of trial steps were spent before it tried "
@@ -123,24 +134,46 @@ def search(trial, planned: int, up_to_factor: int, guess: int, seconds: float, m
             s.smallest_failing = batch
 
 
+def _largest_under(model_config: dict, precision: str, optimizer: str, planned: int, scale: float, limit: float,
+                   up_to: int) -> int:
+    """The largest batch on the planned batch's grid, from it up to up_to, whose scaled estimate is at most limit."""
+    from amprepro import memory
+
+    step = grid_step(planned)
+    lo, hi = planned, snap(up_to, step)
+    while hi > lo:  # the estimate grows with the batch: bisect on the grid
+        mid = snap((lo + hi + step) // 2, step)
+        if memory.estimate(model_config, precision, optimizer, batch=mid).total * scale <= limit:
+            lo = mid
+        else:
+            hi = mid - step
+    return lo
+
+
 def guess_batch(model_config: dict, precision: str, optimizer: str, planned: int, measured_peak: int | None,
                 budget: int, up_to: int) -> tuple[int, str]:
     """The largest batch on the grid whose estimate, scaled by this cell's measured/estimated peak at the planned
     batch, stays under GUESS_MARGIN of the budget."""
+    scale = _scale(model_config, precision, optimizer, planned, measured_peak)
+    guess = _largest_under(model_config, precision, optimizer, planned, scale, GUESS_MARGIN * budget, up_to)
+    return guess, f"the memory model scaled by {scale:.2f} (measured/estimated peak at {planned})"
+
+
+def over_batch(model_config: dict, precision: str, optimizer: str, planned: int, measured_peak: int | None,
+               budget: int, up_to: int) -> int | None:
+    """The smallest batch on the grid whose scaled estimate is over OVER_MARGIN of the budget: the try after a fitting
+    guess, which the model expects to fail (None where even the search's cap is under it)."""
+    scale = _scale(model_config, precision, optimizer, planned, measured_peak)
+    under = _largest_under(model_config, precision, optimizer, planned, scale, OVER_MARGIN * budget, up_to)
+    return None if under >= snap(up_to, grid_step(planned)) else under + grid_step(planned)
+
+
+def _scale(model_config: dict, precision: str, optimizer: str, planned: int, measured_peak: int | None) -> float:
     from amprepro import memory
 
-    step = grid_step(planned)
-    scale = 1.0
-    if measured_peak:
-        scale = measured_peak / memory.estimate(model_config, precision, optimizer, batch=planned).total
-    lo, hi = planned, snap(up_to, step)
-    while hi > lo:  # the estimate grows with the batch: bisect on the grid
-        mid = snap((lo + hi + step) // 2, step)
-        if memory.estimate(model_config, precision, optimizer, batch=mid).total * scale <= GUESS_MARGIN * budget:
-            lo = mid
-        else:
-            hi = mid - step
-    return lo, f"the memory model scaled by {scale:.2f} (measured/estimated peak at {planned})"
+    if not measured_peak:
+        return 1.0
+    return measured_peak / memory.estimate(model_config, precision, optimizer, batch=planned).total
 
 
 def not_searched(spec: CellSpec, reason: str, **extra) -> dict:
@@ -215,13 +248,15 @@ def run(spec: CellSpec, cell: dict, plan: dict | None, apex: dict, up_to: int, s
         return {**base, **not_searched(spec, f"out of memory at the planned batch {planned} in the search's process "
                                              f"({note})")}
     most = data.largest_batch(model_config["data"])
-    guess, how = guess_batch(model_config, spec.precision, spec.optimizer, planned,
-                             cell.get("peak_allocated_bytes") or warm_peak, budget,
-                             planned * up_to if most is None else min(planned * up_to, most))
-    result = search(trial, planned, up_to, guess, seconds, most=most)
+    known = (model_config, spec.precision, spec.optimizer, planned, cell.get("peak_allocated_bytes") or warm_peak,
+             budget, planned * up_to if most is None else min(planned * up_to, most))
+    guess, how = guess_batch(*known)
+    over = over_batch(*known)
+    result = search(trial, planned, up_to, guess, seconds, most=most, over=over)
     for t in result.tries:
         t["data_seconds"] = data_seconds.get(t["batch"])
-    return {**base, "status": "ok", "guess_batch": guess, "guess_how": how, "seconds_allowed": seconds,
+    return {**base, "status": "ok", "guess_batch": guess, "guess_how": how, "over_batch": over,
+            "seconds_allowed": seconds,
             "warm_seconds": round(warm_seconds, 3), **result.as_record()}
 
 
