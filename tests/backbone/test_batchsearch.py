@@ -236,3 +236,18 @@ def test_a_baselines_search_gets_two_shares_of_the_runs_seconds():
     shares = sum(cfg.largest_batch_seconds(searches, 90, s["precision"]) for s in searches)
     assert abs(shares - 90) < 0.05  # the run's seconds, shared out, no more
     assert cfg.largest_batch_seconds([{"model": "a", "precision": "amp_bf16"}], 90, "amp_bf16") == 90
+
+
+def test_a_try_starts_without_optimizer_state_and_its_first_step_builds_it():
+    import torch
+
+    weight = torch.nn.Parameter(torch.ones(3))
+    optimizer = torch.optim.AdamW([weight], lr=0.1)
+    weight.grad = torch.ones(3)
+    optimizer.step()
+    assert set(optimizer.state[weight]) >= {"exp_avg", "exp_avg_sq"}
+    batchsearch.forget_optimizer_state(optimizer)
+    assert len(optimizer.state) == 0
+    weight.grad = torch.ones(3)
+    optimizer.step()  # AdamW builds a missing state at its next step, as at a fresh cell's first
+    assert float(optimizer.state[weight]["step"]) == 1.0

@@ -4,9 +4,10 @@
         --up-to 8 --seconds S --out results/largest_batch/<model>/<precision>.json
 
 One process per precision (apex O1 patches torch for the whole process). It builds the model, optimizer and precision
-exactly as the cell does (amprepro.train.train), tries the planned batch first (the cell ran there: it fits, and the
-optimizer state is then alive, as in every later step), then tries larger batches, STEPS_PER_TRY training steps each,
-under the same allocator cap as the cells (gpu_memory_limit_gib). A batch fits when its steps finish with their
+exactly as the cell does (amprepro.train.train), tries the planned batch first (one step: the cell ran there), then
+tries larger batches, STEPS_PER_TRY training steps each, under the same allocator cap as the cells
+(gpu_memory_limit_gib). Every try starts as a fresh cell's steps do: no gradients, no optimizer state (its first step
+allocates them), the cache emptied. A batch fits when its steps finish with their
 allocator peak at most amprepro.memory.HEADROOM of the budget (a margin for what a cell's later steps need beyond the
 try's); an allocation failure (CUDA OOM, cuBLAS/cuDNN ALLOC_FAILED) or a peak above that means it does not, and
 everything it held is freed before the next try.
@@ -41,8 +42,19 @@ GUESS_MARGIN = 0.93
 # Training steps per try: the second one meets what the first left in the allocator's cache. On the H200 under a
 # 3 GiB cap (tests/gpu/test_batchsearch_gpu.py, 2026-12-01) the answers of one-step tries (ViT-B/16 FP32 14, bf16 24)
 # ran out of memory at a fresh cell's second step, with their allocated peak under HEADROOM and 222-316 MiB reserved
-# but unallocated: fragmentation, which one step does not show.
+# but unallocated: fragmentation, which one step does not show. With two steps (2026-12-02) they still did, because
+# the optimizer state came from the warm try: hence forget_optimizer_state (not yet run on a GPU).
 STEPS_PER_TRY = 2
+
+
+def forget_optimizer_state(optimizer) -> None:
+    """Drop the optimizer's per-parameter state (AdamW's moments), so that a try's first step allocates it after its
+    activations are freed, as a fresh cell's first step does. The GPU test at a 3 GiB cap (2026-12-02) had answers
+    whose two-step tries fitted, with the state allocated once by the warm try, then ran out of memory at a fresh
+    cell's second step (2.65 GiB allocated, 264-316 MiB reserved but unallocated): a state allocated into the holes
+    the first step's activations left fragments the cache differently. torch's and apex's Adam(W) build a missing
+    state at their next step."""
+    optimizer.state.clear()
 # The try after a fitting guess aims just over this share of the budget (a little above HEADROOM, where a try stops
 # fitting), so that the guess and it bracket the answer in two tries; a strict-FP32 search, the slowest, then has a
 # batch that fails even when its time runs out before the bisection, and the ratios it is the denominator of are
@@ -210,6 +222,8 @@ def run(spec: CellSpec, cell: dict, plan: dict | None, apex: dict, up_to: int, s
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
         note = ""
+        forget_optimizer_state(trainer.optimizer)  # as in a fresh cell, its first step allocates it
+        torch.cuda.empty_cache()
         started = time.perf_counter()
         try:
             x, y = train.make_data({**model_config, "batch_size": batch}, spec.seed, device, model,
