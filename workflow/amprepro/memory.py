@@ -89,7 +89,7 @@ file says so (tools/gpu/regimes_run.sh writes one).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from amprepro.train import precisions
 
@@ -206,6 +206,11 @@ class Estimate:
     optimizer_temporaries: int
     total: int
     peak_moment: str
+    # The model states as a measured peak is split (measure.Breakdown counts them at the optimizer step: weights,
+    # gradients, optimizer_state, master_weights); the rest of the peak is activations and workspace. The fields above
+    # differ where sharded: they include one unit's unsharded gradient (gradients) and two units' gathered weights
+    # (weights), transient buffers the optimizer step no longer holds, so a split by them can leave a negative rest.
+    at_step: dict = field(default_factory=dict, compare=False)
 
     def as_record(self) -> dict:
         return {f"{k}_bytes": getattr(self, k) for k in ("weights", "gradients", "optimizer_state",
@@ -580,7 +585,8 @@ def estimate(model_config: dict, precision: str, optimizer: str, batch: int | No
     return Estimate(weights=w + gathered, gradients=g + unit_grad, optimizer_state=o, master_weights=m,
                     cast_cache=cast, activations=activations, workspace=WORKSPACE_BYTES,
                     optimizer_temporaries=temporaries, total=moments[peak_moment] + WORKSPACE_BYTES,
-                    peak_moment=peak_moment)
+                    peak_moment=peak_moment,
+                    at_step={"weights": w, "gradients": g, "optimizer_state": o, "master_weights": m})
 
 
 def llama_estimate(shape: str, precision: str, batch: int = 1, seq_len: int = 2048, checkpointing: bool = True,

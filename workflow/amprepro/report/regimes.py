@@ -190,10 +190,10 @@ def all_measurements(folder: Path = MEASUREMENTS, aggregate: Path = REFERENCE_AG
 
 
 def predicted_parts(e: memory.Estimate) -> dict:
-    """The estimate split as measure.Breakdown splits a measured peak: the model states, and the rest of the peak."""
-    states = e.weights + e.gradients + e.optimizer_state + e.master_weights
-    return {"weights": e.weights, "gradients": e.gradients, "optimizer_state": e.optimizer_state,
-            "master_weights": e.master_weights, "activations_and_workspace": e.total - states}
+    """The estimate split as measure.Breakdown splits a measured peak: the model states at the optimizer step
+    (memory.Estimate.at_step: sharded, without the transient unsharded unit), and the rest of the peak."""
+    parts = dict(e.at_step)
+    return {**parts, "activations_and_workspace": e.total - sum(parts.values())}
 
 
 def _measured(regime: Regime, measured: dict) -> tuple[dict | None, str]:
