@@ -53,13 +53,11 @@ UNFINISHED = { echo "amprepro: the install into $(VENV) did not finish; run make
 
 # The pinned requirements, then amprepro itself, editable (workflow/amprepro) and --no-deps (the pins stay the source
 # of truth), so the venv's python imports it from any directory. --no-compile: Python compiles what it imports on
-# first use instead of pip compiling every file of every package (torch alone: 2 min 15 s -> 1 min 42 s here). The
-# venv's own pip (Python 3.11's bundled 23.x: editable installs from pyproject.toml need 21.3) is used as it is:
-# upgrading it first cost a newcomer's first make run about 5 s.
-export PIP_DISABLE_PIP_VERSION_CHECK := 1
+# first use instead of pip compiling every file of every package (torch alone: 2 min 15 s -> 1 min 42 s here).
 $(VENV_STAMP):
 	@echo "amprepro: installing the pinned requirements into $(VENV) (a torch there that matches the pin is kept)"
 	@$(PYTHON) -m venv $(VENV) && \
+	  $(BIN)/python -m pip install --quiet --upgrade pip && \
 	  $(BIN)/python -m pip install --quiet --no-compile -r requirements.txt -r profiles/slurm/requirements.txt && \
 	  $(BIN)/python -m pip install --quiet --no-deps -e . || \
 	  $(UNFINISHED)
