@@ -33,7 +33,7 @@ def row(model="m", precision="fp32", seed=0, status="ok", throughput=100.0, loss
             "final_loss": loss if status == "ok" else None, **extra}
 
 
-def write_run(folder: Path, run_id: str, rows: list[dict], machine: str = "machine-a", **stack) -> None:
+def write_run(folder: Path, run_id: str, rows: list[dict], machine: str = "machine-a", specs=None, **stack) -> None:
     """One reference run as `verify promote` leaves it: summary.csv and a provenance.json with its sha256."""
     run = folder / "runs" / run_id
     run.mkdir(parents=True)
@@ -42,16 +42,16 @@ def write_run(folder: Path, run_id: str, rows: list[dict], machine: str = "machi
         writer.writeheader()
         writer.writerows({k: ("" if v is None else v) for k, v in r.items()} for r in rows)
     provenance = {"run_id": run_id, "gpu": GPU_NAME, **STACK, **stack, "created_utc": f"{run_id[:10]}T00:00:00Z",
-                  "machine": {"id": machine, "gpu_count": 1},
+                  "machine": {"id": machine, "gpu_count": 1}, "specs": specs or {},
                   "summary_csv_sha256": hashlib.sha256((run / "summary.csv").read_bytes()).hexdigest()}
     (run / "provenance.json").write_text(json.dumps(provenance))
 
 
-def make_reference(root: Path, *runs: list[dict], tolerances: str = TOLERANCES) -> Path:
+def make_reference(root: Path, *runs: list[dict], tolerances: str = TOLERANCES, specs=None) -> Path:
     """reference/ with one GPU model's runs (one list of rows each) and its aggregate; returns reference/."""
     folder = root / "reference" / "nvidia-h200"
     for index, rows in enumerate(runs):
-        write_run(folder, f"2026-01-0{index + 1}-0000000{index}", rows, machine=f"machine-{index}")
+        write_run(folder, f"2026-01-0{index + 1}-0000000{index}", rows, machine=f"machine-{index}", specs=specs)
     reference.rebuild(folder)
     (root / "reference" / "tolerances.yaml").write_text(tolerances)
     return root / "reference"
@@ -155,6 +155,16 @@ def test_a_reference_whose_cells_are_all_missing_here_compares_nothing(tmp_path,
                                 "not_in_reference": 1, "not_run_here": 2}
     assert result["message"] == (f"a reference exists ({ref / 'nvidia-h200'}) but no cell of this run is comparable "
                                  "with it: nothing was judged, which is not a pass")
+
+
+def test_without_a_reference_nothing_is_judged_and_the_result_says_so(tmp_path, ref):
+    result = check(make_summary(row(), gpu="NVIDIA B200"), ref)
+    del result["tolerances"], result["message"]
+    assert result == {"gpu": "NVIDIA B200", "slug": "nvidia-b200", "reference": None, "cells": [], "failures": [],
+                      "warnings": [], "counts": {}, "differences": [], "stack": {"same": None, "differences": []},
+                      "machine": {"gpu_count": 1, "source": "nvidia-smi lists 1 GPU(s): NVIDIA H200",
+                                  "gpus_seen_by_cells": None, "gpu_memory_limit_gib": None},
+                      "status": "no_reference", "gate": {"result": "WARNING", "exit_code": 0, "gpu_count": 1}}
 
 
 def test_no_reference_for_this_gpu_warns_exits_0_and_says_how_to_add_one(tmp_path, ref, capsys):
@@ -370,7 +380,7 @@ def test_stack_differences_name_each_key_its_kind_and_every_value_the_runs_had()
     summary["versions"].update(torch="2.12", apex_commit="2222222", driver="580.1")
     assert [d["text"] for d in verify.stack_differences(summary, {"gpu_count": 1}, {"runs": runs})] == [
         "apex commit: 2222222 here; 379937e1 (3 runs) in the reference"]
-    nothing = verify.stack_differences({}, {"gpu_count": None}, {"runs": {}})  # no reference run: everything differs
+    nothing = verify.stack_differences({}, {"gpu_count": None}, {})  # no reference run: everything differs
     assert [(d["key"], d["text"]) for d in nothing][-1] == ("gpu_count", "GPU count: None here;  in the reference")
     assert [d["key"] for d in nothing] == ["torch", "cuda", "cudnn", "apex_commit", "driver", "gpu_count"]
 
@@ -380,8 +390,8 @@ def test_cell_specs_reads_each_cells_spec_or_plan_and_skips_what_it_cannot(tmp_p
     write_cell_metrics(runs, "m", "fp32", 0, spec={"batch": 8}, plan={"source": "preset"})
     write_cell_metrics(runs, "m", "amp_bf16", 1, spec={"batch": 4})
     write_cell_metrics(runs, "n", "fp32", 0)
-    (runs / "n" / "fp32" / "seed1").mkdir(parents=True)
-    (runs / "n" / "fp32" / "seed1" / "metrics.json").write_text("{half written")
+    (runs / "a" / "fp32" / "seed1").mkdir(parents=True)  # read first: the cells after it are still read
+    (runs / "a" / "fp32" / "seed1" / "metrics.json").write_text("{half written")
     assert verify.cell_specs(runs) == {"m/fp32/0": {"batch": 8}, "m/amp_bf16/1": {"batch": 4}}
     assert verify.cell_specs(runs, "plan") == {"m/fp32/0": {"source": "preset"}}
     assert verify.cell_specs(tmp_path / "none") == {} and verify.cell_specs(None) == {}
@@ -434,7 +444,8 @@ def test_csv_rows_one_per_check_and_one_for_a_cell_without_checks():
                        {"metric": "c", "here": None, "reference": 1, "allowed": "", "reference_runs": 1, "ok": None,
                         "note": "not recorded here"}]}
     bare = {"model": "n", "precision": "tf32", "seed": 1, "verdict": "not_run_here", "status_here": None,
-            "status_reference": "ok", "note": "in the reference, not in this run's matrix", "checks": []}
+            "status_reference": "ok", "note": "in the reference, not in this run's matrix", "checks": [],
+            "reference_runs": 2}
     base = {"model": "m", "precision": "fp32", "seed": 0, "status_here": "ok", "status_reference": "ok"}
     assert verify.csv_rows({"cells": [cell, bare]}) == [
         {**base, "verdict": "fail", "metric": "a", "here": 1, "reference": 2, "ratio": 0.5, "allowed": "x",
@@ -444,8 +455,9 @@ def test_csv_rows_one_per_check_and_one_for_a_cell_without_checks():
         {**base, "verdict": "not_compared", "metric": "c", "here": None, "reference": 1, "ratio": None, "allowed": "",
          "deviation_pct": None, "reference_runs": 1, "note": "not recorded here"},
         {"model": "n", "precision": "tf32", "seed": 1, "verdict": "not_run_here", "status_here": None,
-         "status_reference": "ok", "reference_runs": None, "note": "in the reference, not in this run's matrix"}]
+         "status_reference": "ok", "reference_runs": 2, "note": "in the reference, not in this run's matrix"}]
     assert verify.csv_rows({}) == []
+    assert verify.csv_rows({"cells": [{**bare, "reference_runs": None}]})[0]["reference_runs"] is None
 
 
 def printed(**result) -> list[str]:
@@ -499,7 +511,140 @@ def test_report_lines_list_the_claims_shortened_and_their_other_regimes():
         "    c in other regimes (predicted unless measured; not a verdict):",
         *(f"      {line}" for line in regime_lines(rows))]
     assert lines[-1] == "      k: fp32 2.0 GiB → amp_bf16 1.0 GiB: halves"
+    spaced = "ab  " * 50  # the text before the cut is kept as it is, up to its last space
+    assert printed(claims=[{**claims[0], "measured_text": spaced}])[3] == f"  a: holds — {'ab  ' * 34}ab  …"
     exact = "x" * 140
     assert printed(claims=[{**claims[0], "measured_text": exact}])[3] == f"  a: holds — {exact}"
     assert printed(claims=[{**claims[0], "measured_text": exact + "y"}])[3] == f"  a: holds — {exact} …"
     assert len(printed(claims=[])) == 2
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# This run's cells: their settings and plans, through verify(), run_verify() and main()
+
+
+SPEC = {"model_config": {"arch": "resnet50", "batch_size": 256}, "train": {"steps": 40}}
+LOWERED = {"model_config": {"arch": "resnet50", "batch_size": 64}, "train": {"steps": 40}}
+
+
+def runs_with(tmp_path: Path, spec: dict, plan: dict | None = None, gpus: int = 1) -> Path:
+    runs = tmp_path / "runs"
+    write_cell_metrics(runs, "m", "fp32", 0, spec=spec, hardware={"gpu_count": gpus},
+                       **({"plan": plan} if plan else {}))
+    return runs
+
+
+def test_the_cells_settings_and_memory_plan_decide_what_is_comparable(tmp_path):
+    ref = make_reference(tmp_path, [row()], specs={"m/fp32/0": SPEC})
+    summary = make_summary(row())
+    planned = runs_with(tmp_path / "planned", LOWERED, {"source": "preset", "why": "64 fits in 11.5 GiB"})
+    cell = check(summary, ref, planned)["cells"][0]
+    assert (cell["verdict"], cell["note"]) == ("not_comparable_here", "not comparable here (planned batch 64, "
+                                                                      "reference 256): 64 fits in 11.5 GiB")
+    changed = runs_with(tmp_path / "changed", LOWERED)
+    cell = check(summary, ref, changed)["cells"][0]
+    assert (cell["verdict"], cell["note"]) == ("not_comparable", "settings differ: model_config.batch_size 256 in the "
+                                                                 "reference, 64 here")
+    assert check(summary, ref, runs_with(tmp_path / "same", SPEC))["cells"][0]["verdict"] == "pass"
+    assert check(summary, ref, None)["cells"][0]["verdict"] == "pass"
+    # the run's own cells, through run_verify and main: their settings are read from --runs-dir
+    path = write_summary(tmp_path, summary)
+    assert verify.run_verify(path, str(ref), str(changed))["status"] == "not_comparable"
+    assert verify.run_verify(path, str(ref), str(changed / "none"))["status"] == "pass"
+    out = tmp_path / "verify.json"
+    assert verify.main(["compare", "--summary", path, "--reference-dir", str(ref), "--runs-dir", str(planned),
+                        "--json", str(out), "--strict"]) == 3
+    assert json.loads(out.read_text())["counts"]["not_comparable_here"] == 1
+
+
+def test_verify_counts_the_gpus_the_cells_saw_when_nvidia_smi_lists_none(tmp_path, ref):
+    runs = runs_with(tmp_path, SPEC, gpus=4)
+    result = check(make_summary(row()), ref, runs, probe=no_smi)
+    assert result["machine"]["gpu_count"] == 4 and result["gate"]["gpu_count"] == 4
+    assert result["differences"] == ["GPU count: 4 here; 1 (1 run) in the reference"]
+
+
+def test_main_passes_the_claims_and_the_sanity_record_on(tmp_path, ref, monkeypatch):
+    from amprepro.report import claims
+
+    seen = []
+    monkeypatch.setattr(claims, "evaluate_run", lambda *args: seen.append(args) or [])
+    sanity = tmp_path / "sanity.json"
+    sanity.write_text(json.dumps({"checks": []}))
+    runs = runs_with(tmp_path, SPEC)
+    summary = write_summary(tmp_path, make_summary(row()))
+    assert verify.main(["compare", "--summary", summary, "--reference-dir", str(ref), "--runs-dir", str(runs),
+                        "--claims", "my-claims.yaml", "--sanity", str(sanity)]) == 0
+    assert [(a[0], a[2], a[3]) for a in seen] == [("my-claims.yaml", {"checks": []}, str(runs))]
+
+
+def test_the_defaults_are_where_the_pipeline_writes_and_the_reference_is_committed(tmp_path, monkeypatch, capsys):
+    args = verify.parse_args(["compare"])
+    assert (args.summary, args.runs_dir, args.reference_dir, args.claims, args.sanity, args.json, args.csv,
+            args.strict) == ("results/summary/summary.json", "results/runs", "reference", None, None, None, None,
+                             False)
+    assert verify.parse_args(["compare", "--strict"]).strict is True
+    assert verify.parse_args(["gate"]).verify == "results/verify/verify.json"
+    promote = verify.parse_args(["promote", "--note", "n"])
+    assert (promote.results, promote.reference_dir, promote.note) == ("results", "reference", "n")
+    assert verify.parse_args(["promote", "elsewhere", "--note", "n"]).results == "elsewhere"
+    assert verify.parse_args(["rebuild", "--reference", "r"]).reference == "r"
+    # and in a checkout laid out that way, the commands need no paths
+    monkeypatch.chdir(tmp_path)
+    make_reference(tmp_path, [row()])
+    (tmp_path / "results" / "summary").mkdir(parents=True)
+    (tmp_path / "results" / "summary" / "summary.json").write_text(json.dumps(make_summary(row(throughput=50.0))))
+    assert verify.main(["compare", "--strict", "--json", "results/verify/verify.json"]) == 1
+    assert verify.main(["gate"]) == 1
+    assert "verify: FAIL: 1 of 1 cells out of tolerance against reference/nvidia-h200" in capsys.readouterr().out
+    assert verify.verify(make_summary(row()), probe=one_gpu)["reference"]["path"] == "reference/nvidia-h200"
+    assert verify.reference_inputs() == verify.reference_inputs("reference") != []
+    assert verify.reference_inputs()[0] == "reference/nvidia-h200/aggregate.json"
+
+
+def help_text(capsys, *argv) -> str:
+    with pytest.raises(SystemExit) as stop:
+        verify.main([*argv, "--help"])
+    assert stop.value.code == 0
+    return " ".join(capsys.readouterr().out.split())
+
+
+def test_the_help_says_what_each_command_does_and_its_exit_codes(capsys):
+    top = help_text(capsys)
+    assert ("Compare this run, cell by cell, with the committed reference of the same GPU model; promote a run into "
+            "it.") in top and "Subcommands:" not in top
+    assert ("compare write verify.json (+csv); exit 0, or with --strict the gate's code: 1 out of tolerance, 3 nothing "
+            "compared") in top
+    assert ("gate print verify.json's outcome; exit 1 when a cell is out of tolerance, 3 when nothing was "
+            "compared") in top
+    assert "promote add a finished GPU run to reference/<gpu-slug>/runs/ and rebuild the aggregate" in top
+    assert "rebuild recompute reference/<gpu-slug>/aggregate.json from its runs" in top
+    compare = help_text(capsys, "compare")
+    for option, text in [("--claims CLAIMS", "also evaluate these claims (config/claims.yaml) into verify.json"),
+                         ("--json JSON", "write the result here"), ("--csv CSV", "one row per cell and metric"),
+                         ("--strict", "exit with the gate's code: 1 when a cell is out of tolerance, 3 when nothing "
+                                      "was compared")]:
+        assert f"{option} {text}" in compare
+    assert "--verify VERIFY" in help_text(capsys, "gate")
+    promote = help_text(capsys, "promote")
+    assert "[results]" in promote
+    assert "results the run's results directory (summary/, runs/, environment/); default results" in promote
+    assert "--note NOTE who ran it, on which machine (kind, lease), anything unusual" in promote
+    assert ("--reference REFERENCE the GPU model's folder, e.g. reference/nvidia-h200"
+            in help_text(capsys, "rebuild"))
+
+
+def test_a_gpu_models_own_tolerances_apply_to_its_cells(tmp_path, ref):
+    summary = make_summary(row(throughput=85.0))
+    assert check(summary, ref)["status"] == "fail"  # 0.85 is outside reference/tolerances.yaml's 0.9–1.1
+    (ref / "nvidia-h200" / "tolerances.yaml").write_text("metrics:\n  throughput_per_s: {rel_floor: 0.2, k: 2}\n")
+    result = check(summary, ref)
+    assert result["status"] == "pass"
+    assert result["tolerances"]["sources"] == ["built-in defaults", str(ref / "tolerances.yaml"),
+                                               str(ref / "nvidia-h200" / "tolerances.yaml")]
+
+
+def test_no_reference_names_every_gpu_model_that_has_one(tmp_path, ref):
+    (ref / "nvidia-a100").mkdir()
+    result = check(make_summary(row(), gpu="NVIDIA B200"), ref)
+    assert "; references exist for: nvidia-a100, nvidia-h200); nothing was compared" in result["message"]
