@@ -56,6 +56,13 @@ def test_a_relative_band_its_edges_and_how_far_outside():
     assert below["band"] == {"kind": "relative", "half_width": 0.10, "from": "floor", "why": ONE_RUN_WHY, "n_runs": 1}
     above = check_metric("throughput_per_s", REL, 121.0, stats(100.0))
     assert above["ok"] is False and above["outside_pct"] == pytest.approx(10.0)
+    # exactly at the edges (1 ± half-width, widened by 1e-12 for float rounding): inside
+    assert check_metric("throughput_per_s", REL, 1 - 0.10 - 1e-12, stats(1.0))["ok"] is True
+    assert check_metric("throughput_per_s", REL, 1 + 0.10 + 1e-12, stats(1.0))["ok"] is True
+    just_above = check_metric("throughput_per_s", REL, 110.55, stats(100.0))  # 0.5 % above the upper edge
+    assert just_above["outside_pct"] == pytest.approx(0.5)
+    assert cellcompare.describe_failure("c", just_above).endswith(
+        f"(+10.5 %, 0.5 % above the band); allowed 0.9–1.1× reference median ({ONE_RUN_WHY})")
     assert check_metric("throughput_per_s", REL, 89.999, stats(100.0))["ok"] is False
     assert check_metric("throughput_per_s", REL, 110.001, stats(100.0))["ok"] is False
     wide = check_metric("throughput_per_s", REL, 61.0, stats(100.0, 90.0, 110.0, n=3))  # 2 x 20 %: 0.6–1.4
@@ -67,6 +74,7 @@ def test_an_absolute_band_its_edges_and_the_difference():
     assert check_metric("final_loss", ABS, 2.5, stats(2.0))["ok"] is True
     assert check_metric("final_loss", ABS, 1.5, stats(2.0))["ok"] is True
     assert check_metric("final_loss", ABS, 1.499, stats(2.0))["ok"] is False
+    assert check_metric("final_loss", ABS, 0.5 + 1e-12, stats(0.0))["ok"] is True  # the edge, float slack included
     out = check_metric("final_loss", ABS, 2.6, stats(2.0))
     assert out["ok"] is False and out["deviation_abs"] == pytest.approx(0.6)
     assert out["allowed"] == f"±0.5 around the reference median ({ONE_RUN_WHY})"
@@ -148,6 +156,10 @@ def test_a_cell_within_every_band_passes_and_one_metric_out_fails():
     assert failing["verdict"] == "fail" and [c["ok"] for c in failing["checks"]] == [True, False]
     missing = compare_cell("m/fp32/seed0", here(loss=None), ref(), RULES, None, None)
     assert missing["verdict"] == "pass" and missing["checks"][1]["ok"] is None
+    bare = {k: v for k, v in ref().items() if k != "metrics"}  # a reference row without metrics: nothing recorded
+    unmeasured = compare_cell("m/fp32/seed0", here(), bare, RULES, None, None)
+    assert unmeasured["verdict"] == "pass"
+    assert [c["note"] for c in unmeasured["checks"]] == ["not recorded in the reference"] * 2
 
 
 def test_a_cell_on_one_side_only():
@@ -178,6 +190,10 @@ def test_other_settings_are_not_comparable_and_a_lowered_preset_batch_is_not_com
     assert verdict(here(), ref(), lowered, spec, {**plan, "source": "config"}) == (
         "not_comparable", "settings differ: model_config.batch_size 256 in the reference, 64 here")
     assert verdict(here(), ref(), lowered, spec, None)[0] == "not_comparable"
+    longer = {**lowered, "train": {"steps": 80}}
+    assert verdict(here(), ref(), longer, spec, plan) == (
+        "not_comparable", "settings differ: model_config.batch_size 256 in the reference, 64 here; train.steps 40 in "
+                          "the reference, 80 here")
     assert verdict(here(), ref(), spec, spec, plan)[0] == "pass"
     assert verdict(here(), ref(), None, spec)[0] == "pass" and verdict(here(), ref(), spec, None)[0] == "pass"
 
@@ -190,6 +206,16 @@ def test_a_cell_this_machine_or_the_references_cannot_run_is_not_comparable_here
         "not_comparable_here", "this machine cannot run it: bf16")
     assert verdict(here(), ref(status="skipped", skip_cause="machine", reason="no apex there", n_runs=0,
                           statuses={})) == ("not_comparable_here", "no reference machine could run it: no apex there")
+    # skipped for the machine on both sides, or here for software where no reference machine could run it: nothing
+    # was compared, so not a pass (a capped card whose reference skipped the same cells once got a PASS about nothing)
+    machine_ref = ref(status="skipped", skip_cause="machine", reason="needs 2 GPUs there", n_runs=0, statuses={})
+    assert verdict(here(**skip, reason="needs 2 GPUs"), machine_ref) == (
+        "not_comparable_here", "this machine cannot run it: needs 2 GPUs")
+    assert verdict(here(status="skipped", skip_cause="software", reason="no torchvision"), machine_ref) == (
+        "not_comparable_here", "no reference machine could run it: needs 2 GPUs there")
+    software_ref = ref(status="skipped", skip_cause="software", reason="no apex", statuses={"skipped": 1})
+    assert verdict(here(**skip, reason="no bf16"), software_ref) == ("not_comparable_here",
+                                                                    "this machine cannot run it: no bf16")
     # skipped for another reason here: a failure, named with the reason
     assert verdict(here(status="skipped", skip_cause="software", reason="no torchvision"), ref()) == (
         "fail", "status skipped here, 1 ok in the reference (no torchvision)")

@@ -148,6 +148,15 @@ def test_nothing_comparable_exits_3_and_is_not_a_pass(tmp_path, ref, capsys):
     assert verdict["gate"] == {"result": "NOTHING COMPARED", "exit_code": 3, "gpu_count": 1}
 
 
+def test_cells_skipped_for_the_machine_here_and_in_the_reference_compare_nothing(tmp_path, capsys):
+    skipped = {"status": "skipped", "skip_cause": "machine", "reason": "needs 2 GPUs; 1 visible"}
+    ref = make_reference(tmp_path, [row(**skipped), row(precision="amp_bf16", throughput=200.0, loss=1.5)])
+    summary = make_summary(row(**skipped), row(precision="amp_bf16", **skipped))
+    assert gate_of(tmp_path, summary, ref, capsys)[1:3] == (3, 3)
+    result = check(summary, ref)
+    assert result["status"] == "not_comparable" and result["counts"]["not_comparable_here"] == 2
+
+
 def test_a_reference_whose_cells_are_all_missing_here_compares_nothing(tmp_path, ref):
     result = check(make_summary(row(model="other")), ref)
     assert result["status"] == "not_comparable" and result["gate"]["exit_code"] == 3
