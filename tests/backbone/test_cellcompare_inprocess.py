@@ -61,8 +61,6 @@ def test_a_relative_band_its_edges_and_how_far_outside():
     assert check_metric("throughput_per_s", REL, 1 + 0.10 + 1e-12, stats(1.0))["ok"] is True
     just_above = check_metric("throughput_per_s", REL, 110.55, stats(100.0))  # 0.5 % above the upper edge
     assert just_above["outside_pct"] == pytest.approx(0.5)
-    assert cellcompare.describe_failure("c", just_above).endswith(
-        f"(+10.5 %, 0.5 % above the band); allowed 0.9–1.1× reference median ({ONE_RUN_WHY})")
     assert check_metric("throughput_per_s", REL, 89.999, stats(100.0))["ok"] is False
     assert check_metric("throughput_per_s", REL, 110.001, stats(100.0))["ok"] is False
     wide = check_metric("throughput_per_s", REL, 61.0, stats(100.0, 90.0, 110.0, n=3))  # 2 x 20 %: 0.6–1.4
@@ -117,6 +115,15 @@ def test_a_relative_failure_says_the_values_the_ratio_and_how_far_outside_the_ba
     assert cellcompare.describe_failure("c", check) == (
         "c: peak GPU memory 3.00 GiB vs reference median 2.00 GiB = 1.500× (+50.0 %, 36.4 % above the band); allowed "
         f"0.9–1.1× reference median ({ONE_RUN_WHY})")
+
+
+def test_a_value_just_outside_a_band_says_which_side():
+    just_above = check_metric("throughput_per_s", REL, 110.55, stats(100.0))  # 0.5 % above the upper edge
+    assert cellcompare.describe_failure("c", just_above).endswith(
+        f"(+10.5 %, 0.5 % above the band); allowed 0.9–1.1× reference median ({ONE_RUN_WHY})")
+    just_below = check_metric("throughput_per_s", REL, 89.1, stats(100.0))  # 1 % below the lower edge
+    assert cellcompare.describe_failure("c", just_below).endswith("(-10.9 %, 1.0 % below the band); allowed 0.9–1.1× "
+                                                                   f"reference median ({ONE_RUN_WHY})")
 
 
 def test_an_absolute_failure_says_the_difference():
