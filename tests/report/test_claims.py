@@ -570,7 +570,8 @@ def test_what_a_claim_this_run_cannot_judge_says():
     assert claims.evaluate_claim(claim(), summary(cells), TENSOR_CORES)["reason"] == (
         "no m/fp32 cell in this run; no m/tf32 cell in this run")
     overridden = claim(not_measurable="the article gives no batch size")
-    assert claims.evaluate_claim(overridden, summary(two_models()))["reason"] == "the article gives no batch size"
+    by_override = claims.evaluate_claim(overridden, summary(two_models()))
+    assert (by_override["reason"], by_override["matched_models"]) == ("the article gives no batch size", [])
     judged = claims.evaluate_claim(overridden, summary(cells), TENSOR_CORES, use_override=False)
     assert judged["reason"].startswith("no m/fp32 cell")
 
@@ -637,6 +638,11 @@ def test_the_setting_a_plan_ran_a_cell_at():
     assert setting({"batch_size": 64, "preset_batch_size": None}) == ""
     assert setting({"batch_size": None, "preset_batch_size": 256}) == ""
     assert setting({"batch_size": 256, "preset_batch_size": 256}) == "" and setting({}) == ""
+
+
+def test_a_model_whose_architecture_is_unknown_matches_by_its_own_name_only():
+    assert claims.matching_models(["none", "xxxx"], ["m", "n"], {"n": "resnet"}) == []
+    assert claims.matching_models(["resnet", "m"], ["m", "n"], {"n": "ResNet"}) == ["m", "n"]
 
 
 def test_tensor_cores_from_the_sanity_record_or_the_gpu():
@@ -758,8 +764,9 @@ def test_the_command_line_prints_each_verdict_and_writes_the_json(tmp_path, monk
         {"id": "d", "source": {"file": "000.txt", "title": "t"}, "statement": "s", "model": "Other",
          "models": ["other"], "metric": "speedup", "baseline": ["fp32"], "variant": "amp_fp16",
          "claimed": {"about": 2.0}, "tolerance": 0.2}]}))
-    for folder in ("summary", "sanity", "runs"):
+    for folder in ("summary", "sanity"):
         (tmp_path / "results" / folder).mkdir(parents=True)
+    metrics_file(tmp_path / "results" / "runs", "m", "fp32", 0, spec={"model_config": {"arch": "other"}})
     cells = [cell("m", "fp32", throughput=100), cell("m", "amp_fp16", throughput=200)]
     (tmp_path / "results/summary/summary.json").write_text(json.dumps(summary(cells)))
     (tmp_path / "results/sanity/sanity.json").write_text(json.dumps(TENSOR_CORES_FAIL))
@@ -768,12 +775,11 @@ def test_the_command_line_prints_each_verdict_and_writes_the_json(tmp_path, monk
     assert lines == [
         "c: NOT MEASURABLE HERE — needs a Tensor Core GPU (compute capability ≥ 7.0); no Tensor Cores: paper preset on "
         "NVIDIA TEST GPU (claimed about 2.00× (accepted 1.80× to 2.20×))",
-        "d: NOT MEASURABLE HERE — no Other cell ran (other): paper preset on NVIDIA TEST GPU (models here: m) (claimed "
-        "about 2.00× (accepted 1.80× to 2.20×))"]
+        "d: HOLDS — vs strict FP32: 2.00× (1 seed) (claimed about 2.00× (accepted 1.80× to 2.20×))"]  # m is an "other"
     written = json.loads((tmp_path / "out/claims.json").read_text())
     assert [r["id"] for r in written["claims"]] == ["c", "d"]
-    assert written["counts"] == {"holds": 0, "exceeds": 0, "falls_short": 0, "depends_on_baseline": 0,
-                                 "not_measurable": 2}
+    assert written["counts"] == {"holds": 1, "exceeds": 0, "falls_short": 0, "depends_on_baseline": 0,
+                                 "not_measurable": 1}
     (tmp_path / "results/sanity/sanity.json").unlink()  # without a sanity record: the GPU counts, unchecked
     claims.main([])
     assert capsys.readouterr().out.splitlines()[0] == (
@@ -782,4 +788,7 @@ def test_the_command_line_prints_each_verdict_and_writes_the_json(tmp_path, monk
                                   "measured_text": "m", "claimed_text": "t"}]) == ["x: HOLDS VS TF32 — m (claimed t)"]
     with pytest.raises(SystemExit):
         claims.main(["--help"])
-    assert "--json JSON write the evaluated claims here" in " ".join(capsys.readouterr().out.split())
+    usage = " ".join(capsys.readouterr().out.split())
+    assert "--json JSON write the evaluated claims here" in usage
+    assert ("The blog posts' claims as data (config/claims.yaml), validated, and evaluated against one run of the "
+            "pipeline.") in usage and "A claim names a metric" not in usage
