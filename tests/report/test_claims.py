@@ -494,3 +494,301 @@ def test_borderline_means_the_spread_over_seeds_straddles_a_band_edge(variant_th
         "models"]["m"]
     assert model["borderline"] is borderline
     assert ("(the spread straddles the band edge)" in model["reason"]) is borderline
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Every field of a result, the texts, the wiring of proxies, convergence and regimes, and the command line (in process,
+# for mutation testing: docs/mutation.md)
+
+TENSOR_CORES_FAIL = {"checks": [{"name": "Tensor Cores", "status": "fail", "detail": ""}]}
+
+
+def two_models():
+    return [cell("a", "fp32", throughput=100), cell("a", "tf32", throughput=200), cell("a", "amp_fp16", throughput=250),
+            cell("b", "fp32", throughput=100), cell("b", "amp_fp16", throughput=400)]
+
+
+def test_a_result_carries_the_claim_its_models_and_every_text():
+    c = claim(models=["any"], claimed={"between": [2.0, 3.0]}, tolerance=0, note="n", caveats=["c1"])
+    result = claims.evaluate_claim(c, summary(two_models()), TENSOR_CORES)
+    assert {k: result[k] for k in ("id", "statement", "model", "models", "metric", "variant", "baselines", "claimed",
+                                   "tolerance", "claimed_text", "source", "note", "caveats", "matched_models")} == {
+        "id": "c", "statement": "s", "model": "Model", "models": ["any"], "metric": "speedup", "variant": "amp_fp16",
+        "baselines": ["fp32", "tf32"], "claimed": {"between": [2.0, 3.0]}, "tolerance": 0,
+        "claimed_text": claimmetrics.claimed_text(c), "source": {"file": "000.txt", "title": "t"}, "note": "n",
+        "caveats": ["c1"], "matched_models": ["a", "b"]}
+    assert result["verdict"] == "depends_on_baseline"
+    assert result["verdict_text"] == "exceeds the claim vs strict FP32; falls short vs TF32"
+    assert result["reason"] == ("vs strict FP32: holds for a; exceeds the claim for b (of 2 models): a: 2.50× (1 "
+                                "seed); b: 4.00× (1 seed), above the claimed band | vs TF32: a: 1.25× (1 seed), below "
+                                "the claimed band")
+    assert result["measured_text"] == "vs strict FP32: a 2.50× (1 seed), b 4.00× (1 seed); vs TF32: 1.25× (1 seed)"
+    assert list(result["by_baseline"]["tf32"]["models"]) == ["a"]  # b has no TF32 cell: not in that baseline's scope
+    assert result["by_baseline"]["tf32"]["models"]["a"] == {
+        "model": "a", "baseline": "tf32", "variant": "amp_fp16", "values": {0: 1.25}, "verdict": "falls_short",
+        "reason": "a: 1.25× (1 seed), below the claimed band", "median": 1.25, "min": 1.25, "max": 1.25,
+        "n_seeds": 1, "borderline": False, "setting": "", "measured_text": "1.25× (1 seed)"}
+    bare = claims.evaluate_claim(claim(), summary(two_models()), TENSOR_CORES)  # no note, no caveats
+    assert (bare["note"], bare["caveats"], bare["matched_models"]) == ("", [], [])
+    assert (bare["verdict"], bare["measured_text"]) == ("not_measurable", "")
+
+
+def test_the_verdict_text_names_the_baselines_only_where_there_are_several():
+    cells = [cell("m", "fp32", throughput=100), cell("m", "tf32", throughput=100),
+             cell("m", "amp_fp16", throughput=200)]
+    both = claims.evaluate_claim(claim(), summary(cells), TENSOR_CORES)
+    assert (both["verdict"], both["verdict_text"]) == ("holds", "holds vs strict FP32 and TF32")
+    one = claims.evaluate_claim(claim(), summary(cells[::2]), TENSOR_CORES)  # no TF32 cell: measured vs FP32 only
+    assert one["verdict_text"] == "holds vs strict FP32"
+    assert one["reason"] == "vs strict FP32: m: 2.00× (1 seed) | vs TF32: no m/tf32 cell in this run"
+    single = claims.evaluate_claim(claim(baseline=["fp32"]), summary(cells), TENSOR_CORES)
+    assert single["verdict_text"] == "holds"
+
+
+def test_a_named_model_that_did_not_measure_reads_n_a_among_the_others():
+    cells = [cell("a", "fp32", throughput=100), cell("a", "amp_fp16", throughput=200), cell("b", "fp32", throughput=1)]
+    result = claims.evaluate_claim(claim(models=["a", "b"], baseline=["fp32"]), summary(cells), TENSOR_CORES)
+    assert result["measured_text"] == "vs strict FP32: a 2.00× (1 seed), b n/a"
+    assert result["reason"] == "vs strict FP32: a: 2.00× (1 seed); not measured: no b/amp_fp16 cell in this run"
+
+
+def test_what_a_claim_this_run_cannot_judge_says():
+    c = claim(models=["m", "n"], requires=["tensor_cores"])
+    assert claims.evaluate_claim(c, {"versions": {}}, TENSOR_CORES)["reason"] == (
+        "no Model cell ran (m/n): ? preset on CPU (models here: none)")
+    ran = summary([cell("x", "fp32")], gpu=None, preset="smoke")
+    assert claims.evaluate_claim(claim(), ran)["reason"] == (
+        "no Model cell ran (m): smoke preset on CPU (models here: x)")
+    two = summary([cell("x", "fp32"), cell("y", "fp32")])
+    assert claims.evaluate_claim(claim(), two)["reason"].endswith("paper preset on NVIDIA TEST GPU (models here: x, y)")
+    generic = claims.evaluate_claim(claim(models=["any"], requires=["tensor_cores"]), summary([], gpu=None))
+    assert generic["reason"] == ("needs a Tensor Core GPU (compute capability ≥ 7.0); no CUDA GPU: paper preset on "
+                                 "CPU")
+    none_ran = claims.evaluate_claim(claim(models=["m"]), summary([cell("m", "tf32")]), TENSOR_CORES)
+    assert none_ran["reason"] == "no m/amp_fp16 cell in this run"  # the same reason for both baselines, once
+    cells = [cell("m", "amp_fp16", throughput=1)]
+    assert claims.evaluate_claim(claim(), summary(cells), TENSOR_CORES)["reason"] == (
+        "no m/fp32 cell in this run; no m/tf32 cell in this run")
+    overridden = claim(not_measurable="the article gives no batch size")
+    by_override = claims.evaluate_claim(overridden, summary(two_models()))
+    assert (by_override["reason"], by_override["matched_models"]) == ("the article gives no batch size", [])
+    judged = claims.evaluate_claim(overridden, summary(cells), TENSOR_CORES, use_override=False)
+    assert judged["reason"].startswith("no m/fp32 cell")
+
+
+def test_the_reasons_of_several_models_are_grouped_and_joined():
+    cells = [cell(m, "fp32", throughput=100) for m in "abcd"] + [
+        cell("a", "amp_fp16", throughput=250), cell("b", "amp_fp16", throughput=260), cell("c", "amp_fp16",
+                                                                                            throughput=100)]
+    result = claims.evaluate_claim(claim(models=["a", "b", "c", "d"], baseline=["fp32"], claimed={"between": [2, 3]},
+                                         tolerance=0), summary(cells), TENSOR_CORES)
+    assert result["by_baseline"]["fp32"]["reason"] == (
+        "holds for a, b; falls short for c (of 3 models): a: 2.50× (1 seed); b: 2.60× (1 seed); c: 1.00× (1 seed), "
+        "below the claimed band; not measured: no d/amp_fp16 cell in this run")
+    grouped = claims._grouped_reasons
+    rows = [{"model": "cnn", "reason": "cnn/amp_fp16 skipped: no GPU"},
+            {"model": "transformer", "reason": "transformer/amp_fp16 skipped: no GPU"},
+            {"model": "gpt", "reason": "gpt/amp_fp16 failed: OOM"}]
+    assert grouped(rows[:2]) == "amp_fp16 skipped: no GPU (cnn, transformer)"
+    assert grouped(rows) == "amp_fp16 skipped: no GPU (cnn, transformer); amp_fp16 failed: OOM (gpt)"
+    assert grouped(rows[2:]) == "gpt/amp_fp16 failed: OOM"
+    assert grouped([{"model": "x", "reason": "no reason about x/"}]) == "no reason about x/"
+    assert grouped([{"model": "x", "reason": "a x/"}, {"model": "y", "reason": "a x/"}]) == "a x/ (x, y)"
+
+
+def test_one_models_reasons_it_could_not_measure():
+    def reason(*cells, **claimed):
+        return claims.evaluate_model(claim(**claimed), claims._index(summary(list(cells))), "m", "fp32")
+
+    assert reason(cell("m", "fp32")) == {"model": "m", "baseline": "fp32", "variant": "amp_fp16", "values": {},
+                                         "verdict": "not_measurable", "reason": "no m/amp_fp16 cell in this run"}
+    assert reason(cell("m", "amp_fp16", throughput=1))["reason"] == "no m/fp32 cell in this run"
+    assert reason(cell("m", "fp32", throughput=1), cell("m", "amp_fp16", status="collapsed"))["reason"] == (
+        "m/amp_fp16 collapsed (non-finite loss, seed 0)")
+    assert reason(cell("m", "fp32", throughput=1), cell("m", "amp_fp16", status="collapsed", step=3))["reason"] == (
+        "m/amp_fp16 collapsed (non-finite loss at step 3, seed 0)")
+    assert reason(cell("m", "fp32", throughput=1), cell("m", "amp_fp16", status="skipped"))["reason"] == (
+        "m/amp_fp16 skipped: no reason recorded")
+    assert reason(cell("m", "fp32", status="failed", reason="OOM"), cell("m", "amp_fp16", throughput=1))["reason"] == (
+        "m/fp32 failed: OOM")
+
+
+def test_a_measured_models_reason_says_the_side_and_a_straddling_spread():
+    cells = [cell("m", "fp32", s, throughput=100) for s in (0, 1)] + [
+        cell("m", "amp_fp16", 0, throughput=190), cell("m", "amp_fp16", 1, throughput=250)]
+    out = claims.evaluate_model(claim(claimed={"about": 2.0}, tolerance=0.15), claims._index(summary(cells)), "m",
+                                "fp32")
+    assert out["reason"] == ("m: 2.20× (min–max 1.90× to 2.50×, 2 seeds), above the claimed band (the spread "
+                             "straddles the band edge)")
+    assert out["measured_text"] == "2.20× (min–max 1.90× to 2.50×, 2 seeds)" and out["borderline"] is True
+    held = claims.evaluate_model(claim(claimed={"about": 2.2}, tolerance=0.5), claims._index(summary(cells)), "m",
+                                 "fp32")
+    assert held["reason"] == "m: 2.20× (min–max 1.90× to 2.50×, 2 seeds)" and held["borderline"] is False
+    assert claims.measured_text("speedup", {"median": 2.0, "min": 2.0, "max": 2.0, "n_seeds": 1}) == "2.00× (1 seed)"
+
+
+def test_the_setting_a_plan_ran_a_cell_at():
+    setting = claims.setting_text
+    assert setting({"shape_name": "1B", "plan_note": ""}) == "at the 1B shape"
+    assert setting({"shape_name": "1B", "plan_note": "llama 1B shape (1.2 B parameters)"}) == (
+        "at the llama 1B shape (1.2 B parameters)")
+    assert setting({"batch_size": 64, "preset_batch_size": 256, "plan_note": "fits in 11.5 GiB"}) == (
+        "at batch 64: fits in 11.5 GiB")
+    assert setting({"batch_size": 64, "preset_batch_size": 256}) == "at batch 64: "
+    assert setting({"batch_size": 64, "preset_batch_size": None}) == ""
+    assert setting({"batch_size": None, "preset_batch_size": 256}) == ""
+    assert setting({"batch_size": 256, "preset_batch_size": 256}) == "" and setting({}) == ""
+
+
+def test_a_model_whose_architecture_is_unknown_matches_by_its_own_name_only():
+    assert claims.matching_models(["none", "xxxx"], ["m", "n"], {"n": "resnet"}) == []
+    assert claims.matching_models(["resnet", "m"], ["m", "n"], {"n": "ResNet"}) == ["m", "n"]
+
+
+def test_tensor_cores_from_the_sanity_record_or_the_gpu():
+    gpu = summary([])
+    assert claims.tensor_cores(TENSOR_CORES, gpu) == (True, "compute capability 9.0")
+    assert claims.tensor_cores({"checks": [{"name": "Tensor Cores", "status": "pass"}]}, gpu) == (True, "")
+    assert claims.tensor_cores(TENSOR_CORES_FAIL, gpu) == (False, "no Tensor Cores")
+    assert claims.tensor_cores({"checks": [{"name": "Tensor Cores", "status": "fail", "detail": "sm 6.1"}]}, gpu) == (
+        False, "sm 6.1")
+    assert claims.tensor_cores(None, {}) == (False, "no CUDA GPU")
+    assert claims.tensor_cores({"checks": [{"name": "other"}]}, gpu) == (True, "NVIDIA TEST GPU (not checked)")
+    assert claims.run_context({}) == "? preset on CPU"
+
+
+def test_a_proxy_is_judged_with_the_sanity_record_the_data_and_its_own_name():
+    c = claim(models=["llama7b"], baseline=["fp32"], requires=["tensor_cores"],
+              proxy={"models": ["a", "b"], "note": "smaller models"})
+    result = claims.evaluate_claim(c, summary(two_models()), TENSOR_CORES)
+    alone = claims.evaluate_claim(claim(models=["a", "b"], baseline=["fp32"]), summary(two_models()), TENSOR_CORES)
+    assert result["proxy"] == {"note": "smaller models", "models": ["a", "b"],
+                               **{k: alone[k] for k in ("verdict", "verdict_text", "reason", "measured_text",
+                                                        "by_baseline")}}
+    assert (alone["verdict"], alone["measured_text"]) == ("exceeds",
+                                                          "vs strict FP32: a 2.50× (1 seed), b 4.00× (1 seed)")
+    assert result["verdict"] == "not_measurable"  # the proxy is context, not the claim's verdict
+    no_tc = claims.evaluate_claim(c, summary(two_models()), TENSOR_CORES_FAIL)["proxy"]
+    assert no_tc["verdict"] == "not_measurable" and no_tc["reason"].startswith("needs a Tensor Core GPU")
+    gone = claims.evaluate_claim(c, summary([cell("x", "fp32")]), TENSOR_CORES)["proxy"]
+    assert gone["reason"] == "no a/b cell ran (a/b): paper preset on NVIDIA TEST GPU (models here: x)"
+    bench = claim(models=["llama7b"], baseline=["fp32"], proxy={"models": ["benchmark"], "note": "n"})
+    data = {"a": "digits", "b": "synthetic_images"}
+    judged = claims.evaluate_claim(bench, summary(two_models()), TENSOR_CORES, data=data)["proxy"]
+    assert judged["measured_text"] == "vs strict FP32: 4.00× (1 seed)"  # b only: a is trained on real digits
+
+
+def test_convergence_and_regimes_are_wired_into_the_result(monkeypatch):
+    from amprepro.report import convergence, regimes
+
+    seen = []
+
+    def judge(claim_, summary_, records):
+        seen.append(records)
+        return verdicts.pop(0)
+
+    monkeypatch.setattr(convergence, "judge_claim", judge)
+    c = claim(models=["llama7b"], metric="accuracy_delta", claimed={"at_least": 0}, tolerance=0, baseline=["fp32"],
+              convergence={"models": ["stdlib_gpt"], "note": "n"})
+    verdicts = [{"verdict": "holds", "verdict_text": "holds (x)", "reason": "r", "measured_text": "m",
+                 "by_baseline": {"fp32": {}}},
+                {"verdict": "not_measurable", "reason": "held-out loss cells: none"}, None]
+    result = claims.evaluate_claim(c, summary([]), TENSOR_CORES, records={"stdlib_gpt": {"kind": "text"}})
+    assert seen == [{"stdlib_gpt": {"kind": "text"}}]
+    assert {k: result[k] for k in ("verdict", "verdict_text", "reason", "measured_text", "by_baseline",
+                                   "convergence_models")} == {
+        "verdict": "holds", "verdict_text": "holds (x)", "reason": "r", "measured_text": "m",
+        "by_baseline": {"fp32": {}}, "convergence_models": ["stdlib_gpt"]}
+    missing = claims.evaluate_claim(c, summary([]), TENSOR_CORES)
+    assert missing["verdict"] == "not_measurable"
+    assert missing["reason"] == ("no Model cell ran (llama7b): paper preset on NVIDIA TEST GPU (models here: none); "
+                                 "held-out loss cells: none")
+    assert claims.evaluate_claim(c, summary([]), TENSOR_CORES)["reason"].endswith("(models here: none)")  # None
+    ran = summary([cell("llama7b", "fp32", accuracy=0.9), cell("llama7b", "amp_fp16", accuracy=0.9)])
+    measured = claims.evaluate_claim(c, ran, TENSOR_CORES)
+    assert measured["verdict"] == "holds" and "convergence_models" not in measured
+    assert len(seen) == 3  # a claim this run measured asks no convergence cells
+    monkeypatch.setattr(regimes, "for_claim", lambda claim_: {"rows": [claim_["id"]]})
+    assert claims.evaluate_claim(claim(), summary([]), TENSOR_CORES)["regimes"] == {"rows": ["c"]}
+    monkeypatch.setattr(regimes, "for_claim", lambda claim_: None)
+    assert "regimes" not in claims.evaluate_claim(claim(), summary([]), TENSOR_CORES)
+
+
+def metrics_file(runs, model, precision, seed, **fields):
+    folder = runs / model / precision / f"seed{seed}"
+    folder.mkdir(parents=True)
+    (folder / "metrics.json").write_text(json.dumps(fields))
+
+
+def test_the_cells_arch_data_and_data_record_are_read_from_their_metrics(tmp_path):
+    runs = tmp_path / "runs"
+    metrics_file(runs, "a", "fp32", 0, bad=1)
+    (runs / "a" / "fp32" / "seed0" / "metrics.json").write_text("{half")  # read first; the rest still count
+    metrics_file(runs, "cnn", "amp_fp16", 0, spec={"model_config": {"arch": "small_cnn", "data": "digits"}},
+                 data_record={"kind": "digits"})
+    metrics_file(runs, "cnn", "fp32", 0, spec={"model_config": {"arch": "later", "data": "other"}},
+                 data_record={"kind": "later"})
+    metrics_file(runs, "vit", "fp32", 0, spec={"model_config": {"arch": "", "data": "synthetic_images"}})
+    metrics_file(runs, "bare", "fp32", 0)
+    metrics_file(runs, "nocfg", "fp32", 0, spec={})
+    assert claims.model_archs(runs) == {"cnn": "small_cnn"}
+    assert claims.model_data(runs) == {"cnn": "digits", "vit": "synthetic_images"}
+    assert claims.model_archs(str(runs)) == {"cnn": "small_cnn"}
+    assert claims._model_config_field(runs, "data_record", top=True) == {"cnn": {"kind": "digits"}}
+    assert claims._model_config_field(runs, "data_record") == {}
+    assert claims.model_archs(tmp_path / "none") == {} and claims.model_data(None) == {}
+
+
+def test_evaluate_and_evaluate_run_pass_everything_on(tmp_path, monkeypatch):
+    seen = []
+    monkeypatch.setattr(claims, "evaluate_claim", lambda c, s, sanity, archs, data=None, records=None: seen.append(
+        (c["id"], s, sanity, archs, data, records)) or {"id": c["id"]})
+    assert claims.evaluate([claim()], {"cells": []}, {"checks": []}, {"m": "resnet"}, {"m": "d"}, {"m": {}}) == [
+        {"id": "c"}]
+    assert seen == [("c", {"cells": []}, {"checks": []}, {"m": "resnet"}, {"m": "d"}, {"m": {}})]
+    runs = tmp_path / "runs"
+    metrics_file(runs, "m", "fp32", 0, spec={"model_config": {"arch": "resnet", "data": "d"}}, data_record={"k": 1})
+    seen.clear()
+    claims.evaluate_run(CLAIMS, {"cells": []}, {"checks": []}, runs)
+    assert {s[0] for s in seen} == {c["id"] for c in claimfile.load_claims(CLAIMS)}
+    assert seen[0][1:] == ({"cells": []}, {"checks": []}, {"m": "resnet"}, {"m": "d"}, {"m": {"k": 1}})
+
+
+def test_the_command_line_prints_each_verdict_and_writes_the_json(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "config").mkdir()
+    (tmp_path / "config" / "claims.yaml").write_text(yaml.safe_dump({"claims": [
+        {"id": "c", "source": {"file": "000.txt", "title": "t"}, "statement": "s", "model": "Model",
+         "models": ["m"], "metric": "speedup", "baseline": ["fp32"], "variant": "amp_fp16",
+         "claimed": {"about": 2.0}, "tolerance": 0.2, "requires": ["tensor_cores"]},
+        {"id": "d", "source": {"file": "000.txt", "title": "t"}, "statement": "s", "model": "Other",
+         "models": ["other"], "metric": "speedup", "baseline": ["fp32"], "variant": "amp_fp16",
+         "claimed": {"about": 2.0}, "tolerance": 0.2}]}))
+    for folder in ("summary", "sanity"):
+        (tmp_path / "results" / folder).mkdir(parents=True)
+    metrics_file(tmp_path / "results" / "runs", "m", "fp32", 0, spec={"model_config": {"arch": "other"}})
+    cells = [cell("m", "fp32", throughput=100), cell("m", "amp_fp16", throughput=200)]
+    (tmp_path / "results/summary/summary.json").write_text(json.dumps(summary(cells)))
+    (tmp_path / "results/sanity/sanity.json").write_text(json.dumps(TENSOR_CORES_FAIL))
+    claims.main(["--json", "out/claims.json"])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == [
+        "c: NOT MEASURABLE HERE — needs a Tensor Core GPU (compute capability ≥ 7.0); no Tensor Cores: paper preset on "
+        "NVIDIA TEST GPU (claimed about 2.00× (accepted 1.80× to 2.20×))",
+        "d: HOLDS — vs strict FP32: 2.00× (1 seed) (claimed about 2.00× (accepted 1.80× to 2.20×))"]  # m is an "other"
+    written = json.loads((tmp_path / "out/claims.json").read_text())
+    assert [r["id"] for r in written["claims"]] == ["c", "d"]
+    assert written["counts"] == {"holds": 1, "exceeds": 0, "falls_short": 0, "depends_on_baseline": 0,
+                                 "not_measurable": 1}
+    (tmp_path / "results/sanity/sanity.json").unlink()  # without a sanity record: the GPU counts, unchecked
+    claims.main([])
+    assert capsys.readouterr().out.splitlines()[0] == (
+        "c: HOLDS — vs strict FP32: 2.00× (1 seed) (claimed about 2.00× (accepted 1.80× to 2.20×))")
+    assert claims.summary_lines([{"id": "x", "verdict": "holds", "verdict_text": "holds vs TF32", "reason": "r",
+                                  "measured_text": "m", "claimed_text": "t"}]) == ["x: HOLDS VS TF32 — m (claimed t)"]
+    with pytest.raises(SystemExit):
+        claims.main(["--help"])
+    usage = " ".join(capsys.readouterr().out.split())
+    assert "--json JSON write the evaluated claims here" in usage
+    assert ("The blog posts' claims as data (config/claims.yaml), validated, and evaluated against one run of the "
+            "pipeline.") in usage and "A claim names a metric" not in usage

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from report_helpers import GPU, REFERENCE_PASS, SMOKE
-from test_verify import NO_SMI, load, run_cli
+from test_verify import NO_SMI, load
 
 from amprepro.report import cellcompare, promote, reference, verify
 
@@ -69,13 +69,13 @@ def test_promote_refuses_what_is_not_a_gpu_run_and_adds_one(tmp_path):
     assert promote.steps_archive(GPU / "runs")[0] == (folder / "steps.tar.gz").read_bytes()  # byte-identical
 
 
-def test_three_runs_on_two_machines_give_median_spread_and_a_band_from_it(tmp_path):
+def test_three_runs_on_two_machines_give_median_spread_and_a_band_from_it(tmp_path, capsys):
     ref = tmp_path / "reference"
     for name, host, scale in [("a", "host-a", 1.00), ("b", "host-a", 1.04), ("c", "host-b", 1.10)]:
-        out = run_cli("promote", str(results_copy(tmp_path, name, host, [f"GPU-{host}"], scale)), "--note", name,
-                      "--reference-dir", str(ref))
-        assert out.returncode == 0, out.stderr
-    assert "3 run(s) on 2 machine(s)" in out.stdout
+        # in process (verify.main, what `python -m amprepro.report.verify promote` runs): mutation testing sees it
+        assert verify.main(["promote", str(results_copy(tmp_path, name, host, [f"GPU-{host}"], scale)), "--note",
+                            name, "--reference-dir", str(ref)]) == 0
+    assert "3 run(s) on 2 machine(s)" in capsys.readouterr().out.splitlines()[-1]
     built = load(ref / "nvidia-h200/aggregate.json")
     assert built["n_runs"] == 3 and built["n_machines"] == 2
     base = load(GPU / "summary/summary.json")

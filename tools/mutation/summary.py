@@ -2,6 +2,10 @@
 into docs/mutation.md between its summary markers, with every survivor's name (`mutmut show NAME` gives its diff).
 
     .venv/bin/python tools/mutation/summary.py --doc docs/mutation.md --seconds 1234
+    .venv/bin/python tools/mutation/summary.py --doc docs/mutation.md --module amprepro.report.verify
+
+With --module (repeatable) the table holds only those modules: the run was `mutmut_workflow.py run "<module>*"`, and
+the other modules' mutants, not run, would read "not checked".
 """
 
 from __future__ import annotations
@@ -38,11 +42,13 @@ def results() -> dict[str, str]:
     return found
 
 
-def table(found: dict[str, str]) -> tuple[str, dict]:
+def table(found: dict[str, str], modules: list[str] | None = None) -> tuple[str, dict]:
     counts: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     survivors: dict[str, list[str]] = collections.defaultdict(list)
     for key, status in sorted(found.items()):
         module = module_of(key)
+        if modules and module not in modules:
+            continue
         column = status if status in COLUMNS else "other"
         counts[module][column] += 1
         if status != "killed":
@@ -60,13 +66,18 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--doc", required=True, type=Path)
     parser.add_argument("--seconds", type=float, help="how long `mutmut run` took")
+    parser.add_argument("--module", action="append", help="only this module (repeatable), e.g. amprepro.report.verify")
     args = parser.parse_args(argv)
     found = results()
-    text, survivors = table(found)
+    unknown = sorted(set(args.module or []) - {module_of(key) for key in found})
+    if unknown:
+        raise SystemExit(f"no mutants of {', '.join(unknown)}: name a module [tool.mutmut] in pyproject.toml mutates")
+    text, survivors = table(found, args.module)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     took = f", `mutmut run` took {args.seconds:.0f} s" if args.seconds else ""
-    block = [START, f"Run {when} at commit {commit} with mutmut {version('mutmut')}{took}:", "", text, "",
+    which = f" of {', '.join(f'`{m}`' for m in args.module)}" if args.module else ""
+    block = [START, f"Run{which} {when} at commit {commit} with mutmut {version('mutmut')}{took}:", "", text, "",
              "Every mutant not killed:", ""]
     for module, names in sorted(survivors.items()):
         block += [f"- `{module}`: " + ", ".join(f"`{n}`" for n in names)]

@@ -146,10 +146,13 @@ def compare_cell(name: str, row_here: dict | None, row_ref: dict | None, rules: 
                     "note": f"not comparable here ({planned}): {plan_here.get('why')}"}
         return {**cell, "verdict": "not_comparable", "note": "settings differ: " + "; ".join(_spec_diff(spec_here,
                                                                                                        spec_ref))}
-    if _machine_skip(row_here) and row_ref["status"] != "skipped":
+    # A machine skip on either side is never a compared cell, whatever the other side did: were "skipped" on both
+    # sides a status match (a pass), a capped card whose reference skipped the same cells would get a PASS about
+    # nothing.
+    if _machine_skip(row_here):
         return {**cell, "verdict": "not_comparable_here",
                 "note": f"this machine cannot run it: {row_here.get('reason') or row_here.get('skip_needs')}"}
-    if _machine_skip(row_ref) and row_here["status"] != "skipped":
+    if _machine_skip(row_ref):
         return {**cell, "verdict": "not_comparable_here",
                 "note": f"no reference machine could run it: {row_ref.get('reason')}"}
     if row_here["status"] not in (statuses or {row_ref["status"]: 1}):

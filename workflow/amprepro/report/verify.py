@@ -9,8 +9,9 @@ max(floor, k x the observed range), with floor and k per metric from ``reference
 ``reference/<gpu-slug>/tolerances.yaml``). With one run the range is 0 and the band is the floor (the output says so).
 
 Subcommands:
-  compare   write results/verify/verify.json (+ .csv); exit 0 unless --strict and a cell is out of tolerance
-  gate      read verify.json, print the outcome, exit 1 when a cell is out of tolerance (the `verify` target)
+  compare   write results/verify/verify.json (+ .csv); exit 0, or with --strict the gate's code
+  gate      read verify.json, print the outcome, exit with the gate's code (the `verify` target): 0 pass or no
+            reference, 1 a cell out of tolerance, 3 nothing compared (verify.GATE); 2 a usage, file or reference error
   promote   add a finished GPU run (a results directory) to reference/<gpu-slug>/runs/ and rebuild the aggregate
   rebuild   recompute reference/<gpu-slug>/aggregate.json from its runs
 
@@ -250,7 +251,8 @@ def report_lines(result: dict) -> list[str]:
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    cmp_ = sub.add_parser("compare", help="write verify.json (+csv); exit 1 only with --strict and a failure")
+    cmp_ = sub.add_parser("compare", help="write verify.json (+csv); exit 0, or with --strict the gate's code: 1 out "
+                                          "of tolerance, 3 nothing compared")
     cmp_.add_argument("--summary", default="results/summary/summary.json")
     cmp_.add_argument("--runs-dir", default="results/runs")
     cmp_.add_argument("--reference-dir", default="reference")
@@ -258,8 +260,10 @@ def parse_args(argv):
     cmp_.add_argument("--sanity", default=None)
     cmp_.add_argument("--json", help="write the result here")
     cmp_.add_argument("--csv", help="one row per cell and metric")
-    cmp_.add_argument("--strict", action="store_true", help="exit 1 when a cell is out of tolerance")
-    gate = sub.add_parser("gate", help="print verify.json's outcome; exit 1 when a cell is out of tolerance")
+    cmp_.add_argument("--strict", action="store_true",
+                      help="exit with the gate's code: 1 when a cell is out of tolerance, 3 when nothing was compared")
+    gate = sub.add_parser("gate", help="print verify.json's outcome; exit 1 when a cell is out of tolerance, 3 when "
+                                       "nothing was compared")
     gate.add_argument("--verify", default="results/verify/verify.json")
     pro = sub.add_parser("promote",
                          help="add a finished GPU run to reference/<gpu-slug>/runs/ and rebuild the aggregate")
