@@ -34,10 +34,12 @@ SLOWEST_FIRST = [
     SLURM_UNIT,
     "tests/backbone/test_launch.py",  # 570
     "tests/conda/test_conda_offline.py",  # the tests/conda unit: 330
-    "the smoke preset run (smoke_preset_run)",  # test_pipeline 380 + test_pipeline_report 130, each with its own run
     "tests/backbone/test_cellserver.py",  # 200
     "tests/backbone/test_gpu_tools.py",  # 170
     "tests/backbone/test_module.py",  # 160
+    # After those, on the worker the Slurm unit leaves free: the smoke run's own bound (300 s) is wall time, and beside
+    # the Slurm jobs on 2 cores it took 652 s (2026-12-02, a machine under load)
+    "the smoke preset run (smoke_preset_run)",  # test_pipeline 380 + test_pipeline_report 130, each with its own run
     "tests/apex/test_apex_build.py",  # the tests/apex unit of the one compile: 140
 ]
 # Files that share a session-scoped fixture: one work unit, or each worker would build the fixture again.
