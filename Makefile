@@ -84,9 +84,14 @@ verify: $(VENV_STAMP)
 
 # TEST_WORKERS pytest-xdist processes (2: CI's cores); each test file is one work unit, the slowest first
 # (tests/conftest.py). TEST_WORKERS=0 runs everything in this one process.
+# The venv is installed --no-compile, so Python compiles each module on its first import and keeps the .pyc, unless
+# PYTHONDONTWRITEBYTECODE is set (the shells on the CI machine set it): then each of the suite's hundreds of Python
+# processes compiled torch, Snakemake and scikit-learn again (there, import torch and torch._dynamo took 13.6 s of CPU
+# instead of 7.0, snakemake.cli 7.0 instead of 2.6, sklearn.datasets 10.3 instead of 2.9; issue 28). The tests run
+# without it: the .pyc go to __pycache__ folders (.venv, workflow/, the tests' workflow copies), which git ignores.
 TEST_WORKERS ?= 2
 test: $(DEV_STAMP)
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder tests
+	env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder tests
 
 # Mutation testing of the verdict's core (docs/mutation.md; not part of make test: over an hour on 2 cores). mutmut copies
 # the package into mutants/, mutates the modules [tool.mutmut] in pyproject.toml names, runs the tests that reach

@@ -2,10 +2,11 @@
 
 Parallel runs (`make test`: pytest-xdist, `-n 2 --dist loadgroup --no-loadscope-reorder`): every test file is one
 work unit, so a module's expensive fixture is built once, on one worker. Files that share a session-scoped fixture are
-one unit together (SHARED_FIXTURES): tests/conda (the conda stand-in and its channel), the two apex build files (the
-one real compile of the fake apex) and the report files that read the rendered fixture reports. The units are
-handed out slowest first (SLOWEST_FIRST), so the two Slurm runs, the longest, start at once on the two workers and
-everything else fills in around them.
+one unit together (SHARED_FIXTURES): the two Slurm files (one Slurm session), tests/conda (the conda stand-in and its
+channel), the two apex build files (the one real compile of the fake apex) and the report files that read the
+rendered fixture reports. The units are
+handed out slowest first (SLOWEST_FIRST), so the Slurm unit (both Slurm files, their runs side by side on the test
+cluster), the longest, starts at once on one worker and everything else fills in around it.
 
 The grouping is done by the scheduler below (pytest_xdist_make_scheduler), not by `xdist_group` marks: pytest-xdist
 3.8 applies those by rewriting `item._nodeid`, which pytest 9.2 no longer reads, so the marks group nothing.
@@ -24,23 +25,27 @@ from workflow_testing import copy_workflow
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
+SLURM_UNIT = "tests/slurm (slurm_session: the paper run beside the smoke runs)"
 # Work units by how long they took on 2 cores, longest first; the others follow in collection order. The seconds:
 # about what each took in a fresh-clone `.ci/run` of 2026-12-01 (2330 s in all), both Slurm runs side by side.
 SLOWEST_FIRST = [
-    # Alone on 2 idle cores the two took 259 s and 211 s (2026-12-01). One after the other on one worker (a fresh-
-    # clone run of 99b1584) they took 1211 s with the two-node test and the suite 78 s longer: the suite is CPU-bound.
-    "tests/slurm/test_slurm_paper.py",  # 730
-    "tests/slurm/test_slurm_profile.py",  # 1000
+    # The two Slurm files: one unit, their runs side by side on the test cluster (tests/slurm/conftest.py). Alone on
+    # 2 idle cores they took 259 s and 211 s (2026-12-01); in a fresh-clone run each held a worker for 730-1000 s.
+    SLURM_UNIT,
     "tests/backbone/test_launch.py",  # 570
     "tests/conda/test_conda_offline.py",  # the tests/conda unit: 330
-    "the smoke preset run (smoke_preset_run)",  # test_pipeline 380 + test_pipeline_report 130, each with its own run
     "tests/backbone/test_cellserver.py",  # 200
     "tests/backbone/test_gpu_tools.py",  # 170
     "tests/backbone/test_module.py",  # 160
+    # After those, on the worker the Slurm unit leaves free: the smoke run's own bound (300 s) is wall time, and beside
+    # the Slurm jobs on 2 cores it took 652 s (2026-12-02, a machine under load)
+    "the smoke preset run (smoke_preset_run)",  # test_pipeline 380 + test_pipeline_report 130, each with its own run
     "tests/apex/test_apex_build.py",  # the tests/apex unit of the one compile: 140
 ]
 # Files that share a session-scoped fixture: one work unit, or each worker would build the fixture again.
 SHARED_FIXTURES = {
+    "tests/slurm/test_slurm_paper.py": SLURM_UNIT,
+    "tests/slurm/test_slurm_profile.py": SLURM_UNIT,
     "tests/backbone/test_pipeline.py": "the smoke preset run (smoke_preset_run)",
     "tests/report/test_pipeline_report.py": "the smoke preset run (smoke_preset_run)",
     "tests/apex/test_apex_build.py": "tests/apex (built: the session's one compile of the fake apex)",

@@ -1,6 +1,12 @@
-"""Configs people write, run through real Snakemake: each bad one stops before any job with its field named, no
-traceback, a bounded message and results/ untouched; each unusual-but-valid one passes. The same table goes through
-`python -m amprepro.config check`, which must agree without running anything."""
+"""Configs people write: each bad one is refused with its field named, each unusual-but-valid one passes.
+
+Every bad case goes through amprepro's own config checks in this process: the files through the function of
+`python -m amprepro.config check` (amprepro.config.main), the `--config` values through the checks common.smk runs on
+what Snakemake's own parser makes of them. A subset (E2E_BAD: every kind of case and every check that can stop a run,
+the injection attempts and the longest values among them) also goes through real Snakemake, which must stop before any
+job with the field named, no traceback, a bounded message and results/ untouched. Each valid case is a real
+`snakemake -n -p` whose planned jobs carry the cleaned-up values. (Until issue 28 every bad case ran Snakemake: 78
+startups, most of this file's CPU, for the same few checks.)"""
 
 from __future__ import annotations
 
@@ -14,7 +20,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import yaml
+from snakemake.cli import parse_config
+from snakemake.utils import update_config
 
+from amprepro import config as amprepro_config
 from workflow_testing import REPO, copy_workflow, job_env, snakemake
 
 MARKER = "PWNED"
@@ -144,9 +153,14 @@ VALID = [
     ("cli-apex-required", "config", ['apex={"required": false}', "gpu=false"]),
     ("json-file", "json", {"preset": "smoke", "runs": {"train": {"lr": 0.001}}}),
 ]
-
-
-WORKERS = 3  # Snakemake runs at once, each in its own workflow copy: the table is most of this file's time
+# The bad cases that also run real Snakemake: each kind (file, config/config.yaml, --config), each place a stop comes
+# from (the schema, an unknown key, the size check, the YAML reader, __use_yte__, resolve_runs' model and cell checks,
+# the batch split, the apex source checks), the injection attempts (nothing may run: the marker) and the longest
+# values (the message stays bounded). The rest differ from one of these only in the value checked in process below.
+E2E_BAD = ["preset", "unknown-key", "seed-2**32", "warmup-too-long", "batch-not-split", "model-without-cell",
+           "name-65", "ref-upload-pack", "url-ext", "no-apex-source", "title-200k", "alias-bomb", "use-yte",
+           "yaml-unclosed-quote", "top-level-list", "cli-batch-negative", "cli-key-typo", "cli-ref"]
+WORKERS = 3  # Snakemake runs at once, each in its own workflow copy
 
 
 def workflow_with_results(root):
@@ -184,7 +198,7 @@ def bad_runs(tmp_path_factory) -> dict:
             free.put(root)
 
     with ThreadPoolExecutor(WORKERS) as pool:
-        return dict(pool.map(run, BAD))
+        return dict(pool.map(run, [case for case in BAD if case[0] in E2E_BAD]))
 
 
 def snapshot(root) -> dict:
@@ -215,7 +229,13 @@ def config_files(root, args: list[str]) -> list[str]:
     return [args[1]] if args[:1] == ["--configfile"] else []
 
 
-@pytest.mark.parametrize("case_id, how, value, field", BAD, ids=[case[0] for case in BAD])
+def test_the_end_to_end_cases_are_bad_cases_of_every_kind():
+    kinds = {case[0]: case[1] for case in BAD}
+    assert set(E2E_BAD) <= set(kinds) and {kinds[case_id] for case_id in E2E_BAD} == {"file", "main", "config"}
+
+
+@pytest.mark.parametrize("case_id, how, value, field", [c for c in BAD if c[0] in E2E_BAD],
+                         ids=[c[0] for c in BAD if c[0] in E2E_BAD])
 def test_a_bad_config_stops_before_any_job_and_names_the_field(bad_runs, case_id, how, value, field):
     result, results_untouched, marker = bad_runs[case_id]
     output = result.stdout + result.stderr
@@ -230,12 +250,46 @@ def test_a_bad_config_stops_before_any_job_and_names_the_field(bad_runs, case_id
 
 @pytest.mark.parametrize("case_id, how, value, field", [c for c in BAD if c[1] != "config"],
                          ids=[c[0] for c in BAD if c[1] != "config"])
-def test_config_check_refuses_the_same_configs_without_running_them(workdir, case_id, how, value, field):
+def test_config_check_refuses_the_same_configs_without_running_them(workdir, case_id, how, value, field, monkeypatch,
+                                                                     capsys):
     args = arguments(workdir, case_id, how, value)
+    code, out, err = check_here(workdir, config_files(workdir, args), monkeypatch, capsys)
+    assert code == 1, out
+    assert field in err and "Traceback" not in err, err[-2000:]
+    assert len(err) < 2000
+    assert not (workdir / MARKER).exists()
+
+
+def test_config_check_as_a_command_refuses_a_bad_file(workdir):
+    """`python -m amprepro.config check` itself, in its own interpreter (the table above calls its main here)."""
+    args = arguments(workdir, "preset", "file", {"preset": "fast"})
     result = check(workdir, config_files(workdir, args))
-    assert result.returncode == 1, result.stdout
-    assert field in result.stderr and "Traceback" not in result.stderr, result.stderr[-2000:]
-    assert len(result.stderr) < 2000
+    assert result.returncode == 1 and "config.preset" in result.stderr and "Traceback" not in result.stderr, \
+        result.stderr[-2000:]
+
+
+@pytest.mark.parametrize("case_id, how, value, field", [c for c in BAD if c[1] == "config"],
+                         ids=[c[0] for c in BAD if c[1] == "config"])
+def test_a_bad_command_line_config_is_refused_by_the_workflows_checks(workdir, case_id, how, value, field,
+                                                                        monkeypatch, capsys):
+    """What common.smk does with the config Snakemake hands it, in this process: config/config.yaml as the Snakefile
+    reads it, the `--config` values as Snakemake's own parser reads them, merged as Snakemake merges them; then the
+    same checks in the same order, under stop_on_config_error (the message alone, exit 1)."""
+    arguments(workdir, case_id, how, value)  # restores config/config.yaml
+    monkeypatch.chdir(workdir)
+    command_line = parse_config(["preset=smoke", *value])
+    config = amprepro_config.read_config_file(workdir / "config" / "config.yaml")
+    update_config(config, command_line)
+    with pytest.raises(SystemExit) as stop, amprepro_config.stop_on_config_error():
+        config.update(amprepro_config.validate_config(config, dict(command_line)))
+        gpus, probe = amprepro_config.gpus_for_jobs(config.get("gpu", "auto"))
+        runs, _ = amprepro_config.resolve_runs(config, workdir / "config" / "presets", gpus, probe)
+        amprepro_config.cells(runs)
+        amprepro_config.check_apex_source(config["apex"],
+                                          amprepro_config.apex_required(config["apex"]["required"], gpus))
+    err = capsys.readouterr().err
+    assert stop.value.code == 1
+    assert field in err and err.startswith("amprepro: ") and len(err) < 2000, err[-2000:]
     assert not (workdir / MARKER).exists()
 
 
@@ -322,7 +376,7 @@ def test_every_valid_case_says_what_it_must_become():
 
 
 @pytest.mark.parametrize("case_id, how, value", VALID, ids=[case[0] for case in VALID])
-def test_an_unusual_but_valid_config_passes(workdir, case_id, how, value):
+def test_an_unusual_but_valid_config_passes(workdir, case_id, how, value, monkeypatch, capsys):
     before = snapshot(workdir)
     args = arguments(workdir, case_id, how, value)
     result = snakemake(workdir, "-n", "-p", "--cores", "1", *args, check=False)
@@ -332,8 +386,25 @@ def test_an_unusual_but_valid_config_passes(workdir, case_id, how, value):
     failed = [index for index, expectation in enumerate(EXPECTED[case_id]) if not expectation(jobs)]
     assert not failed, f"{case_id}: expectations {failed} do not hold for the planned jobs {jobs}"
     if how != "config":
-        checked = check(workdir, config_files(workdir, args))
-        assert checked.returncode == 0 and ": OK." in checked.stdout, checked.stderr
+        code, out, err = check_here(workdir, config_files(workdir, args), monkeypatch, capsys)
+        assert code == 0 and ": OK." in out, err
+
+
+def test_config_check_as_a_command_passes_a_valid_file(workdir):
+    args = arguments(workdir, "json-file", "json", {"preset": "smoke", "runs": {"train": {"lr": 0.001}}})
+    result = check(workdir, config_files(workdir, args))
+    assert result.returncode == 0 and ": OK." in result.stdout, result.stderr
+
+
+def check_here(root, files: list[str], monkeypatch, capsys) -> tuple[int, str, str]:
+    """`python -m amprepro.config check FILES` in ROOT, through its main in this process: (exit code, stdout, stderr).
+    Its REPO (where it finds config/config.yaml and the presets) is the workflow copy, as in the copy's interpreter."""
+    monkeypatch.chdir(root)
+    monkeypatch.setattr(amprepro_config, "REPO", root)
+    capsys.readouterr()
+    code = amprepro_config.main(["check", *(files or ["config/config.yaml"])])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
 
 
 def check(root, files: list[str]) -> subprocess.CompletedProcess:

@@ -255,7 +255,8 @@ def test_the_lock_of_a_killed_run_is_removed_and_its_job_rerun(env, tmp_path, mo
     assert launch.snakemake_locks(tmp_path)  # and behind that, the dead run's lock
     assert (tmp_path / "slow.txt").read_text() == "started\n"
     (tmp_path / "pause").write_text("0")
-    assert launch.main([], {**env, "CORES": "1"}) == 0
+    # a shell rule, no cell: a cell server would import torch & co. (more CPU than the rest of this test) for nothing
+    assert launch.main([], {**env, "CORES": "1", "AMPREPRO_FRESH_CELLS": "1"}) == 0
     err = capsys.readouterr().err
     assert "removed the lock of an earlier run that is no longer alive" in err
     assert "re-running 1 output(s) it left incomplete" in err
@@ -448,15 +449,25 @@ def test_make_run_finishes_after_sigkill_at_every_stage_keeping_what_was_done(tm
     assert not launch.snakemake_locks(workdir) and not launch.incomplete_markers(workdir)
 
 
-@pytest.mark.e2e
-def test_a_job_that_outlives_its_killed_snakemake_keeps_the_lock_until_it_ends(tmp_path):
-    """A cell in a fresh interpreter (AMPREPRO_FRESH_CELLS=1) is the job's own process: it outlives Snakemake."""
-    workdir = copy_workflow(tmp_path / "amprepro")
-    cell = "results/runs/cnn/fp32/seed0/metrics.json"
+@pytest.fixture(scope="module")
+def killed_cell_workdir(tmp_path_factory) -> Path:
+    """One workflow copy for the two tests below, which kill Snakemake while the same cell trains and then run it again:
+    the second finds environment, sanity and both memory plans (long and short) done by the first, and spends its
+    time on its own point, the cell. Each still works if it runs alone."""
+    workdir = copy_workflow(tmp_path_factory.mktemp("killed-cell") / "amprepro")
     (workdir / "long.yaml").write_text("preset: smoke\nruns:\n  train:\n    steps: 200000\n")
+    return workdir
+
+
+@pytest.mark.e2e
+def test_a_job_that_outlives_its_killed_snakemake_keeps_the_lock_until_it_ends(killed_cell_workdir, tmp_path):
+    """A cell in a fresh interpreter (AMPREPRO_FRESH_CELLS=1) is the job's own process: it outlives Snakemake."""
+    workdir = killed_cell_workdir
+    cell = "results/runs/cnn/fp32/seed0/metrics.json"
+    train_log = workdir / "results/logs/runs/cnn/fp32/seed0.log"
+    train_log.unlink(missing_ok=True)  # the other test's run of the cell left one: wait for this run's own
     run = start_make_run(workdir, f"{cell} --configfile config/config.yaml long.yaml", tmp_path / "first.log",
                          AMPREPRO_FRESH_CELLS="1")
-    train_log = workdir / "results/logs/runs/cnn/fp32/seed0.log"
     try:
         wait_for(lambda: train_log.exists() and "step    20" in train_log.read_text(), 240, "the cell to train")
         members = group_members(run.pid)
@@ -497,14 +508,14 @@ def test_a_configfile_that_snakemake_would_misread_stops_make_run_first(env, tmp
 
 
 @pytest.mark.e2e
-def test_a_forked_cell_ends_with_its_killed_snakemake_and_the_next_run_goes_on(tmp_path):
+def test_a_forked_cell_ends_with_its_killed_snakemake_and_the_next_run_goes_on(killed_cell_workdir, tmp_path):
     """A cell forked from make run's cell server ends when Snakemake is killed: the launcher then stops the server,
     and the cell dies with it (no GPU job left running on its own). The next `make run` goes on."""
-    workdir = copy_workflow(tmp_path / "amprepro")
+    workdir = killed_cell_workdir
     cell = "results/runs/cnn/fp32/seed0/metrics.json"
-    (workdir / "long.yaml").write_text("preset: smoke\nruns:\n  train:\n    steps: 200000\n")
-    run = start_make_run(workdir, f"{cell} --configfile config/config.yaml long.yaml", tmp_path / "first.log")
     train_log = workdir / "results/logs/runs/cnn/fp32/seed0.log"
+    train_log.unlink(missing_ok=True)  # the other test's run of the cell left one: wait for this run's own
+    run = start_make_run(workdir, f"{cell} --configfile config/config.yaml long.yaml", tmp_path / "first.log")
     try:
         wait_for(lambda: train_log.exists() and "step    20" in train_log.read_text(), 240, "the cell to train")
         members = group_members(run.pid)
@@ -527,7 +538,9 @@ def test_a_forked_cell_ends_with_its_killed_snakemake_and_the_next_run_goes_on(t
     assert json.loads((workdir / cell).read_text())["status"] == "ok"
 
 
-@pytest.mark.parametrize(("args", "served"), [("", True), ("--config preset=smoke -n", True),
+@pytest.mark.parametrize(("args", "served"), [("", True), ("--config preset=smoke", True),
+                                              ("--config preset=smoke -n", False), ("--dry-run", False),
+                                              ("--version", False),
                                               ("--use-conda", False), ("--sdm conda", False), ("--sdm=conda", False),
                                               ("--executor slurm", False), ("--workflow-profile profiles/slurm", False),
                                               ("--use-apptainer", False)])

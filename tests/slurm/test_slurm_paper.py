@@ -10,12 +10,21 @@ keeps this run short. One thing is changed for that: `sanity` would rightly stop
 (its required check cuda.is_available), so a `python` shim first on PATH runs it with --expect-gpu False, and
 notes each time it does. A model with nodes: 2 is added to the preset so that a multi-node GPU request is checked
 too (tests/slurm/test_slurm_profile.py runs a two-node cell for real, on the CPU).
+
+Through Slurm go the preset's models of each kind of request (SLURM_MODELS: one GPU, two GPUs of one node, the 7B
+cell's time, images and tokens; with the two-node model, 5 cells): in the test's workflow copy the preset holds only
+these. Every cell of the whole preset (15) is checked against amprepro.plan.resources in a dry run through the same
+profiles: the resources each job would hand the plugin, which the Slurm records of the five show it turns into what
+Slurm grants. (Until issue 28 all 15 cells went through Slurm: two Snakemake starts per Slurm job, the costliest part
+of the suite on 2 cores, for 10 more cells of kinds already there.)
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 from pathlib import Path
 
 import pytest
@@ -24,7 +33,7 @@ from test_slurm_profile import SKIP, VENV_BIN, Run, cancel_jobs_of, env_with, re
 
 from amprepro.config import resolve_runs, validate_config
 from amprepro.plan import resources
-from workflow_testing import copy_workflow
+from workflow_testing import copy_workflow, snakemake
 
 pytestmark = [pytest.mark.slurm, pytest.mark.e2e, SKIP]  # under CI=true a missing Slurm fails (require_slurm)
 
@@ -52,6 +61,11 @@ if [[ " $* " == *" -m amprepro.env.sanity "* ]]; then
 fi
 exec "{python}" "${{args[@]}}"
 """
+# The preset's models whose cells go through Slurm: a one-GPU image model (and the largest-batch search), a one-GPU
+# token model, the 7B cell (the longest time limit), the two-GPU cell; with TWO_NODE_MODEL, every kind of request.
+SLURM_MODELS = ["cnn", "gpt124m", "llama7b", "transformer_ddp"]
+RESOURCES = re.compile(r"^rule train:\n(?:    .*\n)*?    wildcards: model=(\w+), precision=(\w+), seed=(\d+)\n"
+                       r"(?:    .*\n)*?    resources: (.*)$", re.M)
 CELL = re.compile(r"^rule_train_wildcards_(\w+)_(fp32|tf32|amp_fp16|amp_bf16|apex_o1|apex_o2)_(\d+)$")
 
 
@@ -68,11 +82,23 @@ def minutes(limit: str) -> int:
     return (int(days or 0) * 24 + hours) * 60 + mins + (secs > 0)
 
 
+# Made in tests/slurm/conftest.py's slurm_session: submitted first, it runs beside test_slurm_profile.py's smoke runs.
 @pytest.fixture(scope="module")
-def paper_run(tmp_path_factory):
+def paper_run(slurm_session):
+    return slurm_session.result("paper")
+
+
+def start_paper_run(tmp_path_factory) -> Run:
+    """The paper preset's Slurm run, started (not waited for: finish_paper_run)."""
     require_slurm()
     base = tmp_path_factory.mktemp("slurm-paper")
     workdir = copy_workflow(base / "paper")
+    preset = workdir / "config" / "presets" / "paper.yaml"
+    models = yaml.safe_load(preset.read_text())["models"]
+    assert set(SLURM_MODELS) <= set(models), f"the paper preset lost one of {SLURM_MODELS}"
+    preset.write_text("# tests/slurm/test_slurm_paper.py: the paper preset's models that go through Slurm\n"
+                      + yaml.safe_dump({**yaml.safe_load(preset.read_text()),
+                                        "models": {name: models[name] for name in SLURM_MODELS}}, sort_keys=False))
     (workdir / "paper-on-gpu-nodes.yaml").write_text(yaml.safe_dump(CONFIG))
     shim_dir, note = base / "shim", base / "sanity-shim.txt"
     shim_dir.mkdir()
@@ -81,26 +107,77 @@ def paper_run(tmp_path_factory):
     args = ["--workflow-profile", "profiles/slurm", "--profile", "profiles/slurm-localtest",
             "--configfile", "paper-on-gpu-nodes.yaml"]
     run = Run(workdir, args, env_with(shim_dir), "slurm-paper")
+    run.sanity_note = note
+    return run
+
+
+def finish_paper_run(run: Run) -> Run:
     try:
         run.wait(PAPER_RUN_TIMEOUT_S)
     finally:
-        cancel_jobs_of(workdir)
+        if run.proc.poll() is None:
+            os.killpg(run.proc.pid, signal.SIGKILL)
+            run.proc.wait()
+        cancel_jobs_of(run.workdir)
+    note = run.sanity_note
     run.sanity_shim = note.read_text().splitlines() if note.exists() else []
     print(f"paper preset through Slurm: {run.seconds:.0f}s, {len(run.submissions())} Slurm jobs")
     return run
 
 
-def paper_runs() -> dict:
-    runs, _ = resolve_runs(validate_config(CONFIG), REPO / "config" / "presets", ["configured GPU"], "test")
+def paper_runs(presets: Path = REPO / "config" / "presets") -> dict:
+    runs, _ = resolve_runs(validate_config(CONFIG), presets, ["configured GPU"], "test")
     return runs
+
+
+def slurm_runs(paper_run) -> dict:
+    """The run matrix of the Slurm run: its workflow copy's preset (SLURM_MODELS) and the two-node model."""
+    return paper_runs(paper_run.workdir / "config" / "presets")
+
+
+def wanted(model: dict, train: dict) -> dict:
+    """What amprepro.plan.resources says a train job of this model asks for, on GPU nodes (gpu: true)."""
+    gpus = resources.gpus_per_node(model, True)
+    return {"gpus_per_node": gpus, "nodes": resources.nodes(model), "cpus": resources.CPUS_PER_GPU * gpus *
+            resources.nodes(model), "mb": resources.host_mb(model, True),
+            "minutes": resources.runtime_minutes(model, train, 1.0)}
+
+
+@pytest.fixture(scope="module")
+def whole_preset_dry_run(tmp_path_factory) -> str:
+    """`snakemake -n` of the whole paper preset (and the two-node model) through the same profiles: no job runs."""
+    workdir = copy_workflow(tmp_path_factory.mktemp("slurm-paper-dry") / "paper")
+    (workdir / "paper-on-gpu-nodes.yaml").write_text(yaml.safe_dump(CONFIG))
+    result = snakemake(workdir, "-n", "--workflow-profile", "profiles/slurm", "--profile", "profiles/slurm-localtest",
+                       "--configfile", "paper-on-gpu-nodes.yaml", timeout=300)
+    return result.stdout
+
+
+def test_every_cell_of_the_whole_preset_asks_for_what_its_model_needs(whole_preset_dry_run):
+    runs = paper_runs()
+    planned = {}
+    for model_name, precision, _, listed in RESOURCES.findall(whole_preset_dry_run):
+        values = dict(item.split("=", 1) for item in listed.split(", "))
+        planned[model_name, precision] = values
+    assert sorted(planned) == sorted((name, "amp_bf16") for name in runs["models"]) and len(planned) == 15, \
+        f"train jobs in the dry run: {sorted(planned)}"
+    for (model_name, _), values in planned.items():
+        model = runs["models"][model_name]
+        need = wanted(model, {**runs["train"], **model.get("train", {})})
+        # one node: gpu=N (the plugin's --gpus); more: gres=gpu:N per node (its --gres), gpu=0
+        per_node = int(values["gpu"]) or int(values["gres"].removeprefix("gpu:") or 0)
+        got = {"gpus_per_node": per_node, "nodes": int(values["nodes"]),
+               "cpus": int(values["cpus_per_gpu"]) * per_node * int(values["nodes"]),
+               "mb": float(values["mem_mb"]), "minutes": int(values["runtime"])}
+        assert got == need, f"{model_name}: the job asks for {got}, its model needs {need} ({values})"
 
 
 def test_paper_preset_completes_through_slurm_with_summary_and_report(paper_run):
     assert paper_run.returncode == 0, paper_run.output[-5000:]
     summary = json.loads((paper_run.workdir / "results/summary/summary.json").read_text())
-    models = paper_runs()["models"]
-    assert len(models) == 15 and {c["model"] for c in summary["cells"]} == set(models), "the preset's 14 and the 2-node"
-    assert len(summary["cells"]) == 15 and {c["precision"] for c in summary["cells"]} == {"amp_bf16"}
+    models = slurm_runs(paper_run)["models"]
+    assert set(models) == {*SLURM_MODELS, TWO_NODE_MODEL} and {c["model"] for c in summary["cells"]} == set(models)
+    assert len(summary["cells"]) == 5 and {c["precision"] for c in summary["cells"]} == {"amp_bf16"}
     searches = summary["largest_batch"]["records"]  # through Slurm too; the fake GPUs' cells did not run, so no search
     assert len(searches) == 1 and all(r["status"] == "skipped" and "did not run at the planned batch" in r["reason"]
                                       for r in searches), searches
@@ -111,7 +188,7 @@ def test_paper_preset_completes_through_slurm_with_summary_and_report(paper_run)
 
 
 def test_every_train_job_got_what_its_cell_asks_for(paper_run):
-    runs, checked = paper_runs(), set()
+    runs, checked = slurm_runs(paper_run), set()
     for jobid, record in paper_run.records().items():
         cell = CELL.match(record["Comment"])
         if not cell:
@@ -130,7 +207,7 @@ def test_every_train_job_got_what_its_cell_asks_for(paper_run):
         assert megabytes(record["MinMemoryNode"]) == resources.host_mb(model, True), where
         assert minutes(record["TimeLimit"]) == resources.runtime_minutes(model, train, 1.0), where
         checked.add((model_name, precision, int(seed)))
-    assert len(checked) == 15, f"{len(checked)} train jobs in Slurm's records"
+    assert len(checked) == 5, f"{len(checked)} train jobs in Slurm's records"
 
 
 def test_cell_resources_differ_by_cell_as_the_model_needs(paper_run):
@@ -146,7 +223,7 @@ def test_cell_resources_differ_by_cell_as_the_model_needs(paper_run):
 
 
 def test_each_cell_saw_the_gpus_slurm_gave_it_and_was_skipped_before_any_worker(paper_run):
-    runs = paper_runs()
+    runs = slurm_runs(paper_run)
     for metrics_file in (paper_run.workdir / "results/runs").glob("*/*/seed*/metrics.json"):
         metrics = json.loads(metrics_file.read_text())
         gpus = resources.gpus_per_node(runs["models"][metrics["model"]], True)

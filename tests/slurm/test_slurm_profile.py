@@ -201,8 +201,13 @@ def metrics_path(workdir: Path, cell: tuple) -> Path:
 
 
 # ----------------------------------------------------------------------------------------------------- the runs
+# Made in tests/slurm/conftest.py's slurm_session, beside the paper preset's Slurm run of test_slurm_paper.py.
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def runs(slurm_session):
+    return slurm_session.result("profile")
+
+
+def profile_runs(tmp_path_factory) -> dict:
     """Local run (in the background), then Slurm run 1 with the injected faults, then Slurm run 2 (the rerun)."""
     require_slurm()
     if importlib.util.find_spec("snakemake_executor_plugin_slurm") is None:
@@ -376,7 +381,11 @@ def slurm_node_names() -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def multi_node_run(runs):
+def multi_node_run(slurm_session):
+    return slurm_session.result("two_nodes")
+
+
+def two_node_run(runs: dict) -> Run:
     """After the runs above: a model with nodes: 2, gpus: 2 (CPU here: gloo), as docs/slurm.md says. One Slurm job
     of two nodes; srun starts one torchrun per node; a torchrun shim first on PATH notes where each one ran."""
     if len(slurm_node_names()) < 2:

@@ -14,8 +14,9 @@ working directory is this one (jobs can outlive a killed Snakemake). A live run 
 it and exits with ANOTHER_RUN_ACTIVE. Incomplete outputs are re-run (--rerun-incomplete); finished ones are kept.
 
 For the run it also starts amprepro.plan.cellserver, which forks each one-process cell from a Python that imported
-torch once, unless the jobs run in another Python or elsewhere (--use-conda, an executor, a profile) or
-AMPREPRO_FRESH_CELLS=1 asks for fresh interpreters. It stops the server when Snakemake ends.
+torch once, unless the jobs run in another Python or elsewhere (--use-conda, an executor, a profile), no job runs
+at all (a dry run, --version) or AMPREPRO_FRESH_CELLS=1 asks for fresh interpreters. It stops the server when
+Snakemake ends.
 """
 
 from __future__ import annotations
@@ -45,6 +46,9 @@ DIRECTORY_OPTIONS = ("--directory", "-d")
 # Jobs that would not run here in the launcher's Python: the cell server would only refuse them, one by one.
 NOT_LOCAL_PYTHON_OPTIONS = ("--use-conda", "--sdm", "--software-deployment-method", "--executor", "-e",
                             "--use-singularity", "--use-apptainer", *PROFILE_OPTIONS)
+# Runs in which no job runs at all: a server would import torch and the model libraries for nothing (on 2 CPU cores,
+# more CPU than the dry run itself).
+NO_JOB_OPTIONS = ("-n", "--dry-run", "--dryrun", "--version", "-v")
 # `python -m snakemake ...`, a job's `bash -c "... python -m amprepro.train.train ..."`, torchrun's workers, the
 # launcher.
 PIPELINE_MODULE = re.compile(r"(?:^|\s)-m\s+(?:snakemake|amprepro(?:\.\w+)+)(?:\s|$)")
@@ -174,7 +178,7 @@ def snakemake_command(targets: list[str], env: dict) -> tuple[list[str], str]:
 
 def serves_cells(extra: list[str]) -> bool:
     """Whether the cells run here, in this Python: only then does a cell server (amprepro.plan.cellserver) help."""
-    return option_index(extra, NOT_LOCAL_PYTHON_OPTIONS) is None
+    return option_index(extra, NOT_LOCAL_PYTHON_OPTIONS) is None and option_index(extra, NO_JOB_OPTIONS) is None
 
 
 def workdir_of(env: dict) -> Path:
