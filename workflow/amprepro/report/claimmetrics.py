@@ -40,6 +40,13 @@ def metric_value(metric: str, variant: dict, baseline: dict) -> tuple[float | No
     raise ValueError(f"unknown metric {metric}")
 
 
+def largest_batch_fields(record: dict | None) -> dict:
+    """A search's answer (amprepro.train.batchsearch's record) as the summary row's largest_batch columns."""
+    return {"largest_batch": record and record["largest_batch"], "largest_batch_bound": record and record["bound"],
+            "largest_batch_failing": record and record.get("smallest_failing_batch"),
+            "largest_batch_grid": record and record.get("grid_step")}
+
+
 def largest_batch_bounds(row: dict) -> tuple[int | None, float | None]:
     """Where the true largest batch on the search's grid lies, [low, high] (amprepro.train.batchsearch): exact, one
     batch; capped (fits at the search's cap), at least the cap; at_least (the time ran out), from the largest that

@@ -325,9 +325,8 @@ def largest_batch_section(summary: dict) -> str:
 
 
 def _as_row(record: dict) -> dict:
-    return {"model": record["model"], "precision": record["precision"], "largest_batch": record["largest_batch"],
-            "largest_batch_bound": record["bound"], "largest_batch_failing": record.get("smallest_failing_batch"),
-            "largest_batch_grid": record.get("grid_step")}
+    return {"model": record["model"], "precision": record["precision"],
+            **claimmetrics.largest_batch_fields(record)}
 
 
 def ratio_text(record: dict, fp32: dict) -> str:

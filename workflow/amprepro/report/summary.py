@@ -8,7 +8,7 @@ import os
 import sys
 
 from amprepro.files import read_json, write_csv, write_json
-from amprepro.report import fp8
+from amprepro.report import claimmetrics, fp8
 from amprepro.train import precisions
 
 COLUMNS = [
@@ -107,10 +107,7 @@ def add_largest_batch(rows: list[dict], records: list[dict]) -> list[dict]:
     found = {(r["model"], r["precision"], r["seed"]): r for r in records if r.get("status") == "ok"}
     for row in rows:
         record = found.get((row["model"], row["precision"], row["seed"]))
-        row["largest_batch"] = record and record["largest_batch"]
-        row["largest_batch_bound"] = record and record["bound"]
-        row["largest_batch_failing"] = record and record.get("smallest_failing_batch")
-        row["largest_batch_grid"] = record and record.get("grid_step")
+        row.update(claimmetrics.largest_batch_fields(record))
     return rows
 
 
