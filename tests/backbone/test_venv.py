@@ -90,7 +90,11 @@ def descendants(pid: int) -> list[int]:
     found, todo = [], [pid]
     while todo:
         current = todo.pop()
-        for task in Path(f"/proc/{current}/task").glob("*"):
+        try:
+            tasks = list(Path(f"/proc/{current}/task").iterdir())
+        except OSError:  # the process ended between its parent's children list and this read
+            continue
+        for task in tasks:
             try:
                 children = [int(c) for c in (task / "children").read_text().split()]
             except OSError:
