@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import ast
+import json
 import re
 import shutil
 from pathlib import Path
@@ -115,6 +116,63 @@ def test_an_unknown_module_is_an_error():
 def test_the_digest_says_what_it_is():
     assert re.fullmatch(r"code of amprepro\.report\.render, amprepro\.report\.reportlib: sha256 [0-9a-f]{64}",
                         code_digest("report.render", "report.reportlib"))
+
+
+KEPT_DIGEST = """
+import ast, sys
+from pathlib import Path
+from amprepro import codedigest
+codedigest.keep_trees_in(Path(sys.argv[1]))
+if sys.argv[3] == "no-parsing":
+    ast.parse = None  # a tree that is not kept would fail here
+print(codedigest.code_digest("train.train", "plan.launcher", package_dir=Path(sys.argv[2])))
+"""
+
+
+def kept_digest(trees: Path, package: Path, mode: str = "may-parse") -> str:
+    """code_digest in a new process (a Snakemake's DAG build) that keeps its trees in `trees`."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", KEPT_DIGEST, str(trees), str(package), mode], capture_output=True,
+                          text=True, timeout=60, env={"PYTHONPATH": str(REPO / "workflow")})
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout.strip()
+
+
+def test_kept_trees_give_the_same_digest_and_spare_the_next_process_the_parsing(package, tmp_path):
+    trees = tmp_path / ".snakemake" / "amprepro" / "code-trees.json"
+    fresh = code_digest("train.train", "plan.launcher", package_dir=package)
+    assert kept_digest(trees, package) == fresh and trees.is_file()  # the first process parses and keeps
+    assert kept_digest(trees, package, "no-parsing") == fresh  # the next parses nothing
+    with open(package / "train" / "data.py", "a") as handle:  # an edit: that file is parsed again, and counts
+        handle.write("\nUNUSED = 1\n")
+    edited = code_digest("train.train", "plan.launcher", package_dir=package)
+    assert edited != fresh and kept_digest(trees, package) == edited
+    assert kept_digest(trees, package, "no-parsing") == edited
+    kept = json.loads(trees.read_text())["files"]
+    stage = stage_files(["train.train", "plan.launcher"], package)
+    assert len(kept) == len({path.read_bytes() for path in stage})  # the old tree of data.py went
+
+
+@pytest.mark.parametrize("damage", ["cut short", "another version", "not json"])
+def test_a_damaged_or_foreign_tree_file_is_parsed_again_and_rewritten(package, tmp_path, damage):
+    trees = tmp_path / "code-trees.json"
+    fresh = code_digest("train.train", "plan.launcher", package_dir=package)
+    kept_digest(trees, package)
+    whole = json.loads(trees.read_text())
+    version = whole["version"]
+    if damage == "cut short":
+        trees.write_text(trees.read_text()[: len(trees.read_text()) // 2])
+    elif damage == "another version":  # trees written by another codedigest or Python: not what these bytes give
+        whole["version"] = "other"
+        whole["files"] = {key: [[], "Module([], [])"] for key in whole["files"]}
+        trees.write_text(json.dumps(whole))
+    else:
+        trees.write_text("[1, 2")
+    assert kept_digest(trees, package) == fresh
+    assert json.loads(trees.read_text())["version"] == version
+    assert kept_digest(trees, package, "no-parsing") == fresh  # rewritten whole
 
 
 APEX_BUILT = {"status": "built", "required": True, "site_dir": "results/apex/site/abc", "has_amp": True,

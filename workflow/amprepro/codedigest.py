@@ -11,13 +11,24 @@ written (atomically, with which mode), never what it says.
 
 Files the code reads as code, such as the report's Jinja2 templates, are named with `files=` (paths relative to the
 workflow directory, a folder counting with every file in it) and digested byte for byte.
+
+Parsing and dumping the package's syntax trees costs about 0.75 s of CPU, and Snakemake pays it at every DAG build: a
+`make run`, a dry run, and each Slurm job's own Snakemake. `keep_trees_in(file)` (the Snakefile's call, a file under
+.snakemake/) keeps each file's stripped tree and import statements between processes, keyed by the sha256 of the
+file's bytes, this module's own source and the Python version, so a hit is what parsing those bytes gives; how the
+imports resolve to files is worked out again every time, from the package as it is.
 """
 
 from __future__ import annotations
 
 import ast
+import atexit
 import functools
 import hashlib
+import json
+import os
+import sys
+import tempfile
 from pathlib import Path
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -100,33 +111,47 @@ def _stamp(path: Path) -> tuple[int, int]:
 @functools.lru_cache(maxsize=512)
 def _file_facts(path: Path, stamp: tuple[int, int]) -> tuple[frozenset[str], str]:
     """One parse per file and version: every rule's digest at DAG build time reads the same modules."""
-    tree = parse(path)
-    return frozenset(_imports(tree)), _stripped_dump(tree)
+    source = path.read_bytes()
+    key = hashlib.sha256(source).hexdigest()
+    known = _TREES.get(key)
+    if known is None:
+        tree = ast.parse(source, filename=str(path))
+        known = _TREES.put(key, _import_statements(tree), _stripped_dump(tree))
+    statements, dump = known
+    return frozenset(_imports(statements)), dump
 
 
-def _imports(tree: ast.Module) -> set[str]:
-    """Dotted names below the package: `from amprepro.train import models` names train and train.models."""
-    names = set()
+def _import_statements(tree: ast.Module) -> list[list[str]]:
+    """The file's absolute imports of the package, wherever they are: [module] for `import amprepro.x`, [module,
+    name...] for `from amprepro.x import name...` (whether a name is a module is decided later, by _imports)."""
+    found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            names |= {alias.name.split(".", 1)[1] for alias in node.names if alias.name.startswith(f"{PACKAGE}.")}
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            if node.module == PACKAGE:
-                names |= {alias.name for alias in node.names}
-            elif node.module.startswith(f"{PACKAGE}."):
-                below = node.module.split(".", 1)[1]
-                names.add(below)
-                names |= {f"{below}.{alias.name}" for alias in node.names if _is_module(f"{below}.{alias.name}")}
+            found += [[alias.name] for alias in node.names if alias.name.startswith(f"{PACKAGE}.")]
+        elif (isinstance(node, ast.ImportFrom) and node.level == 0 and node.module
+              and (node.module == PACKAGE or node.module.startswith(f"{PACKAGE}."))):
+            found.append([node.module, *(alias.name for alias in node.names)])
+    return found
+
+
+def _imports(statements: list[list[str]]) -> set[str]:
+    """Dotted names below the package: `from amprepro.train import models` names train and train.models."""
+    names = set()
+    for module, *imported in statements:
+        if not imported:
+            names.add(module.split(".", 1)[1])
+        elif module == PACKAGE:
+            names |= set(imported)
+        else:
+            below = module.split(".", 1)[1]
+            names.add(below)
+            names |= {f"{below}.{name}" for name in imported if _is_module(f"{below}.{name}")}
     return names
 
 
 def _is_module(name: str, package_dir: Path = PACKAGE_DIR) -> bool:
     path = package_dir.joinpath(*name.split("."))
     return path.is_dir() or path.with_suffix(".py").is_file()
-
-
-def parse(path: Path) -> ast.Module:
-    return ast.parse(path.read_text(), filename=str(path))
 
 
 def _stripped_dump(tree: ast.Module) -> str:
@@ -139,3 +164,67 @@ def _stripped_dump(tree: ast.Module) -> str:
 def has_docstring(node) -> bool:
     first = node.body[0] if node.body else None
     return isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str)
+
+
+class _Trees:
+    """Each source file's import statements and stripped tree by the sha256 of its bytes: in this process always, and
+    in a file between processes once keep_trees_in has named one."""
+
+    def __init__(self):
+        self.entries: dict[str, list] = {}
+        self.used: set[str] = set()
+        self.file: Path | None = None
+        self.changed = False
+
+    def get(self, key: str) -> tuple[list, str] | None:
+        entry = self.entries.get(key)
+        if entry is None:
+            return None
+        self.used.add(key)
+        return entry[0], entry[1]
+
+    def put(self, key: str, statements: list, dump: str) -> tuple[list, str]:
+        self.entries[key] = [statements, dump]
+        self.used.add(key)
+        self.changed = True
+        return statements, dump
+
+    def load(self, file: Path) -> None:
+        self.file = file
+        try:
+            kept = json.loads(file.read_text())
+        except (OSError, ValueError):  # none yet, unreadable or cut short: parse again, write it anew
+            return
+        if isinstance(kept, dict) and kept.get("version") == _version() and isinstance(kept.get("files"), dict):
+            self.entries = {**kept["files"], **self.entries}
+
+    def save(self) -> None:
+        """The trees this process used (the files as they are now: an edited file's old tree goes), written whole and
+        atomically (a Snakemake beside this one reads the old file or this one), when one was new; never an error."""
+        if self.file is None or not self.changed:
+            return
+        try:
+            self.file.parent.mkdir(parents=True, exist_ok=True)
+            handle, temporary = tempfile.mkstemp(dir=self.file.parent, prefix=f".{self.file.name}.")
+            with os.fdopen(handle, "w") as out:
+                json.dump({"version": _version(), "files": {key: self.entries[key] for key in sorted(self.used)}}, out)
+            os.replace(temporary, self.file)
+            self.changed = False
+        except OSError:
+            pass
+
+
+def _version() -> str:
+    """What a kept tree depends on besides the file: how this module strips and dumps, and Python's ast."""
+    own = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
+    return f"{own} python {sys.version_info.major}.{sys.version_info.minor}"
+
+
+_TREES = _Trees()
+
+
+def keep_trees_in(file: Path) -> None:
+    """Keep the parsed trees in this file between processes (read now, written when the process ends)."""
+    if _TREES.file is None:
+        atexit.register(_TREES.save)
+    _TREES.load(Path(file))

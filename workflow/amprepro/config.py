@@ -11,6 +11,7 @@ import argparse
 import contextlib
 import copy
 import difflib
+import functools
 import re
 import sys
 from pathlib import Path
@@ -77,10 +78,17 @@ def deep_merge(base: dict, override: dict) -> dict:
 
 
 def load_schema() -> dict:
-    """The config schema, its precision enum read from amprepro.train.precisions (the YAML does not repeat the list)."""
-    schema = yaml.safe_load(SCHEMA_PATH.read_text())
+    """The config schema, its precision enum read from amprepro.train.precisions (the YAML does not repeat the list);
+    a copy of its own, for a caller may change it."""
+    schema = copy.deepcopy(_schema_file(SCHEMA_PATH, SCHEMA_PATH.stat().st_mtime_ns))
     schema["$defs"]["precision"]["enum"] = precisions.names()
     return schema
+
+
+@functools.lru_cache(maxsize=4)
+def _schema_file(path: Path, mtime_ns: int) -> dict:
+    """One parse per DAG build, not one per check (four at each Snakemake start)."""
+    return yaml.safe_load(path.read_text())
 
 
 def _filling_defaults(validator_class):

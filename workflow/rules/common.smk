@@ -4,7 +4,7 @@ from pathlib import Path
 
 from amprepro.plan import resources as cell_resources  # noqa: E402
 from amprepro.train.cellsupport import needs_apex  # noqa: E402
-from amprepro.codedigest import code_digest  # noqa: E402
+from amprepro.codedigest import code_digest, keep_trees_in  # noqa: E402
 from amprepro.config import (  # noqa: E402
     apex_required,
     cell_spec_json,
@@ -19,6 +19,10 @@ from amprepro.config import (  # noqa: E402
     plan_cells,
     stop_on_config_error,
 )
+
+# The parsed source trees the code digests read, kept between Snakemake processes (amprepro.codedigest): in the
+# working directory's .snakemake/, beside Snakemake's own records.
+keep_trees_in(Path(".snakemake") / "amprepro" / "code-trees.json")
 
 # A bad value stops here with the field and the fix, and no Python frames (stop_on_config_error). The --config values
 # go with it: there, nested values arrive as text, which a config file may not quote (refuse_quoted_numbers).
