@@ -35,7 +35,7 @@ from dataclasses import dataclass
 ENV = "AMPREPRO_CELL_SERVER"
 ORIGIN_ENV = "AMPREPRO_CELL_PROCESS"  # in a forked cell: which server it came from (recorded in metrics.json)
 PRELOAD = ["torch", "torch._dynamo", "torch.utils.flop_counter", "torch.utils.checkpoint", "numpy", "threadpoolctl",
-           "torchvision", "timm", "sklearn.datasets", "sklearn.model_selection", "amprepro.train.train",
+           "torchvision", "timm", "amprepro.train.train",
            "amprepro.train.models", "amprepro.train.precision", "amprepro.train.measure", "amprepro.train.flops",
            "amprepro.memory", "amprepro.cellspec", "amprepro.train.data", "amprepro.train.distributed",
            "amprepro.train.batchsearch"]
