@@ -21,8 +21,10 @@ from amprepro.config import (  # noqa: E402
 )
 
 # The parsed source trees the code digests read, kept between Snakemake processes (amprepro.codedigest): in the
-# working directory's .snakemake/, beside Snakemake's own records.
-keep_trees_in(Path(".snakemake") / "amprepro" / "code-trees.json")
+# working directory's .snakemake/, beside Snakemake's own records (--directory's, which is not yet the cwd here).
+keep_trees_in(
+    Path(workflow.workdir_init, workflow.overwrite_workdir or ".", ".snakemake", "amprepro", "code-trees.json")
+)
 
 # A bad value stops here with the field and the fix, and no Python frames (stop_on_config_error). The --config values
 # go with it: there, nested values arrive as text, which a config file may not quote (refuse_quoted_numbers).
