@@ -262,3 +262,154 @@ def test_a_template_edit_re_renders_the_report(tmp_path):
     assert code_digest(*modules, files=files, package_dir=workflow / "amprepro") != before
     with pytest.raises(ValueError, match="not a file or folder"):
         code_digest("report.render", files=["report/nosuch"], package_dir=workflow / "amprepro")
+
+
+# --- amprepro.codedigest on a small package written here, every expected file list and digest worked out by hand ---
+
+def small_package(root: Path) -> Path:
+    """amprepro/ with a stage (top) that imports helper (inside a function), a module of a subpackage, the file
+    writer and, through helper, other (which imports top again: a cycle); unrelated.py imported by nothing; sub/deep
+    a package below a subpackage (counts whole)."""
+    package = root / "amprepro"
+    files = {
+        "__init__.py": "",
+        "files.py": "def write():\n    return 0\n",
+        "top.py": ('"""The stage."""\nfrom amprepro import helper\nimport amprepro.sub.leaf\n'
+                   "from amprepro import files\n"),
+        "helper.py": "def f():\n    import amprepro.other\n    return 1\n",
+        "other.py": "import amprepro.top\nY = 2\n",
+        "unrelated.py": "Z = 3\n",
+        "sub/__init__.py": "",
+        "sub/leaf.py": "import amprepro.sub.deep.thing\n",
+        "sub/deep/__init__.py": "",
+        "sub/deep/thing.py": "T = 1\n",
+        "sub/deep/script.py": "print(1)\n",
+        "sub/deep/__pycache__/thing.cpython-311.pyc": "",
+    }
+    for name, text in files.items():
+        (package / name).parent.mkdir(parents=True, exist_ok=True)
+        (package / name).write_text(text)
+    return package
+
+
+def test_module_paths_are_the_module_its_inits_or_a_whole_package_below_a_subpackage(tmp_path):
+    from amprepro.codedigest import module_paths
+
+    package = small_package(tmp_path)
+    assert module_paths("top", package) == [package / "top.py"]
+    assert module_paths("sub.leaf", package) == [package / "sub/__init__.py", package / "sub/leaf.py"]
+    assert module_paths("sub", package) == [package / "sub/__init__.py"]
+    whole = sorted([package / "sub/__init__.py", package / "sub/deep/__init__.py", package / "sub/deep/script.py",
+                    package / "sub/deep/thing.py"])
+    assert module_paths("sub.deep", package) == whole
+    assert module_paths("sub.deep.thing", package) == whole
+    assert module_paths("files", package) == [] and module_paths("files.write", package) == []
+    with pytest.raises(ValueError) as error:
+        module_paths("sub.nosuch", package)
+    assert str(error.value) == f"amprepro.sub.nosuch is not a module of {package}"
+
+
+def test_the_imports_of_a_file_are_the_package_modules_it_names_wherever_the_statement_is(tmp_path):
+    from amprepro.codedigest import imported_modules
+
+    path = tmp_path / "mod.py"
+    path.write_text("import os\nimport amprepro\nimport amprepro.report.summary, json\n"
+                    "from amprepro import files, nosuch\nfrom amprepro.train import models, NOT_A_MODULE\n"
+                    "from . import relative\nfrom .train import data\nfrom amprepro_other import x\n"
+                    "class C:\n    def f(self):\n        from amprepro.env import sanity\n")
+    assert imported_modules(path) == {"report.summary", "files", "nosuch", "train", "train.models", "env",
+                                      "env.sanity"}
+
+
+def test_a_stage_is_its_modules_and_what_they_import_transitively(tmp_path):
+    package = small_package(tmp_path)
+    expected = sorted(package / name for name in ("top.py", "helper.py", "other.py", "sub/__init__.py",
+                                                  "sub/leaf.py", "sub/deep/__init__.py", "sub/deep/script.py",
+                                                  "sub/deep/thing.py"))
+    assert stage_files(["top"], package) == expected  # no files.py, no unrelated.py, the cycle ends
+    assert stage_files(["other", "unrelated"], package) == sorted([*expected, package / "unrelated.py"])
+    assert stage_files([], package) == []
+
+
+def test_the_digest_is_sha256_of_each_files_path_and_stripped_tree_then_the_data_files_bytes(tmp_path):
+    import hashlib
+
+    from amprepro.codedigest import source_tree
+
+    package = small_package(tmp_path)
+    templates = tmp_path / "report" / "templates"
+    (templates / "__pycache__").mkdir(parents=True)
+    (templates / "b.j2").write_text("B")
+    (templates / "a.j2").write_text("A")
+    (templates / "__pycache__" / "x.pyc").write_text("ignored")
+    (tmp_path / "extra.txt").write_bytes(b"E\n")
+    expected = hashlib.sha256()
+    for path in stage_files(["sub.leaf"], package):
+        expected.update(f"{path.relative_to(package)}\0{source_tree(path)}\0".encode())
+    for name, data in (("report/templates/a.j2", b"A"), ("report/templates/b.j2", b"B"), ("extra.txt", b"E\n")):
+        expected.update(f"{name}\0".encode() + data + b"\0")
+    digest = code_digest("sub.leaf", files=["report/templates", "extra.txt"], package_dir=package)
+    assert digest == ("code of amprepro.sub.leaf, report/templates, extra.txt: sha256 " + expected.hexdigest())
+    # top and other import each other: the same files, the same hash; only the label names both
+    assert code_digest("top", package_dir=package) == code_digest("other", "top", package_dir=package).replace(
+        "amprepro.other, ", "")
+    (templates / "__pycache__" / "x.pyc").write_text("changed")
+    assert code_digest("sub.leaf", files=["report/templates", "extra.txt"], package_dir=package) == digest
+    (templates / "a.j2").write_text("A2")
+    assert code_digest("sub.leaf", files=["report/templates", "extra.txt"], package_dir=package) != digest
+    with pytest.raises(ValueError) as error:
+        code_digest("top", files=["nosuch"], package_dir=package)
+    assert str(error.value) == f"nosuch is not a file or folder of {tmp_path}"
+
+
+def test_the_stripped_tree_drops_only_the_first_string_of_a_body(tmp_path):
+    from amprepro.codedigest import has_docstring, parse, source_tree
+
+    def tree(text):
+        path = tmp_path / f"t{len(list(tmp_path.iterdir()))}.py"
+        path.write_text(text)
+        return source_tree(path)
+
+    plain = tree("class K:\n    def m(self):\n        return 1\n")
+    assert tree('"""Module."""\nclass K:\n    """Class."""\n    def m(self):\n        """Method."""\n        return 1\n'
+                ) == plain
+    assert tree("\n\n# moved down two lines\nclass K:\n    def m(self):  # same\n        return 1\n") == plain
+    assert tree("class K:\n    def m(self):\n        return 2\n") != plain
+    # a second string is code (an expression statement), a number first is no docstring
+    assert tree('def f():\n    """Doc."""\n    "kept"\n') != tree('def f():\n    """Doc."""\n')
+    assert tree("def f():\n    1\n    return 1\n") != tree("def f():\n    return 1\n")
+    assert tree('def f():\n    """Only."""\n') == tree("def f():\n    pass\n")
+    assert tree('"""Only a docstring."""\n') == tree("pass\n")
+    assert has_docstring(ast.parse('"""x"""')) and not has_docstring(ast.parse("x = 1"))
+    assert not has_docstring(ast.parse("")) and not has_docstring(ast.parse("b'bytes'"))
+    assert isinstance(parse(tmp_path / "t0.py"), ast.Module)
+
+
+def test_an_edited_file_is_parsed_again(tmp_path):
+    from amprepro.codedigest import imported_modules, source_tree
+
+    path = tmp_path / "m.py"
+    path.write_text("X = 1\n")
+    before = source_tree(path)
+    assert imported_modules(path) == set()
+    path.write_text("import amprepro.files\nX = 10\n")
+    assert source_tree(path) != before and imported_modules(path) == {"files"}
+
+
+def test_a_file_named_before_a_folder_is_kept(tmp_path):
+    from amprepro.codedigest import data_files
+
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "folder" / "a.j2").write_text("A")
+    (tmp_path / "first.txt").write_text("F")
+    assert data_files(["first.txt", "folder"], tmp_path) == [tmp_path / "first.txt", tmp_path / "folder" / "a.j2"]
+
+
+def test_a_syntax_error_names_the_file(tmp_path):
+    from amprepro.codedigest import parse
+
+    path = tmp_path / "broken.py"
+    path.write_text("def f(:\n")
+    with pytest.raises(SyntaxError) as error:
+        parse(path)
+    assert error.value.filename == str(path)

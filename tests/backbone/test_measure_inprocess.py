@@ -1,0 +1,222 @@
+"""amprepro.train.measure's figures checked against hand computations: percentiles and step statistics, the peak
+record, the tensor-by-tensor split of the first optimizer step, and the provenance records (hardware, software, host
+load, thread pools, nvidia-smi). The CUDA branches run on this CPU machine with torch.cuda's query functions standing
+in for a GPU's answers (tests/gpu checks them on a real card). Fast: a Linear layer, no training run."""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+import types
+
+import pytest
+import torch
+
+from amprepro.train import measure
+
+
+@pytest.mark.parametrize("values, q, expected", [
+    ([5, 1, 4, 2, 3], 50, 3),               # sorted first
+    ([0, 10], 90, 9.0),                     # rank 0.9: 0 + 10 * 0.9
+    ([0, 10, 20, 30], 50, 15.0),            # rank 1.5: 10 + 10 * 0.5
+    ([0, 10, 20, 30], 90, 27.0),            # rank 2.7: 20 + 10 * 0.7
+    ([0, 10, 20, 30], 100, 30),             # rank 3: the last, no element beyond it
+    ([0, 10, 20, 30], 0, 0),
+    ([3.0, 1.0], 25, 1.5),                  # rank 0.25 of [1, 3]
+    ([7], 90, 7),
+    ([7], 0, 7),
+])
+def test_percentile_is_linear_between_the_sorted_values(values, q, expected):
+    assert measure.percentile(values, q) == pytest.approx(expected, abs=1e-12)
+
+
+def test_step_stats_time_only_the_steps_after_the_warmup():
+    seconds = [9.0, 9.0, 9.0, 0.4, 0.1, 0.3, 0.2]  # timed: 0.4 0.1 0.3 0.2
+    stats = measure.step_stats(seconds, warmup=3, items_per_step=10)
+    assert stats["timed_steps"] == 4 and stats["warmup_steps"] == 3
+    assert stats["step_time_median_s"] == pytest.approx(0.25)      # (0.2 + 0.3) / 2
+    assert stats["step_time_p90_s"] == pytest.approx(0.37)         # rank 2.7 of [0.1 0.2 0.3 0.4]: 0.3 + 0.07
+    assert stats["step_time_mean_s"] == pytest.approx(0.25)        # 1.0 / 4
+    assert stats["throughput_per_s"] == pytest.approx(10 / 0.25)   # items per median step
+    assert set(stats) == {"timed_steps", "warmup_steps", "step_time_median_s", "step_time_p90_s",
+                          "step_time_mean_s", "throughput_per_s"}
+    odd = measure.step_stats([1.0, 0.5, 0.1, 0.3], warmup=1, items_per_step=3)
+    assert odd["step_time_median_s"] == pytest.approx(0.3) and odd["step_time_mean_s"] == pytest.approx(0.3)
+    assert odd["throughput_per_s"] == pytest.approx(10.0)
+
+
+def test_the_cuda_peak_is_the_allocators_and_the_cpu_peak_the_processes(monkeypatch):
+    import resource
+
+    cpu = measure.memory_stats(torch.device("cpu"))
+    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # ru_maxrss is in KiB on Linux
+    assert 0 < cpu["peak_rss_bytes"] <= after and cpu["peak_rss_bytes"] % 1024 == 0
+    assert cpu["peak_rss_bytes"] > after / 2  # KiB made bytes, not left as KiB
+    assert cpu["peak_allocated_bytes"] is None and cpu["peak_reserved_bytes"] is None
+    asked = []
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device: asked.append(device) or 3 * 2**30)
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda device: asked.append(device) or 4 * 2**30)
+    gpu = measure.memory_stats(torch.device("cuda", 1))
+    assert gpu["peak_allocated_bytes"] == 3 * 2**30 and gpu["peak_reserved_bytes"] == 4 * 2**30
+    assert asked == [torch.device("cuda", 1)] * 2 and gpu["peak_rss_bytes"] > 0
+
+
+def test_host_load_and_thread_pools_describe_this_process():
+    before = os.getloadavg()[0]
+    load = measure.host_load()
+    after = os.getloadavg()[0]
+    assert load["cpus"] == os.cpu_count()
+    assert min(before, after) - 0.006 <= load["load_1min"] <= max(before, after) + 0.006
+    assert round(load["load_1min"], 2) == load["load_1min"]
+    pools = measure.thread_pools()
+    assert pools["torch"] == torch.get_num_threads()
+    pytest.importorskip("threadpoolctl")
+    assert pools["pools"] and all(":" in p and "=" in p for p in pools["pools"]) and pools["pools"] == sorted(
+        pools["pools"])
+
+
+def test_thread_pools_without_threadpoolctl_say_none(monkeypatch):
+    monkeypatch.setitem(sys.modules, "threadpoolctl", None)  # import fails with ImportError
+    assert measure.thread_pools() == {"torch": torch.get_num_threads(), "pools": None}
+
+
+def fake_smi(tmp_path, monkeypatch, script):
+    tool = tmp_path / "nvidia-smi"
+    tool.write_text("#!/bin/sh\n" + script)
+    tool.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+
+
+def test_nvidia_smi_query_reads_the_first_gpus_line(tmp_path, monkeypatch):
+    fake_smi(tmp_path, monkeypatch, 'echo "$1 $2"\necho second\n')
+    assert measure.nvidia_smi_query("driver_version") == "--query-gpu=driver_version --format=csv,noheader"
+    fake_smi(tmp_path, monkeypatch, "echo 580.65 >&2\nexit 3\n")
+    assert measure.nvidia_smi_query("driver_version") is None  # a failed query is no answer
+    fake_smi(tmp_path, monkeypatch, "echo '  '\n")
+    assert measure.nvidia_smi_query("driver_version") is None
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert measure.nvidia_smi_query("driver_version") is None
+
+
+def test_a_hung_nvidia_smi_is_given_at_most_20_seconds(monkeypatch, tmp_path):
+    fake_smi(tmp_path, monkeypatch, "echo unused\n")
+    asked = {}
+
+    def hangs(command, **options):
+        asked.update(options)
+        raise measure.subprocess.TimeoutExpired(command, options.get("timeout"))
+
+    monkeypatch.setattr(measure.subprocess, "run", hangs)
+    assert measure.nvidia_smi_query("driver_version") is None
+    assert asked["timeout"] is not None and 0 < asked["timeout"] <= 20  # a wedged driver does not stall a cell
+
+
+def test_the_timer_lets_an_exception_of_the_step_through():
+    with pytest.raises(RuntimeError, match="out of memory"), measure.StepTimer(torch.device("cpu")):
+        raise RuntimeError("out of memory")
+
+
+def test_the_cudnn_version_is_recorded_only_where_cudnn_is_available(monkeypatch):
+    monkeypatch.setattr(torch.backends.cudnn, "version", lambda: 91002)
+    monkeypatch.setattr(torch.backends.cudnn, "is_available", lambda: True)
+    assert measure.software({})["cudnn"] == 91002
+    monkeypatch.setattr(torch.backends.cudnn, "is_available", lambda: False)
+    assert measure.software({})["cudnn"] is None
+
+
+def test_hardware_on_the_cpu_has_no_gpu():
+    info = measure.hardware(torch.device("cpu"))
+    assert info == {"device": "cpu", "cpu": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(),
+                    "gpu_name": None, "gpu_capability": None, "gpu_count": 0, "driver": None}
+    assert info["cpu"]
+
+
+def test_hardware_on_a_gpu_names_the_card_and_which_one(tmp_path, monkeypatch):
+    # the driver only for the query that asks for it
+    fake_smi(tmp_path, monkeypatch, '[ "$1" = --query-gpu=driver_version ] && [ "$2" = --format=csv,noheader ] '
+                                    "&& echo 580.65.06 || exit 1\n")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    this = torch.device("cuda", 1)  # every query must be about this device, not the current one
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device: {this: "NVIDIA H200"}[device])
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: {this: (9, 0)}[device])
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda device: {this: types.SimpleNamespace(uuid="e05d-11")}[device])
+    info = measure.hardware(this)
+    assert info["device"] == "cuda" and info["gpu_name"] == "NVIDIA H200"
+    assert info["gpu_capability"] == "9.0" and info["gpu_count"] == 2 and info["driver"] == "580.65.06"
+    assert info["cuda_visible_devices"] == "3" and info["gpu_uuid"] == "GPU-e05d-11"
+    assert info["cpu_count"] == os.cpu_count()
+
+
+def test_software_names_this_interpreter_and_the_apex_record():
+    record = measure.software({"commit": "abc", "status": "built"})
+    assert record["python"] == platform.python_version() and record["prefix"] == sys.prefix
+    assert record["torch"] == torch.__version__ and record["cuda"] == torch.version.cuda
+    assert record["apex_commit"] == "abc" and record["apex_status"] == "built"
+    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    assert record["cudnn"] == cudnn
+    assert measure.software({})["apex_status"] is None
+
+
+def test_tensor_bytes_counts_elements_times_their_size():
+    tensors = [torch.zeros(3, 4), None, torch.zeros(5, dtype=torch.float16), torch.zeros(2, dtype=torch.int64)]
+    assert measure.tensor_bytes(tensors) == 3 * 4 * 4 + 5 * 2 + 2 * 8
+    assert measure.tensor_bytes([]) == 0
+
+
+def test_the_breakdown_counts_the_first_step_once_and_the_rest_is_activations():
+    model = torch.nn.Linear(4, 3)                       # 12 + 3 float32 parameters: 60 bytes
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)  # a momentum buffer per parameter
+    breakdown = measure.Breakdown(model, optimizer)
+    assert breakdown.masters() == []
+    assert breakdown.result(1000) == dict.fromkeys(measure.Breakdown.KEYS)  # no step yet
+    model(torch.ones(2, 4)).sum().backward()
+    optimizer.step()
+    assert len(optimizer._optimizer_step_pre_hooks) == 0 and len(optimizer._optimizer_step_post_hooks) == 0
+    model.bias.grad = None                              # a later step is not counted again
+    with torch.no_grad():
+        model.weight.grad = torch.zeros(3, 4)
+    optimizer.state[model.weight]["extra"] = torch.zeros(100)
+    optimizer.step()
+    result = breakdown.result(1000)
+    assert result == {"weights": 60, "gradients": 60, "optimizer_state": 60, "master_weights": None,
+                      "activations_and_workspace": 1000 - 60 - 60 - 60}
+    assert breakdown.result(None) == dict.fromkeys(measure.Breakdown.KEYS)
+    assert list(result) == list(measure.Breakdown.KEYS)
+
+
+def test_the_breakdown_counts_only_tensors_of_the_optimizer_state():
+    model = torch.nn.Linear(4, 3)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    breakdown = measure.Breakdown(model, optimizer)
+    model(torch.ones(2, 4)).sum().backward()
+    optimizer.step()
+    # exp_avg and exp_avg_sq are parameter-sized; the step counter is one float32 per parameter tensor
+    assert breakdown.result(500)["optimizer_state"] == 2 * 60 + 2 * 4
+    assert breakdown.result(500)["activations_and_workspace"] == 500 - 60 - 60 - 128
+
+
+def test_the_breakdown_of_apex_o2_adds_the_fp32_masters_and_their_gradients():
+    model = torch.nn.Linear(10, 10, bias=False).half()   # 200 bytes of fp16 weights
+    model.weight.grad = torch.zeros_like(model.weight)
+    master = torch.zeros(10, 10, requires_grad=True)     # 400 bytes of fp32 master weights
+    master.grad = torch.zeros(10, 10)
+    optimizer = torch.optim.SGD([master], lr=0.1)        # no momentum: no state
+    optimizer._amp_stash = types.SimpleNamespace(all_fp32_from_fp16_params=[master])
+    breakdown = measure.Breakdown(model, optimizer)
+    assert breakdown.masters() == [master]
+    optimizer.step()
+    assert breakdown.result(2000) == {"weights": 200, "gradients": 200 + 400, "optimizer_state": 0,
+                                      "master_weights": 400, "activations_and_workspace": 2000 - 200 - 600 - 400}
+
+
+def test_a_disabled_breakdown_hooks_nothing():
+    model = torch.nn.Linear(4, 3)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    breakdown = measure.Breakdown(model, optimizer, enabled=False)
+    assert len(optimizer._optimizer_step_pre_hooks) == 0
+    model(torch.ones(1, 4)).sum().backward()
+    optimizer.step()
+    assert breakdown.result(1000) == dict.fromkeys(measure.Breakdown.KEYS)
