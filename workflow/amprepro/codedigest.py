@@ -115,7 +115,7 @@ def _file_facts(path: Path, stamp: tuple[int, int]) -> tuple[frozenset[str], str
     key = hashlib.sha256(source).hexdigest()
     known = _TREES.get(key)
     if known is None:
-        tree = ast.parse(source, filename=str(path))
+        tree = parse(path, source)
         known = _TREES.put(key, _import_statements(tree), _stripped_dump(tree))
     statements, dump = known
     return frozenset(_imports(statements)), dump
@@ -152,6 +152,11 @@ def _imports(statements: list[list[str]]) -> set[str]:
 def _is_module(name: str, package_dir: Path = PACKAGE_DIR) -> bool:
     path = package_dir.joinpath(*name.split("."))
     return path.is_dir() or path.with_suffix(".py").is_file()
+
+
+def parse(path: Path, source: bytes | None = None) -> ast.Module:
+    """The file's syntax tree (from `source`, its bytes already read, where given); a syntax error names the file."""
+    return ast.parse(path.read_bytes() if source is None else source, filename=str(path))
 
 
 def _stripped_dump(tree: ast.Module) -> str:
