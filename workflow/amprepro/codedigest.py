@@ -219,6 +219,7 @@ class _Trees:
             pass
 
 
+@functools.cache
 def _version() -> str:
     """What a kept tree depends on besides the file: how this module strips and dumps, and Python's ast."""
     own = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()

@@ -35,10 +35,10 @@ def digits_arrays():
     if spec is None:
         raise ModuleNotFoundError("the digits data comes from scikit-learn, which is not installed here: "
                                   "pip install -r requirements.txt")
-    folders = spec.submodule_search_locations or []
-    packaged = [Path(folder) / "datasets" / "data" / "digits.csv.gz" for folder in folders]
-    if packaged and packaged[0].is_file():
-        with gzip.open(packaged[0], "rt", encoding="utf-8") as rows:
+    folder = next(iter(spec.submodule_search_locations or []), None)
+    packaged = Path(folder, "datasets", "data", "digits.csv.gz") if folder else None
+    if packaged and packaged.is_file():
+        with gzip.open(packaged, "rt", encoding="utf-8") as rows:
             data = np.loadtxt(rows, delimiter=",")
         return data[:, :-1].reshape(-1, 8, 8), data[:, -1].astype(int)
     from sklearn.datasets import load_digits
