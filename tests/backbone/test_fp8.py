@@ -219,6 +219,8 @@ def test_the_summary_compares_fp8_with_compiled_bf16_step_by_step(tmp_path):
     assert tw["baseline_precision"] == "amp_bf16_compile"
     assert tw["speedup_vs_baseline"] == pytest.approx(1.1) and tw["memory_ratio_vs_baseline"] == pytest.approx(0.8)
     assert tw["loss_gap_final_vs_baseline"] == pytest.approx(0.005)
+    assert tw["loss_gap_final_abs_vs_baseline"] == pytest.approx(0.04) and tw["baseline_loss_first"] == 10.0
+    assert tw["baseline_loss_final"] == 8.0 and tw["loss_gap_max_unmemorised_vs_baseline"] == pytest.approx(0.01)
     assert tw["loss_gap_max_vs_baseline"] == pytest.approx(0.01) and tw["loss_gap_steps"] == 3
     assert tw["fp8_weight_fraction"] == 0.9 and tw["nonfinite_steps"] == 0
     assert rw["loss_gap_steps"] == 2 and rw["nonfinite_steps"] == 1  # the NaN step is not compared, but counted
@@ -227,9 +229,31 @@ def test_the_summary_compares_fp8_with_compiled_bf16_step_by_step(tmp_path):
 
     said = fp8.verdicts(fp8.fp8_rows({"cells": list(rows.values())}))
     assert said[0].startswith("m FP8 tensorwise (torchao) (seed 0): pays, 1.100x")
+    assert said[0].endswith("final loss +0.50 % against bf16 AMP, compiled") and "nats" not in said[0]
     assert said[1].startswith("m FP8 rowwise (torchao) (seed 0): does not pay, 0.950x") and "5.0 % slower" in said[1]
     section = fp8.section_html({"cells": list(rows.values())})
     assert "does not pay" in section and "<script" not in section
+
+
+def test_a_memorised_batch_gets_the_absolute_gap_and_the_gap_before_it(tmp_path):
+    """The 7B shape memorises its one synthetic batch (on the H200: 11.17 to 0.003 nats in 10 steps): the verdict
+    gives the gap in nats and the largest relative gap while the baseline's loss was at least MEMORISED of its first."""
+    files = [write_cell(tmp_path, "amp_bf16_compile", [10.0, 2.0, 0.2, 0.05], 1000.0, 100),
+             write_cell(tmp_path, "fp8_tensorwise", [10.0, 2.5, 0.3, 0.06], 1200.0, 100)]
+    rows = {r["precision"]: r for r in summary.summarize(files, {}, {}, {})["cells"]}
+    tw = rows["fp8_tensorwise"]
+    assert tw["loss_gap_final_vs_baseline"] == pytest.approx(0.2)
+    assert tw["loss_gap_max_vs_baseline"] == pytest.approx(0.5)
+    assert tw["loss_gap_final_abs_vs_baseline"] == pytest.approx(0.01)
+    assert tw["loss_gap_max_unmemorised_vs_baseline"] == pytest.approx(0.5)  # step 2 (0.2 >= 0.01 x 10) still counts
+    assert fp8.memorised(tw) and not fp8.memorised({**tw, "baseline_loss_final": 0.1})  # 0.1 is 1 %: not below
+    said = fp8.verdicts(fp8.fp8_rows({"cells": list(rows.values())}))[0]
+    assert "final loss +0.0100 nats against bf16 AMP, compiled's 0.0500 (+20.00 %" in said
+    assert "fell from 10.00 to below 1%" in said and "largest step gap before that 50.00 %" in said
+    files = [write_cell(tmp_path / "b", "amp_bf16_compile", [10.0, 0.05], 1000.0, 100),
+             write_cell(tmp_path / "b", "fp8_tensorwise", [10.0, 0.06], 1000.0, 100)]
+    tw = {r["precision"]: r for r in summary.summarize(files, {}, {}, {})["cells"]}["fp8_tensorwise"]
+    assert tw["loss_gap_max_unmemorised_vs_baseline"] == 0.0  # only step 0 is above 1 % of the first loss
 
 
 def test_the_section_says_when_no_fp8_cell_ran():
