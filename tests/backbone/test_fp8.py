@@ -78,6 +78,11 @@ def test_the_fp8_preset_runs_fp8_beside_compiled_bf16_and_is_valid():
         assert {(model, p) for p in ["amp_bf16_compile", *FP8]} <= cells
     paper = yaml.safe_load((REPO / "config" / "presets" / "paper.yaml").read_text())
     fp8_preset = yaml.safe_load((REPO / "config" / "presets" / "fp8.yaml").read_text())
+    assert ("llama7b_text", "fp8_tensorwise") in cells and ("llama7b_text", "amp_bf16_compile") in cells
+    text = fp8_preset["models"].pop("llama7b_text")  # the 7B shape on real text: the fp8 preset's own model
+    assert {k: text[k] for k in ("arch", "batch_size", "seq_len", "activation_checkpointing")} == \
+           {k: paper["models"]["llama7b"][k] for k in ("arch", "batch_size", "seq_len", "activation_checkpointing")}
+    assert text["data"] == "python_stdlib" and text["train"]["steps"] > paper["models"]["llama7b"]["train"]["steps"]
     for model, settings in fp8_preset["models"].items():  # the same cells as the paper preset's, where both have them
         drop = ("precisions",)
         assert {k: v for k, v in settings.items() if k not in drop} == \

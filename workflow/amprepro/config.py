@@ -438,6 +438,9 @@ def check_model_settings(model: str, settings: dict) -> None:
 
 
 GPT_ARCHS = ("gpt", "gpt_tiny", "gpt_bytes")  # models.GPT_SIZES (not imported: no torch at DAG build time)
+# The language models that read byte-level text (python_stdlib): byte values are token ids below every vocabulary
+# (256 and up), so a LLaMA shape reads them unchanged (the fp8 preset's 7B shape on real text).
+TEXT_ARCHS = GPT_ARCHS + LLAMA_ARCHS
 IMAGE_DATA_ARCHS = ("small_cnn", "resnet50")
 ONLY_FOR = {  # a model setting -> (the data kinds or archs it means something for, which field names them)
     "data_path": (("cifar10", "imagefolder"), "data"),
@@ -455,10 +458,10 @@ def check_data_settings(model: str, settings: dict) -> None:
         if key in settings and settings[field] not in allowed:
             raise ConfigError(f"Config error at runs.models.{model}.{key}: {field} {settings[field]} does not use it "
                               f"(only {field} {', '.join(allowed)}). Fix: remove the key.")
-    if data == "python_stdlib" and arch not in GPT_ARCHS:
+    if data == "python_stdlib" and arch not in TEXT_ARCHS:
         raise ConfigError(f"Config error at runs.models.{model}.arch: data python_stdlib is byte-level text for a "
                           f"language model; arch {arch} is not one. Fix: use arch gpt_bytes (or "
-                          f"{', '.join(GPT_ARCHS)}).")
+                          f"{', '.join(TEXT_ARCHS)}).")
     if data in ("cifar10", "imagefolder"):
         if arch not in IMAGE_DATA_ARCHS:
             raise ConfigError(f"Config error at runs.models.{model}.arch: data {data} needs an arch that reads "
