@@ -33,6 +33,15 @@ def test_a_text_cell_records_its_heldout_curve_and_corpus():
     assert 0.0 <= metrics["eval_accuracy"] <= 1.0  # next-byte accuracy on the held-out windows
 
 
+def test_a_llama_shape_reads_the_text_too():
+    """The fp8 preset's llama7b_text: a LLaMA shape on the stdlib's bytes (ids below its vocabulary), held-out curve
+    and all; here the tiny shape (vocabulary 256) in FP32 on the CPU."""
+    metrics, rows = train.run(text_spec(arch="llama_tiny"), NO_APEX, threads=1)
+    assert metrics["status"] == "ok" and len(rows) == 12 and metrics["data_record"]["kind"] == "python_stdlib"
+    first, last = metrics["heldout_curve"][0]["loss"], metrics["heldout_loss_final"]
+    assert first == pytest.approx(np.log(256), abs=0.3) and last < first - 0.5
+
+
 def test_the_cosine_schedule_ends_at_a_tenth_of_the_rate():
     spec = text_spec(steps=11)["train"]
     assert train.lr_at(spec, 0) == pytest.approx(0.003) and train.lr_at(spec, 10) == pytest.approx(0.0003)
