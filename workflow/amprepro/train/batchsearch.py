@@ -42,8 +42,10 @@ GUESS_MARGIN = 0.93
 # Training steps per try: the second one meets what the first left in the allocator's cache. On the H200 under a
 # 3 GiB cap (tests/gpu/test_batchsearch_gpu.py, 2026-12-01) the answers of one-step tries (ViT-B/16 FP32 14, bf16 24)
 # ran out of memory at a fresh cell's second step, with their allocated peak under HEADROOM and 222-316 MiB reserved
-# but unallocated: fragmentation, which one step does not show. With two steps (2026-12-02) they still did, because
-# the optimizer state came from the warm try: hence forget_optimizer_state (not yet run on a GPU).
+# but unallocated: fragmentation, which one step does not show. With two steps (2026-12-02) they still did, and with
+# forget_optimizer_state too (2026-12-03: answers FP32 15, bf16 24; 2.78 and 2.71 GiB allocated, 213 and 222 MiB
+# reserved but unallocated at the fresh cell's second step). Under so small a cap the cache's fragmentation is 7-10 %
+# of the budget, more than HEADROOM leaves; the answers are the search process's reading, not a fresh cell's.
 STEPS_PER_TRY = 2
 
 
