@@ -205,6 +205,21 @@ def test_other_settings_are_not_comparable_and_a_lowered_preset_batch_is_not_com
     assert verdict(here(), ref(), None, spec)[0] == "pass" and verdict(here(), ref(), spec, None)[0] == "pass"
 
 
+def test_without_this_runs_specs_the_summary_rows_batch_and_shape_are_checked():
+    spec = {"model_config": {"batch_size": 256, "arch": "resnet50"}, "train": {"steps": 40}}
+    assert verdict(here(batch_size=256, shape=None), ref(), None, spec)[0] == "pass"
+    assert verdict(here(batch_size="256", shape=""), ref(), None, spec)[0] == "pass"  # summary.csv's text, no shape
+    assert verdict(here(batch_size=176, shape=None), ref(), None, spec) == (
+        "not_comparable", "settings differ (this run's summary; give its runs folder for every setting): "
+                          "model_config.batch_size 256 in the reference, 176 here")
+    llama = {"model_config": {"batch_size": 1, "arch": "llama"}}
+    assert verdict(here(batch_size=1, shape="tinyllama_1b"), ref(), None, llama)[1].endswith(
+        "model_config.shape None in the reference, 'tinyllama_1b' here")
+    assert verdict(here(batch_size=2, shape="tinyllama_1b"), ref(), None, llama)[1].count("in the reference") == 2
+    assert cellcompare.summary_difference(here(), llama) == []  # a row without the columns: nothing to check
+    assert verdict(here(batch_size=176), ref(), None, None)[0] == "pass"  # no reference spec either
+
+
 def test_a_cell_this_machine_or_the_references_cannot_run_is_not_comparable_here():
     skip = {"status": "skipped", "skip_cause": "machine"}
     assert verdict(here(**skip, reason="needs 2 GPUs"), ref()) == (

@@ -194,3 +194,18 @@ def test_a_cell_every_reference_run_failed_is_nothing_to_compare_a_failure_here_
     # One run failed, one ran: the cell is the run that ran.
     cell = reference.aggregate_cell("m/apex_o1/0", [run("a", "failed"), run("b", "ok")])
     assert cell["status"] == "ok" and cell["n_runs"] == 1
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("run, compared", [("uncapped", 49), ("12gib", 16), ("16gib", 16), ("48gib", 43)])
+def test_the_committed_card_runs_still_verify_against_the_committed_reference(run, compared):
+    """Each emulated-card run of results-reference/memory-caps against reference/nvidia-h200 as it is now (runs added
+    since included), from its summary alone: the same cells compared and PASS, as make verify said on the H200; a
+    lowered batch or smaller shape is not compared (the summary's batch_size and shape)."""
+    summary = json.loads((REPO / "results-reference" / "memory-caps" / run / "summary.json").read_text())
+    result = verify.verify(summary, REPO / "reference", None, probe=NO_SMI)
+    on_the_gpu = json.loads((REPO / "results-reference" / "memory-caps" / run / "verify.json").read_text())
+    assert result["counts"]["pass"] == on_the_gpu["counts"]["pass"] == compared
+    assert result["counts"]["fail"] == 0 and result["gate"]["result"] == "PASS"
