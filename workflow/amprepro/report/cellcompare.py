@@ -163,8 +163,8 @@ def compare_cell(name: str, row_here: dict | None, row_ref: dict | None, rules: 
         return {**cell, "verdict": "not_comparable", "note": "settings differ: " + "; ".join(_spec_diff(spec_here,
                                                                                                        spec_ref))}
     if not spec_here and spec_ref and summary_difference(row_here, spec_ref):
-        return {**cell, "verdict": "not_comparable", "note": "settings differ (this run's summary; give its runs folder "
-                "for every setting): " + "; ".join(summary_difference(row_here, spec_ref))}
+        return {**cell, "verdict": "not_comparable", "note": "settings differ (this run's summary; give its runs "
+                "folder for every setting): " + "; ".join(summary_difference(row_here, spec_ref))}
     # A machine skip on either side is never a compared cell, whatever the other side did: were "skipped" on both
     # sides a status match (a pass), a capped card whose reference skipped the same cells would get a PASS about
     # nothing.
