@@ -178,8 +178,10 @@ def start_sleeping_snakemake(workdir: Path) -> subprocess.Popen:
     (workdir / "pause").write_text("30")
     process = subprocess.Popen([*SNAKEMAKE, "--cores", "1"], cwd=workdir, stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL, start_new_session=True, env=job_env())
-    wait_for(lambda: launch.snakemake_locks(workdir) and (workdir / "slow.txt").exists(), 60,
-             "the sleeping job to start")
+    # the job's first line written, not only its output file opened: `echo started > slow.txt` creates the file
+    # before it writes, and a kill in between left it empty (once, on a loaded 2-core machine)
+    wait_for(lambda: launch.snakemake_locks(workdir) and (workdir / "slow.txt").exists()
+             and (workdir / "slow.txt").read_text() == "started\n", 60, "the sleeping job to start")
     return process
 
 
