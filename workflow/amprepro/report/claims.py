@@ -144,7 +144,7 @@ def evaluate_model(claim: dict, cells: dict, model: str, baseline: str) -> dict:
             low, high, why_not = metric_bounds(metric, v, b)
             value = None if low is None else decided_value(claim, low, high)
             if low is not None and value is None:
-                why_not = (f"between {fmt_range(metric, low, high)} (seed {seed}), which straddles the claim's "
+                why_not = (f"from {fmt_range(metric, low, high)} (seed {seed}), which straddles the claim's "
                            f"{claimed_text(claim)}: the searches did not narrow it enough")
             if value is None:
                 why = why or why_not
