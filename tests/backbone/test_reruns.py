@@ -11,11 +11,21 @@ from pathlib import Path
 
 import pytest
 
-from amprepro import runinputs
+from amprepro import codedigest, runinputs
 from amprepro.codedigest import PACKAGE_DIR, code_digest, stage_files
 
 REPO = Path(__file__).resolve().parents[2]
 RULES = REPO / "workflow" / "rules"
+
+
+@pytest.fixture(autouse=True)
+def fresh_trees(monkeypatch):
+    """Every test parses what it digests: the process's trees are keyed by the bytes of a file, so a copy of the
+    package written by an earlier test would be served from them (and hide a change to the parsing from the test)."""
+    monkeypatch.setattr(codedigest, "_TREES", codedigest._Trees())
+    codedigest._file_facts.cache_clear()
+    yield
+    codedigest._file_facts.cache_clear()
 
 
 @pytest.fixture
@@ -413,3 +423,89 @@ def test_a_syntax_error_names_the_file(tmp_path):
     with pytest.raises(SyntaxError) as error:
         parse(path)
     assert error.value.filename == str(path)
+
+
+# ---- the kept trees, in this process ----------------------------------------------------------------------------
+
+
+def test_the_trees_remember_what_was_put_and_what_was_used():
+    trees = codedigest._Trees()
+    assert (trees.entries, trees.used, trees.file, trees.changed) == ({}, set(), None, False)
+    assert trees.get("a") is None and trees.used == set()
+    assert trees.put("a", [["amprepro.x"]], "Module()") == ([["amprepro.x"]], "Module()")
+    assert trees.entries == {"a": [[["amprepro.x"]], "Module()"]} and trees.used == {"a"} and trees.changed
+    trees.used.clear()
+    assert trees.get("a") == ([["amprepro.x"]], "Module()") and trees.used == {"a"}
+
+
+@pytest.mark.parametrize("text", [None, "[1, 2", '["a list"]', '{"version": "other", "files": {"k": [[], "d"]}}',
+                                  '{"version": "VERSION", "files": ["k"]}'])
+def test_a_missing_damaged_or_foreign_tree_file_loads_nothing(tmp_path, text):
+    file = tmp_path / "trees.json"
+    if text is not None:
+        file.write_text(text.replace("VERSION", codedigest._version()))
+    trees = codedigest._Trees()
+    trees.put("own", [], "mine")
+    trees.load(file)
+    assert trees.file == file and trees.entries == {"own": [[], "mine"]}
+
+
+def test_a_kept_file_is_merged_under_this_processes_own_trees_and_saved_with_the_used_ones_only(tmp_path):
+    file = tmp_path / "deep" / "trees.json"
+    trees = codedigest._Trees()
+    trees.save()  # no file named: nothing written, no error
+    trees.file = file
+    trees.save()  # nothing new: nothing written
+    assert not file.parent.exists()
+    trees.put("b", [["amprepro.b"]], "B")
+    trees.put("a", [], "A")
+    trees.save()
+    assert json.loads(file.read_text()) == {"version": codedigest._version(),
+                                            "files": {"a": [[], "A"], "b": [[["amprepro.b"]], "B"]}}
+    assert list(json.loads(file.read_text())["files"]) == ["a", "b"] and not trees.changed
+    assert [p.name for p in file.parent.iterdir()] == ["trees.json"]  # the temporary file was renamed
+    later = codedigest._Trees()
+    later.put("a", [], "A, parsed again here")
+    later.load(file)
+    assert later.entries == {"a": [[], "A, parsed again here"], "b": [[["amprepro.b"]], "B"]}
+    assert later.get("b") == ([["amprepro.b"]], "B")
+    later.save()  # the used ones: a (put) and b (got); c, never used, would go
+    assert json.loads(file.read_text())["files"] == {"a": [[], "A, parsed again here"], "b": [[["amprepro.b"]], "B"]}
+
+
+def test_saving_where_it_cannot_write_is_no_error(tmp_path):
+    (tmp_path / "a-file").write_text("")
+    trees = codedigest._Trees()
+    trees.file = tmp_path / "a-file" / "trees.json"  # its folder is a file
+    trees.put("a", [], "A")
+    trees.save()
+    assert trees.changed  # not written, so still to write
+
+
+def test_keep_trees_in_loads_the_file_and_saves_at_exit_once(tmp_path, monkeypatch):
+    registered = []
+    monkeypatch.setattr(codedigest.atexit, "register", registered.append)
+    first, second = tmp_path / "one.json", tmp_path / "two.json"
+    second.write_text(json.dumps({"version": codedigest._version(), "files": {"k": [[], "K"]}}))
+    codedigest.keep_trees_in(first)
+    assert registered == [codedigest._TREES.save] and codedigest._TREES.file == first
+    codedigest.keep_trees_in(str(second))
+    assert len(registered) == 1 and codedigest._TREES.file == second and codedigest._TREES.get("k") == ([], "K")
+
+
+def test_a_kept_tree_stands_for_the_parse_of_the_same_bytes(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text("from amprepro.train import models\n")
+    key = codedigest.hashlib.sha256(module.read_bytes()).hexdigest()
+    codedigest._TREES.put(key, [["amprepro.report"]], "a tree kept by an earlier process")
+    assert codedigest.source_tree(module) == "a tree kept by an earlier process"
+    assert codedigest.imported_modules(module) == {"report"}
+    module.write_text("from amprepro.train import models  # edited\n")  # other bytes: parsed
+    assert codedigest.imported_modules(module) == {"train", "train.models"}
+    assert codedigest._TREES.changed and len(codedigest._TREES.entries) == 2
+
+
+def test_the_trees_version_names_this_module_and_the_python():
+    own = codedigest.hashlib.sha256(Path(codedigest.__file__).read_bytes()).hexdigest()
+    assert codedigest._version() == f"{own} python {codedigest.sys.version_info.major}." \
+                                    f"{codedigest.sys.version_info.minor}"
