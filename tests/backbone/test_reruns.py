@@ -450,8 +450,16 @@ def test_a_missing_damaged_or_foreign_tree_file_loads_nothing(tmp_path, text):
     assert trees.file == file and trees.entries == {"own": [[], "mine"]}
 
 
-def test_a_kept_file_is_merged_under_this_processes_own_trees_and_saved_with_the_used_ones_only(tmp_path):
-    file = tmp_path / "deep" / "trees.json"
+def test_a_kept_file_is_merged_under_this_processes_own_trees_and_saved_with_the_used_ones_only(tmp_path, monkeypatch):
+    file = tmp_path / "deep" / "er" / "trees.json"  # folders made as needed
+    replaced = []
+    real_replace = codedigest.os.replace
+
+    def replace(source, target):
+        replaced.append((Path(source), Path(target)))
+        real_replace(source, target)
+
+    monkeypatch.setattr(codedigest.os, "replace", replace)
     trees = codedigest._Trees()
     trees.save()  # no file named: nothing written, no error
     trees.file = file
@@ -462,8 +470,10 @@ def test_a_kept_file_is_merged_under_this_processes_own_trees_and_saved_with_the
     trees.save()
     assert json.loads(file.read_text()) == {"version": codedigest._version(),
                                             "files": {"a": [[], "A"], "b": [[["amprepro.b"]], "B"]}}
-    assert list(json.loads(file.read_text())["files"]) == ["a", "b"] and not trees.changed
+    assert list(json.loads(file.read_text())["files"]) == ["a", "b"] and trees.changed is False
     assert [p.name for p in file.parent.iterdir()] == ["trees.json"]  # the temporary file was renamed
+    (source, target), = replaced  # written beside the file (one filesystem: the rename is atomic), then renamed
+    assert target == file and source.parent == file.parent and source.name.startswith(".trees.json.")
     later = codedigest._Trees()
     later.put("a", [], "A, parsed again here")
     later.load(file)
