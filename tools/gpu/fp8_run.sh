@@ -6,7 +6,7 @@
 # the preset, so apex is not built (apex.required false, no source): nothing under vendor/ needs carrying.
 #
 #   bash tools/gpu/wheels.sh                              # here, once: .whl/ (about 44 MB with torchao's 3.4 MB)
-#   OUT=/path/to/outdir bash tools/gpu/fp8_run.sh [seconds] [verify]   # there, carrying .whl
+#   OUT=/path/to/outdir bash tools/gpu/fp8_run.sh [seconds] [verify]   # there, carrying .whl (after a call that copied .whl-a to /tmp/whl: tools/gpu/README.md)
 #
 # A call cut by the budget leaves what finished; calling again resumes (make run skips finished cells).
 set -uo pipefail
