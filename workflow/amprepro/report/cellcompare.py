@@ -53,17 +53,11 @@ def planned_difference(spec_here: dict, spec_ref: dict, plan: dict | None) -> st
 def summary_difference(row_here: dict, spec_ref: dict) -> list[str]:
     """Where this run's settings are not at hand (no runs folder given), the planned settings its summary row records
     (batch_size, shape) against the reference's, so a lowered batch or a smaller shape is not compared as if equal."""
+    here = {key: row_here[key] or None for key in PLANNED_KEYS if key in row_here}
+    if here.get("batch_size") is not None:
+        here["batch_size"] = int(here["batch_size"])  # summary.csv's text
     ref_config = spec_ref.get("model_config") or {}
-    diffs = []
-    for key in PLANNED_KEYS:
-        if key not in row_here:
-            continue
-        a, b = row_here[key] or None, ref_config.get(key)
-        if key == "batch_size" and a is not None:
-            a = int(a)
-        if a != b:
-            diffs.append(f"model_config.{key} {b!r} in the reference, {a!r} here")
-    return diffs
+    return _spec_diff({"model_config": here}, {"model_config": {key: ref_config.get(key) for key in here}})
 
 
 def _fmt(metric: str, value) -> str:
@@ -162,9 +156,10 @@ def compare_cell(name: str, row_here: dict | None, row_ref: dict | None, rules: 
                     "note": f"not comparable here ({planned}): {plan_here.get('why')}"}
         return {**cell, "verdict": "not_comparable", "note": "settings differ: " + "; ".join(_spec_diff(spec_here,
                                                                                                        spec_ref))}
-    if not spec_here and spec_ref and summary_difference(row_here, spec_ref):
+    differs = summary_difference(row_here, spec_ref) if not spec_here and spec_ref else []
+    if differs:
         return {**cell, "verdict": "not_comparable", "note": "settings differ (this run's summary; give its runs "
-                "folder for every setting): " + "; ".join(summary_difference(row_here, spec_ref))}
+                "folder for every setting): " + "; ".join(differs)}
     # A machine skip on either side is never a compared cell, whatever the other side did: were "skipped" on both
     # sides a status match (a pass), a capped card whose reference skipped the same cells would get a PASS about
     # nothing.
