@@ -48,6 +48,20 @@ def test_the_cosine_schedule_ends_at_a_tenth_of_the_rate():
     assert train.lr_at({**spec, "lr_schedule": "constant"}, 10) == 0.003
 
 
+def test_the_learning_rate_ramp_rises_linearly_then_the_schedule_takes_over():
+    spec = {**text_spec(steps=14)["train"], "lr_warmup_steps": 3}
+    assert [train.lr_at(spec, s) for s in range(4)] == pytest.approx([0.00075, 0.0015, 0.00225, 0.003])
+    assert train.lr_at(spec, 13) == pytest.approx(0.0003)  # the cosine over steps 3..13, to a tenth at the last
+    assert train.lr_at(spec, 8) == pytest.approx(0.003 * (0.1 + 0.9 * 0.5))  # halfway down the cosine
+    constant = {**spec, "lr_schedule": "constant"}
+    assert [train.lr_at(constant, s) for s in (0, 2, 3, 13)] == pytest.approx([0.00075, 0.00225, 0.003, 0.003])
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.003)
+    train.set_lr(optimizer, constant, 1)  # a constant schedule with a ramp still sets the rate
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.0015)
+    train.set_lr(optimizer, {**constant, "lr_warmup_steps": 0}, 1)  # no ramp, constant: left as it is
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.0015)
+
+
 def test_half_eps_norm_is_a_layer_norm_in_fp32_and_loses_its_epsilon_in_fp16():
     norm = models.HalfEpsNorm(8, eps=1e-8)
     x = torch.randn(3, 8)

@@ -57,6 +57,8 @@ def test_cell_spec_holds_only_its_own_model():
         ({"apex": {"cuda_arch_list": "sm_90"}}, "config.apex.cuda_arch_list"),
         ({"apex": {"colour": "red"}}, "config.apex"),
         ({"runs": {"train": {"warmup_steps": 500}}}, "runs.train.warmup_steps (model cnn)"),
+        ({"runs": {"train": {"lr_warmup_steps": 500}}}, "runs.train.lr_warmup_steps (model cnn)"),
+        ({"runs": {"train": {"lr_warmup_steps": -1}}}, "config.runs.train.lr_warmup_steps"),
         ({"runs": {"models": {"cnn": {"activation_checkpointing": True}}}},
          "runs.models.cnn.activation_checkpointing"),
         ({"runs": {"models": {"cnn": {"epoch_tokens": 1000}}}}, "runs.models.cnn.epoch_tokens"),

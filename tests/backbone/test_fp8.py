@@ -261,6 +261,32 @@ def test_a_memorised_batch_gets_the_absolute_gap_and_the_gap_before_it(tmp_path)
     assert tw["loss_gap_max_unmemorised_vs_baseline"] == 0.0  # only step 0 is above 1 % of the first loss
 
 
+def test_the_held_out_gap_and_two_runs_of_one_precision_beside_it(tmp_path):
+    """The real-text cells (llama7b_text): the held-out loss gap against compiled bf16, and compiled against eager
+    bf16 (one precision, two kernels) over the same steps, the drift of two runs that should agree."""
+    files = [write_cell(tmp_path, "amp_bf16", [10.0, 9.0, 8.0], 900.0, 100, heldout_loss_final=4.0),
+             write_cell(tmp_path, "amp_bf16_compile", [10.0, 9.09, 8.08], 1000.0, 100, heldout_loss_final=4.04),
+             write_cell(tmp_path, "fp8_tensorwise", [10.0, 9.0, 8.4], 1200.0, 100, heldout_loss_final=4.2)]
+    rows = {r["precision"]: r for r in summary.summarize(files, {}, {}, {})["cells"]}
+    tw, compiled = rows["fp8_tensorwise"], rows["amp_bf16_compile"]
+    assert tw["heldout_gap_final_vs_baseline"] == pytest.approx(0.16 / 4.04)
+    assert tw["baseline_heldout_loss_final"] == 4.04 and compiled["heldout_gap_final_vs_baseline"] == pytest.approx(0.01)
+    assert rows["amp_bf16"]["heldout_gap_final_vs_baseline"] is None  # no baseline of its own
+    said = fp8.verdicts(fp8.fp8_rows({"cells": list(rows.values())}))[0]
+    assert said.endswith("final loss +3.96 % against bf16 AMP, compiled, held-out loss +3.96 % (4.2000 against "
+                         "4.0400 nats); bf16 AMP, compiled against bf16 AMP over the same steps: final loss +1.00 %, "
+                         "held-out +1.00 %, largest step gap 1.00 %")
+    assert "+3.96 %" in fp8.table_html(fp8.fp8_rows({"cells": list(rows.values())}))
+    memorised = [write_cell(tmp_path / "b", "amp_bf16", [10.0, 2.01, 0.2, 0.049], 900.0, 100),
+                 write_cell(tmp_path / "b", "amp_bf16_compile", [10.0, 2.0, 0.2, 0.05], 1000.0, 100),
+                 write_cell(tmp_path / "b", "fp8_tensorwise", [10.0, 2.5, 0.3, 0.06], 1200.0, 100)]
+    rows = summary.summarize(memorised, {}, {}, {})["cells"]
+    said = fp8.verdicts(fp8.fp8_rows({"cells": rows}))[0]
+    assert "held-out" not in said  # no cell records one
+    assert said.endswith("bf16 AMP, compiled against bf16 AMP over the same steps: largest step gap before the batch "
+                         "was memorised 0.50 %, final +0.0010 nats")
+
+
 def test_the_section_says_when_no_fp8_cell_ran():
     section = fp8.section_html({"cells": [{"model": "m", "precision": "fp32", "seed": 0, "status": "ok"}]})
     assert "no FP8 cell in this run" in section

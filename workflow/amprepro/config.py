@@ -336,6 +336,12 @@ def resolve_runs(config: dict, presets_dir: Path, gpus: list[str], probe: str) -
                 f"Config error at runs.train.warmup_steps (model {model}): {train['warmup_steps']} warm-up steps "
                 f"leave no timed step out of {train['steps']}. Fix: make warmup_steps smaller than steps."
             )
+        if train.get("lr_warmup_steps", 0) >= train["steps"]:
+            raise ConfigError(
+                f"Config error at runs.train.lr_warmup_steps (model {model}): a {train['lr_warmup_steps']}-step "
+                f"learning-rate ramp does not end within the {train['steps']} steps. Fix: make lr_warmup_steps "
+                "smaller than steps."
+            )
         if not any(cell["model"] == model for cell in cells(runs)):
             raise ConfigError(
                 f"Config error at runs.models.{model}.precisions: none of {settings.get('precisions')} is in "

@@ -23,7 +23,8 @@ from amprepro.train import precisions
 
 COLUMNS = ["baseline_precision", "speedup_vs_baseline", "memory_ratio_vs_baseline", "loss_gap_final_vs_baseline",
            "loss_gap_final_abs_vs_baseline", "baseline_loss_first", "baseline_loss_final", "loss_gap_max_vs_baseline",
-           "loss_gap_max_unmemorised_vs_baseline", "loss_gap_steps", "nonfinite_steps", "fp8_weight_fraction"]
+           "loss_gap_max_unmemorised_vs_baseline", "loss_gap_steps", "heldout_gap_final_vs_baseline",
+           "baseline_heldout_loss_final", "nonfinite_steps", "fp8_weight_fraction"]
 PAYS = 1.0  # speedup over compiled bf16 above which FP8 "pays" in the section's verdict
 MEMORISED = 0.01  # the baseline's last loss below this share of its first: the fixed batch was memorised
 
@@ -85,6 +86,35 @@ def gap_text(row: dict, base: str) -> str:
             f"the relative gap compares two near-zero losses{before_text})")
 
 
+def heldout_text(row: dict, base: str) -> str:
+    """The verdict's words for the held-out loss gap (empty where either cell has no held-out loss)."""
+    gap = row.get("heldout_gap_final_vs_baseline")
+    if gap is None:
+        return ""
+    return (f", held-out loss {_pct(gap, signed=True)} ({row['heldout_loss_final']:.4f} against "
+            f"{row['baseline_heldout_loss_final']:.4f} nats)")
+
+
+def floor_text(row: dict, rows: list[dict], base: str) -> str:
+    """The same gaps between the baseline and its own baseline (compiled against eager bf16: one precision, two
+    kernels' rounding): how far apart two runs that should agree drift over the same steps."""
+    spec = precisions.get(row["precision"])
+    found = next((r for r in rows if (r["model"], r["seed"], r["precision"]) == (row["model"], row["seed"],
+                                                                                 spec.baseline)), None)
+    if not found or found.get("loss_gap_final_vs_baseline") is None:
+        return ""
+    own = precisions.label(found["baseline_precision"])
+    if memorised(found):  # the relative gaps after the loss fell near zero say little (gap_text)
+        return (f"; {base} against {own} over the same steps: largest step gap before the batch was memorised "
+                f"{_pct(found.get('loss_gap_max_unmemorised_vs_baseline'))}, final "
+                f"{found['loss_gap_final_abs_vs_baseline']:+.4f} nats")
+    held = found.get("heldout_gap_final_vs_baseline")
+    held_text = f", held-out {_pct(held, signed=True)}" if held is not None else ""
+    return (f"; {base} against {own} over the same steps: final loss "
+            f"{_pct(found['loss_gap_final_vs_baseline'], signed=True)}{held_text}, largest step gap "
+            f"{_pct(found.get('loss_gap_max_vs_baseline'))}")
+
+
 def add_baseline(rows: list[dict], metrics: list[dict], metric_files: list[str]) -> list[dict]:
     """Fill COLUMNS for every row (None where the precision has no baseline or the baseline did not run)."""
     ok = {(r["model"], r["seed"], r["precision"]): (r, Path(path).with_name("steps.csv"))
@@ -103,6 +133,10 @@ def add_baseline(rows: list[dict], metrics: list[dict], metric_files: list[str])
         row["speedup_vs_baseline"] = _ratio(row.get("throughput_per_s"), base.get("throughput_per_s"))
         row["memory_ratio_vs_baseline"] = _ratio(row.get("peak_allocated_bytes"), base.get("peak_allocated_bytes"))
         row.update(loss_gaps(step_losses(Path(path).with_name("steps.csv")), step_losses(base_steps)))
+        held, base_held = row.get("heldout_loss_final"), base.get("heldout_loss_final")
+        if held is not None and base_held:  # both record a held-out loss (model_config eval_every)
+            row["baseline_heldout_loss_final"] = base_held
+            row["heldout_gap_final_vs_baseline"] = (held - base_held) / abs(base_held)
     return rows
 
 
@@ -146,7 +180,7 @@ def verdicts(rows: list[dict]) -> list[str]:
             continue
         memory = c.get("memory_ratio_vs_baseline")
         memory_text = f", peak memory {memory:.2f}x" if memory else ""
-        gaps = gap_text(c, base)
+        gaps = gap_text(c, base) + heldout_text(c, base) + floor_text(c, rows, base)
         nonfinite = f", {c['nonfinite_steps']} non-finite steps" if c.get("nonfinite_steps") else ""
         if c["status"] == "collapsed":
             said.append(f"{what}: does not pay, the loss went non-finite{nonfinite}")
@@ -160,7 +194,7 @@ def verdicts(rows: list[dict]) -> list[str]:
 
 def table_html(rows: list[dict]) -> str:
     head = ["model", "precision", "seed", "status", "throughput", "vs baseline", "speedup", "peak GiB",
-            "memory vs baseline", "final loss gap", "final gap (nats)", "max step gap", "steps compared",
+            "memory vs baseline", "final loss gap", "final gap (nats)", "max step gap", "steps compared", "held-out gap",
             "non-finite steps", "weights in FP8", "MFU (measured peak)", "MFU (datasheet)"]
     body = []
     for c in rows:
@@ -171,7 +205,7 @@ def table_html(rows: list[dict]) -> str:
                  _num(c.get("speedup_vs_baseline"), ".3f"), _num(peak / 2**30 if peak else None, ".1f"),
                  _num(c.get("memory_ratio_vs_baseline"), ".2f"), _pct(c.get("loss_gap_final_vs_baseline"), True),
                  _num(c.get("loss_gap_final_abs_vs_baseline"), "+.4f"), _pct(c.get("loss_gap_max_vs_baseline")),
-                 c.get("loss_gap_steps") or "",
+                 c.get("loss_gap_steps") or "", _pct(c.get("heldout_gap_final_vs_baseline"), True),
                  "" if c.get("nonfinite_steps") is None else c["nonfinite_steps"],
                  _pct(c.get("fp8_weight_fraction")), _pct(c.get("mfu_vs_measured_peak")),
                  _pct(c.get("mfu_vs_datasheet"))]

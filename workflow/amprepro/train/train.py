@@ -72,16 +72,21 @@ COSINE_FLOOR = 0.1  # lr_schedule cosine: from lr down to this fraction of it at
 
 
 def lr_at(train: dict, step: int) -> float:
-    """The learning rate of a step: train.lr (lr_schedule constant, the default), or a cosine decay from train.lr at
-    step 0 to COSINE_FLOOR x train.lr at the last step (lr_schedule cosine)."""
-    if train.get("lr_schedule", "constant") == "constant" or train["steps"] < 2:
+    """The learning rate of a step. First train.lr_warmup_steps steps (0 by default): a linear ramp, lr x (step + 1) /
+    (lr_warmup_steps + 1), as nanoGPT's. Then train.lr (lr_schedule constant, the default), or a cosine decay from
+    train.lr at the first step after the ramp to COSINE_FLOOR x train.lr at the last step (lr_schedule cosine)."""
+    ramp = train.get("lr_warmup_steps", 0)
+    if step < ramp:
+        return train["lr"] * (step + 1) / (ramp + 1)
+    decay_steps = train["steps"] - 1 - ramp
+    if train.get("lr_schedule", "constant") == "constant" or decay_steps < 1:
         return train["lr"]
-    progress = step / (train["steps"] - 1)
+    progress = (step - ramp) / decay_steps
     return train["lr"] * (COSINE_FLOOR + (1 - COSINE_FLOOR) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
 def set_lr(optimizer, train: dict, step: int) -> None:
-    if train.get("lr_schedule", "constant") != "constant":
+    if train.get("lr_schedule", "constant") != "constant" or train.get("lr_warmup_steps", 0):
         for group in optimizer.param_groups:
             group["lr"] = lr_at(train, step)
 
