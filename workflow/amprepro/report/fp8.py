@@ -194,8 +194,8 @@ def verdicts(rows: list[dict]) -> list[str]:
 
 def table_html(rows: list[dict]) -> str:
     head = ["model", "precision", "seed", "status", "throughput", "vs baseline", "speedup", "peak GiB",
-            "memory vs baseline", "final loss gap", "final gap (nats)", "max step gap", "steps compared", "held-out gap",
-            "non-finite steps", "weights in FP8", "MFU (measured peak)", "MFU (datasheet)"]
+            "memory vs baseline", "final loss gap", "final gap (nats)", "max step gap", "steps compared",
+            "held-out gap", "non-finite steps", "weights in FP8", "MFU (measured peak)", "MFU (datasheet)"]
     body = []
     for c in rows:
         peak = c.get("peak_allocated_bytes")
