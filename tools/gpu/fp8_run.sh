@@ -6,7 +6,7 @@
 # the preset, so apex is not built (apex.required false, no source): nothing under vendor/ needs carrying.
 #
 #   bash tools/gpu/wheels.sh                              # here, once: .whl/ (about 44 MB with torchao's 3.4 MB)
-#   OUT=/path/to/outdir bash tools/gpu/fp8_run.sh [seconds] [verify]   # there, carrying .whl (after a call that copied .whl-a to /tmp/whl: tools/gpu/README.md)
+#   [FP8_CONFIG=file] OUT=/path/to/outdir bash tools/gpu/fp8_run.sh [seconds] [verify]   # there, carrying .whl (after a call that copied .whl-a to /tmp/whl: tools/gpu/README.md)
 #
 # A call cut by the budget leaves what finished; calling again resumes (make run skips finished cells).
 set -uo pipefail
@@ -35,7 +35,10 @@ apex:
   required: false
   source: {url: null, path: null, tarball: null}
 YAML
-args=(VENV="$venv" SNAKEMAKE_ARGS="--configfile config/config.yaml /tmp/amprepro-fp8.yaml")
+# FP8_CONFIG: one more config file, read last (e.g. fewer cells for a short call: results-reference/fp8/README.md)
+extra=${FP8_CONFIG:-}
+if [ -n "$extra" ] && [ ! -f "$extra" ]; then echo "FP8_CONFIG=$extra is not a file"; exit 1; fi
+args=(VENV="$venv" SNAKEMAKE_ARGS="--configfile config/config.yaml /tmp/amprepro-fp8.yaml${extra:+ $extra}")
 start=$SECONDS
 timeout -k 20 $((deadline - SECONDS - 40)) make run "${args[@]}" > "$OUT/make-run.log" 2>&1
 rc=$?
