@@ -39,8 +39,9 @@ def steps_of(run: Path) -> dict[str, list[dict]]:
 
 def items_per_step(model_config: dict) -> int:
     """What one step trains on, from the recorded settings (amprepro.train.train.items_per_step counts it from the
-    batch itself): the batch, in tokens for token data (batch x sequence length, 1024 unless set)."""
-    if model_config["data"] == "synthetic_tokens":
+    batch itself): the batch, in tokens for token data, synthetic or the stdlib's bytes (batch x sequence length,
+    1024 unless set)."""
+    if model_config["data"] in ("synthetic_tokens", "python_stdlib"):
         return model_config["batch_size"] * model_config.get("seq_len", 1024)
     return model_config["batch_size"]
 
