@@ -142,6 +142,14 @@ def add_baseline(rows: list[dict], metrics: list[dict], metric_files: list[str])
 
 # --- the report section ---
 
+INTRO = (f"torchao float8 training on the qualifying nn.Linear layers ({precisions.FP8_FILTER}), torch.compile on, "
+         "bf16 autocast for the rest, against bf16 AMP compiled the same way: speedup and memory are compiled "
+         "against compiled. Loss gap: relative to the compiled bf16 cell, step by step over the same batches; "
+         "on synthetic data (one fixed batch) it shows numerical agreement, not convergence, and where the "
+         "batch was memorised (the loss near zero) the absolute gap says more than the relative one. MFU of an "
+         "FP8 cell counts all its model FLOPs against the FP8 peak, although attention and the layers kept in "
+         "bf16 do not run in FP8.")
+
 def _pct(value, signed: bool = False) -> str:
     if value is None:
         return ""
@@ -224,11 +232,4 @@ def section_html(summary: dict) -> str:
             "FP8 against compiled bf16", "", "no FP8 cell in this run: the fp8 preset has them "
             "(`--config preset=fp8`, docs/fp8.md)")
     said = "".join(f"<li>{html.escape(line)}</li>" for line in verdicts(rows))
-    intro = (f"torchao float8 training on the qualifying nn.Linear layers ({precisions.FP8_FILTER}), torch.compile on, "
-             "bf16 autocast for the rest, against bf16 AMP compiled the same way: speedup and memory are compiled "
-             "against compiled. Loss gap: relative to the compiled bf16 cell, step by step over the same batches; "
-             "on synthetic data (one fixed batch) it shows numerical agreement, not convergence, and where the "
-             "batch was memorised (the loss near zero) the absolute gap says more than the relative one. MFU of an "
-             "FP8 cell counts all its model FLOPs against the FP8 peak, although attention and the layers kept in "
-             "bf16 do not run in FP8.")
-    return reporthtml.section_html("FP8 against compiled bf16", f"<ul>{said}</ul>{table_html(rows)}", "", intro)
+    return reporthtml.section_html("FP8 against compiled bf16", f"<ul>{said}</ul>{table_html(rows)}", "", INTRO)
