@@ -126,6 +126,9 @@ def test_every_verdict_wording():
             "+2.00 % (3.0600 against 3.0000 nats)"]
     two = fp8.verdicts([row("fp8_tensorwise", speedup_vs_baseline=1.1), row("fp8_rowwise", speedup_vs_baseline=0.9)])
     assert len(two) == 2 and two[1].startswith("m FP8 rowwise (torchao) (seed 0): does not pay")
+    after_skips = fp8.verdicts([row("fp8_tensorwise", status="skipped"), row("fp8_rowwise"),
+                                row("fp8_tensorwise", seed=1, speedup_vs_baseline=1.1)])
+    assert len(after_skips) == 3 and after_skips[2].startswith("m FP8 tensorwise (torchao) (seed 1): pays")
 
 
 def test_gap_texts_with_and_without_the_numbers_they_need():
@@ -135,7 +138,7 @@ def test_gap_texts_with_and_without_the_numbers_they_need():
     assert fp8.gap_text(memorised, BASE) == (
         f", final loss +0.0010 nats against {BASE}'s 0.0020 (+50.00 %: {BASE}'s loss fell from 10.00 to below 1% of "
         "it, the fixed synthetic batch memorised, so the relative gap compares two near-zero losses)")
-    assert fp8.heldout_text({}, BASE) == ""
+    assert fp8.heldout_text({}) == ""
     fp8_row = row("fp8_tensorwise")
     assert fp8.floor_text(fp8_row, [fp8_row], BASE) == ""  # its baseline did not run
     compiled = row("amp_bf16_compile", baseline_precision="amp_bf16", loss_gap_final_vs_baseline=0.001,
@@ -151,15 +154,21 @@ def test_gap_texts_with_and_without_the_numbers_they_need():
 def test_the_table_row_has_every_cell_in_its_column():
     cell = row("fp8_tensorwise", throughput_per_s=1234.56, throughput_unit="tokens/s",
                baseline_precision="amp_bf16_compile", speedup_vs_baseline=1.2345, peak_allocated_bytes=3 * 2**30,
-               memory_ratio_vs_baseline=0.987, loss_gap_final_vs_baseline=-0.0123, loss_gap_final_abs_vs_baseline=0.5,
+               memory_ratio_vs_baseline=0.987, loss_gap_final_vs_baseline=0.0123, loss_gap_final_abs_vs_baseline=0.5,
                loss_gap_max_vs_baseline=0.05, loss_gap_steps=7, heldout_gap_final_vs_baseline=0.031,
                nonfinite_steps=0, fp8_weight_fraction=0.98, mfu_vs_measured_peak=0.25, mfu_vs_datasheet=0.2)
     html = fp8.table_html([cell])
-    expected = ["m", "FP8 tensorwise (torchao)", "0", "ok", "1234.6 tokens/s", BASE, "1.234", "3.0", "0.99", "-1.23 %",
+    expected = ["m", "FP8 tensorwise (torchao)", "0", "ok", "1234.6 tokens/s", BASE, "1.234", "3.0", "0.99", "+1.23 %",
                 "+0.5000", "5.00 %", "7", "+3.10 %", "0", "98.00 %", "25.00 %", "20.00 %"]
     assert "<tr>" + "".join(f"<td>{v}</td>" for v in expected) + "</tr>" in html
-    heads = html.split("<thead>")[1].split("</thead>")[0].count("<th>")
-    assert heads == len(expected) and html.startswith('<div class="table-wrap"><table class="results fp8">')
+    heads = ["model", "precision", "seed", "status", "throughput", "vs baseline", "speedup", "peak GiB",
+             "memory vs baseline", "final loss gap", "final gap (nats)", "max step gap", "steps compared",
+             "held-out gap", "non-finite steps", "weights in FP8", "MFU (measured peak)", "MFU (datasheet)"]
+    assert html.startswith('<div class="table-wrap"><table class="results fp8"><thead><tr>'
+                           + "".join(f"<th>{h}</th>" for h in heads) + "</tr></thead><tbody><tr>")
+    assert html.endswith("</tr></tbody></table></div>") and len(heads) == len(expected)
+    two = fp8.table_html([cell, cell])
+    assert "</tr><tr>" in two and two.count("<tr>") == 3
     bare = fp8.table_html([row("fp8_rowwise", status="skipped")])
     assert "<tr>" + "".join(f"<td>{v}</td>" for v in ["m", "FP8 rowwise (torchao)", "0", "skipped"] + [""] * 14) + \
            "</tr>" in bare

@@ -61,7 +61,7 @@ def loss_gaps(cell: dict[int, float] | None, baseline: dict[int, float] | None) 
             "loss_gap_final_abs_vs_baseline": cell[last] - baseline[last] if ends else None,
             "baseline_loss_first": first, "baseline_loss_final": baseline[last] if ends else None,
             "loss_gap_max_vs_baseline": max(gaps.values()),
-            "loss_gap_max_unmemorised_vs_baseline": max(unmemorised) if unmemorised else None,
+            "loss_gap_max_unmemorised_vs_baseline": max(unmemorised),  # never empty: the first step counts
             "loss_gap_steps": len(common)}
 
 
@@ -86,7 +86,7 @@ def gap_text(row: dict, base: str) -> str:
             f"the relative gap compares two near-zero losses{before_text})")
 
 
-def heldout_text(row: dict, base: str) -> str:
+def heldout_text(row: dict) -> str:
     """The verdict's words for the held-out loss gap (empty where either cell has no held-out loss)."""
     gap = row.get("heldout_gap_final_vs_baseline")
     if gap is None:
@@ -188,7 +188,7 @@ def verdicts(rows: list[dict]) -> list[str]:
             continue
         memory = c.get("memory_ratio_vs_baseline")
         memory_text = f", peak memory {memory:.2f}x" if memory else ""
-        gaps = gap_text(c, base) + heldout_text(c, base) + floor_text(c, rows, base)
+        gaps = gap_text(c, base) + heldout_text(c) + floor_text(c, rows, base)
         nonfinite = f", {c['nonfinite_steps']} non-finite steps" if c.get("nonfinite_steps") else ""
         if c["status"] == "collapsed":
             said.append(f"{what}: does not pay, the loss went non-finite{nonfinite}")
