@@ -150,6 +150,7 @@ INTRO = (f"torchao float8 training on the qualifying nn.Linear layers ({precisio
          "FP8 cell counts all its model FLOPs against the FP8 peak, although attention and the layers kept in "
          "bf16 do not run in FP8.")
 
+
 def _pct(value, signed: bool = False) -> str:
     if value is None:
         return ""
