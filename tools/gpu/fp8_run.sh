@@ -6,7 +6,7 @@
 # the preset, so apex is not built (apex.required false, no source): nothing under vendor/ needs carrying.
 #
 #   bash tools/gpu/wheels.sh                              # here, once: .whl/ (about 44 MB with torchao's 3.4 MB)
-#   [FP8_CONFIG=file] OUT=/path/to/outdir bash tools/gpu/fp8_run.sh [seconds] [verify]   # there, carrying .whl (after a call that copied .whl-a to /tmp/whl: tools/gpu/README.md)
+#   [FP8_PRESET=fp8_loss] [FP8_CONFIG=file] OUT=/path/to/outdir bash tools/gpu/fp8_run.sh [seconds] [verify]   # there, carrying .whl (after a call that copied .whl-a to /tmp/whl: tools/gpu/README.md)
 #
 # A call cut by the budget leaves what finished; calling again resumes (make run skips finished cells).
 set -uo pipefail
@@ -29,8 +29,11 @@ import torch, torchao.float8
 print("torch", torch.__version__, "cuda", torch.version.cuda, "torchao", torchao.__version__,
       "gpu", torch.cuda.get_device_name(0), "capability", torch.cuda.get_device_capability(0))
 PY
-cat > /tmp/amprepro-fp8.yaml <<'YAML'
-preset: fp8
+# FP8_PRESET: fp8 (the default: speed) or fp8_loss (the final-loss gap over seeds, docs/fp8.md); a name, nothing else.
+preset=${FP8_PRESET:-fp8}
+[[ $preset =~ ^[a-z0-9_]+$ ]] && [ -f "config/presets/$preset.yaml" ] || { echo "FP8_PRESET=$preset is not a preset in config/presets"; exit 1; }
+cat > /tmp/amprepro-fp8.yaml <<YAML
+preset: $preset
 apex:
   required: false
   source: {url: null, path: null, tarball: null}
