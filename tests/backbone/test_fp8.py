@@ -91,6 +91,24 @@ def test_the_fp8_preset_runs_fp8_beside_compiled_bf16_and_is_valid():
     assert cfg.choose_preset("auto", ["NVIDIA H200"], "a GPU")["preset"] == "paper"  # auto never picks fp8
 
 
+def test_the_fp8_loss_preset_is_the_text_cell_over_seeds_with_a_decayed_rate():
+    base = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    config = cfg.validate_config(cfg.deep_merge(base, {"preset": "fp8_loss"}))
+    runs, choice = cfg.resolve_runs(config, REPO / "config" / "presets", ["NVIDIA H200"], "test")
+    assert choice["preset"] == "fp8_loss"
+    cells = {(c["model"], c["precision"], c["seed"]) for c in cfg.cells(runs)}
+    seeds = runs["models"]["llama7b_text_cosine"]["seeds"]
+    assert len(seeds) >= 2 and cells == {("llama7b_text_cosine", p, s) for s in seeds
+                                         for p in ("amp_bf16", "amp_bf16_compile", "fp8_tensorwise")}
+    text = yaml.safe_load((REPO / "config" / "presets" / "fp8.yaml").read_text())["models"]["llama7b_text"]
+    loss = runs["models"]["llama7b_text_cosine"]
+    assert {k: loss[k] for k in ("arch", "data", "batch_size", "seq_len", "activation_checkpointing")} == \
+           {k: text[k] for k in ("arch", "data", "batch_size", "seq_len", "activation_checkpointing")}
+    assert loss["train"]["lr_schedule"] == "cosine" and loss["train"]["lr"] == text["train"]["lr"]
+    assert loss["train"]["steps"] > text["train"]["steps"] and loss["eval_every"] < loss["train"]["steps"]
+    assert cfg.choose_preset("auto", ["NVIDIA H200"], "a GPU")["preset"] == "paper"  # auto never picks it
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU skip record")
 def test_on_a_cpu_the_fp8_cells_are_skipped_for_the_machine():
     metrics, rows = train.run(spec(), NO_APEX, threads=1)

@@ -1,6 +1,7 @@
 """amprepro.report.fp8 in-process, by exact output: the loss gaps' edge cases, every verdict wording, the table's
 cells and the section (what mutation testing of the module asks for: docs/mutation.md)."""
 
+import html
 import math
 
 import pytest
@@ -185,3 +186,86 @@ def test_the_section_with_and_without_fp8_cells():
     assert fp8.section_html({"cells": cells}) == reporthtml.section_html(
         "FP8 against compiled bf16", f"<ul>{said}</ul>{fp8.table_html(rows)}", "", fp8.INTRO)
     assert "on the qualifying nn.Linear layers" in fp8.INTRO and "against the FP8 peak" in fp8.INTRO
+
+
+# --- the gaps over seeds (seed_gaps) ---
+
+def test_the_t_tables_are_the_exact_quantiles_rounded_up():
+    scipy_t = pytest.importorskip("scipy.stats").t
+    for table, p in [(fp8.T_TWO_SIDED_95, 0.975), (fp8.T_ONE_SIDED_95, 0.95)]:
+        assert len(table) == 30
+        for df, value in enumerate(table, start=1):
+            exact = float(scipy_t.ppf(p, df))
+            assert exact <= value < exact + 0.001, (p, df, value, exact)
+    assert fp8.t_quantile(fp8.T_TWO_SIDED_95, 1) == 12.707 and fp8.t_quantile(fp8.T_ONE_SIDED_95, 30) == 1.698
+    assert fp8.t_quantile(fp8.T_ONE_SIDED_95, 31) == 1.698 and fp8.t_quantile(fp8.T_ONE_SIDED_95, 200) == 1.698
+
+
+def test_the_interval_of_the_mean_and_each_verdict():
+    assert fp8.seed_interval([]) is None and fp8.seed_interval([0.001]) is None
+    under = fp8.seed_interval([0.001, 0.003])  # mean 0.002, sd sqrt(2e-6), se 0.001
+    assert under["n"] == 2 and under["verdict"] == "under"
+    assert under["mean"] == pytest.approx(0.002) and under["sd"] == pytest.approx(math.sqrt(2e-6))
+    assert under["low"] == pytest.approx(0.002 - 12.707e-3) and under["high"] == pytest.approx(0.002 + 12.707e-3)
+    assert under["upper"] == pytest.approx(0.002 + 6.314e-3)
+    over = fp8.seed_interval([0.02, 0.04, 0.03])  # mean 0.03, se 0.01 / sqrt(3): lower bound 0.0131 > 0.01
+    assert over["verdict"] == "over" and over["upper"] == pytest.approx(0.03 + 2.920 * 0.01 / math.sqrt(3))
+    assert fp8.seed_interval([0.0, 0.02])["verdict"] == "not settled"  # mean at the limit
+    assert fp8.seed_interval([-0.05, -0.04, -0.03])["verdict"] == "under"  # lower than the baseline is under
+    assert fp8.seed_interval([0.0095, 0.0095, 0.0095])["verdict"] == "under"  # no spread: the mean itself
+    assert fp8.seed_interval([0.0105, 0.0105, 0.0105])["verdict"] == "over"
+    assert fp8.seed_interval([0.009, 0.011])["verdict"] == "not settled"
+
+
+def paired(seed, held, final, precision="fp8_tensorwise", **extra):
+    return row(precision, **{"seed": seed, "baseline_precision": "amp_bf16_compile", "speedup_vs_baseline": 1.2,
+                             "heldout_gap_final_vs_baseline": held, "loss_gap_final_vs_baseline": final,
+                             "heldout_loss_final": 2.5, "baseline_heldout_loss_final": 2.5, **extra})
+
+
+def test_the_gaps_over_seeds_take_each_models_pairs_and_leave_out_what_cannot_count():
+    rows = [paired(0, 0.01, 0.02), paired(1, 0.03, None), paired(2, 0.02, 0.04),
+            paired(3, None, None, status="collapsed"),
+            paired(4, 0.5, 0.5, baseline_loss_first=10.0, baseline_loss_final=0.05),  # memorised: left out
+            paired(5, 0.5, 0.5, speedup_vs_baseline=None),  # its baseline did not run: left out
+            paired(0, 0.002, 0.004, precision="fp8_rowwise"),  # one seed: no interval, no entry
+            row("amp_bf16", seed=0, heldout_gap_final_vs_baseline=0.5)]  # no baseline: never counted
+    [entry] = fp8.seed_gaps(rows)
+    assert {k: entry[k] for k in ("model", "precision", "baseline", "collapsed_seeds")} == \
+           {"model": "m", "precision": "fp8_tensorwise", "baseline": "amp_bf16_compile", "collapsed_seeds": [3]}
+    assert entry["heldout_gap_final_vs_baseline"] == fp8.seed_interval([0.01, 0.03, 0.02])
+    assert entry["loss_gap_final_vs_baseline"] == fp8.seed_interval([0.02, 0.04])
+    two_models = fp8.seed_gaps([paired(0, 0.01, None), paired(1, 0.02, None),
+                                {**paired(0, 0.01, None), "model": "n"}, {**paired(1, 0.01, None), "model": "n"}])
+    assert [(e["model"], e["loss_gap_final_vs_baseline"]) for e in two_models] == [("m", None), ("n", None)]
+    assert fp8.seed_gaps([paired(0, None, None), paired(1, None, None)]) == []
+
+
+def test_the_sentence_of_the_gaps_over_seeds():
+    entry = {"model": "m", "precision": "fp8_tensorwise", "baseline": "amp_bf16_compile", "collapsed_seeds": [],
+             "heldout_gap_final_vs_baseline": {"n": 6, "mean": 0.0026, "sd": 0.0067, "low": -0.0045, "high": 0.0096,
+                                               "upper": 0.0081, "verdict": "under"},
+             "loss_gap_final_vs_baseline": None}
+    assert fp8.seed_gap_text(entry) == (
+        f"m FP8 tensorwise (torchao) against {BASE}, the mean of the paired gaps: final held-out loss +0.26 % over 6 "
+        "seeds (sd 0.67 %, 95 % interval -0.45 % to +0.96 %, one-sided 95 % upper bound +0.81 %): under 1 %")
+    both = {**entry, "collapsed_seeds": [2, 5],
+            "loss_gap_final_vs_baseline": {"n": 2, "mean": 0.03, "sd": 0.01, "low": -0.1, "high": 0.16, "upper": 0.07,
+                                           "verdict": "not settled"}}
+    assert fp8.seed_gap_text(both).endswith(
+        "under 1 %; final training loss +3.00 % over 2 seeds (sd 1.00 %, 95 % interval -10.00 % to +16.00 %, "
+        "one-sided 95 % upper bound +7.00 %): not settled against 1 %; seeds 2, 5 collapsed (non-finite loss) and "
+        "are left out")
+    assert fp8.VERDICT_WORDS == {"under": "under 1 %", "over": "over 1 %", "not settled": "not settled against 1 %"}
+
+
+def test_the_section_gives_the_gaps_over_seeds_where_two_seeds_ran():
+    cells = [paired(0, 0.01, 0.02), paired(1, 0.03, 0.01)]
+    rows = fp8.fp8_rows({"cells": cells})
+    said = "".join(f"<li>{line}</li>" for line in fp8.verdicts(rows))
+    [entry] = fp8.seed_gaps(rows)
+    over = f"<p>{html.escape(fp8.SEEDS_INTRO)}</p><ul><li>{html.escape(fp8.seed_gap_text(entry))}</li></ul>"
+    assert fp8.section_html({"cells": cells}) == reporthtml.section_html(
+        "FP8 against compiled bf16", f"<ul>{said}</ul>{over}{fp8.table_html(rows)}", "", fp8.INTRO)
+    assert "under when the one-sided 95 % upper bound is below it" in fp8.SEEDS_INTRO
+    assert "<b>" not in fp8.section_html({"cells": [{**c, "model": "<b>"} for c in cells]})
