@@ -2,6 +2,7 @@
 cells and the section (what mutation testing of the module asks for: docs/mutation.md)."""
 
 import html
+import json
 import math
 
 import pytest
@@ -269,3 +270,15 @@ def test_the_section_gives_the_gaps_over_seeds_where_two_seeds_ran():
         "FP8 against compiled bf16", f"<ul>{said}</ul>{over}{fp8.table_html(rows)}", "", fp8.INTRO)
     assert "under when the one-sided 95 % upper bound is below it" in fp8.SEEDS_INTRO
     assert "<b>" not in fp8.section_html({"cells": [{**c, "model": "<b>"} for c in cells]})
+
+
+def test_the_section_as_text_from_a_summary_file(tmp_path, capsys):
+    cells = [paired(0, 0.01, 0.02), paired(1, 0.03, 0.01)]
+    rows = fp8.fp8_rows({"cells": cells})
+    assert fp8.report_lines({"cells": cells}) == [*fp8.verdicts(rows), fp8.SEEDS_INTRO,
+                                                  fp8.seed_gap_text(fp8.seed_gaps(rows)[0])]
+    one = [paired(0, 0.01, 0.02)]
+    assert fp8.report_lines({"cells": one}) == fp8.verdicts(fp8.fp8_rows({"cells": one}))
+    (tmp_path / "summary.json").write_text(json.dumps({"cells": cells}))
+    fp8.main(["--summary", str(tmp_path / "summary.json")])
+    assert capsys.readouterr().out == "".join(f"{line}\n" for line in fp8.report_lines({"cells": cells}))

@@ -318,3 +318,25 @@ def section_html(summary: dict) -> str:
         over_seeds = f"<p>{html.escape(SEEDS_INTRO)}</p><ul>{over_seeds}</ul>"
     return reporthtml.section_html("FP8 against compiled bf16", f"<ul>{said}</ul>{over_seeds}{table_html(rows)}", "",
                                    INTRO)
+
+
+def report_lines(summary: dict) -> list[str]:
+    """The section's sentences as text: each FP8 cell's verdict, then the gaps over seeds."""
+    rows = fp8_rows(summary)
+    over_seeds = [seed_gap_text(entry) for entry in seed_gaps(rows)]
+    return [*verdicts(rows), *([SEEDS_INTRO, *over_seeds] if over_seeds else [])]
+
+
+def main(argv=None) -> None:
+    import argparse
+    import json
+
+    parser = argparse.ArgumentParser(description="The report's FP8 section as text (amprepro.report.fp8).")
+    parser.add_argument("--summary", default="results/summary/summary.json")
+    args = parser.parse_args(argv)
+    for line in report_lines(json.loads(Path(args.summary).read_text())):
+        print(line)
+
+
+if __name__ == "__main__":
+    main()
