@@ -216,6 +216,7 @@ def test_the_interval_of_the_mean_and_each_verdict():
     assert fp8.seed_interval([0.0095, 0.0095, 0.0095])["verdict"] == "under"  # no spread: the mean itself
     assert fp8.seed_interval([0.0105, 0.0105, 0.0105])["verdict"] == "over"
     assert fp8.seed_interval([0.009, 0.011])["verdict"] == "not settled"
+    assert fp8.seed_interval([0.01, 0.01])["verdict"] == "not settled"  # at the limit exactly: neither side
 
 
 def paired(seed, held, final, precision="fp8_tensorwise", **extra):
@@ -257,6 +258,8 @@ def test_the_sentence_of_the_gaps_over_seeds():
         "under 1 %; final training loss +3.00 % over 2 seeds (sd 1.00 %, 95 % interval -10.00 % to +16.00 %, "
         "one-sided 95 % upper bound +7.00 %): not settled against 1 %; seeds 2, 5 collapsed (non-finite loss) and "
         "are left out")
+    positive = {**entry, "heldout_gap_final_vs_baseline": {**entry["heldout_gap_final_vs_baseline"], "low": 0.001}}
+    assert "95 % interval +0.10 % to +0.96 %" in fp8.seed_gap_text(positive)
     assert fp8.VERDICT_WORDS == {"under": "under 1 %", "over": "over 1 %", "not settled": "not settled against 1 %"}
 
 
@@ -269,10 +272,14 @@ def test_the_section_gives_the_gaps_over_seeds_where_two_seeds_ran():
     assert fp8.section_html({"cells": cells}) == reporthtml.section_html(
         "FP8 against compiled bf16", f"<ul>{said}</ul>{over}{fp8.table_html(rows)}", "", fp8.INTRO)
     assert "under when the one-sided 95 % upper bound is below it" in fp8.SEEDS_INTRO
+    two = [*cells, paired(0, 0.0, 0.0, precision="fp8_rowwise"), paired(1, 0.01, 0.0, precision="fp8_rowwise")]
+    entries = fp8.seed_gaps(fp8.fp8_rows({"cells": two}))
+    assert len(entries) == 2 and f"</li><li>{html.escape(fp8.seed_gap_text(entries[1]))}</li></ul>" in \
+        fp8.section_html({"cells": two})
     assert "<b>" not in fp8.section_html({"cells": [{**c, "model": "<b>"} for c in cells]})
 
 
-def test_the_section_as_text_from_a_summary_file(tmp_path, capsys):
+def test_the_section_as_text_from_a_summary_file(tmp_path, capsys, monkeypatch):
     cells = [paired(0, 0.01, 0.02), paired(1, 0.03, 0.01)]
     rows = fp8.fp8_rows({"cells": cells})
     assert fp8.report_lines({"cells": cells}) == [*fp8.verdicts(rows), fp8.SEEDS_INTRO,
@@ -282,3 +289,11 @@ def test_the_section_as_text_from_a_summary_file(tmp_path, capsys):
     (tmp_path / "summary.json").write_text(json.dumps({"cells": cells}))
     fp8.main(["--summary", str(tmp_path / "summary.json")])
     assert capsys.readouterr().out == "".join(f"{line}\n" for line in fp8.report_lines({"cells": cells}))
+    (tmp_path / "results" / "summary").mkdir(parents=True)
+    (tmp_path / "results" / "summary" / "summary.json").write_text(json.dumps({"cells": one}))
+    monkeypatch.chdir(tmp_path)
+    fp8.main([])  # the run's own summary by default
+    assert capsys.readouterr().out == "".join(f"{line}\n" for line in fp8.report_lines({"cells": one}))
+    with pytest.raises(SystemExit):
+        fp8.main(["--help"])
+    assert "\n\nThe report's FP8 section as text (amprepro.report.fp8).\n\n" in capsys.readouterr().out
