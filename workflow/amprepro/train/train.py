@@ -278,12 +278,32 @@ def apply_memory_limit(plan: dict | None, device) -> int | None:
     return limit
 
 
+def available_memory_bytes() -> int | None:
+    """The memory this machine can still give a process (Linux's MemAvailable), or None where it cannot be read."""
+    try:
+        with open("/proc/meminfo") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
 def does_not_fit(spec: CellSpec, base: dict, plan: dict | None, device) -> dict | None:
     """The skip record of a cell that cannot fit: the plan said so (a batch written in the config), or, run without a
-    plan, its estimate exceeds the GPU's free memory."""
+    plan, its estimate exceeds the GPU's free memory, or, on a CPU (where the plan fits nothing), its estimate exceeds
+    the machine's available memory (the 7B shape of the fp8 presets on a laptop: killed by the kernel otherwise, with
+    an empty log)."""
     from amprepro import memory
 
     estimate = base["memory_estimate"]
+    if device.type == "cpu":
+        available = available_memory_bytes()
+        if available is not None and estimate["total_bytes"] > available:
+            return {**base, "status": "skipped", "skip_cause": "machine", "skip_needs": "more memory (a GPU)",
+                    "reason": f"does not fit: {memory.describe_record(estimate)} exceeds the {memory.gib(available)} "
+                              "of memory available on this machine, which has no GPU for it; run it on a GPU"}
     if plan is not None and not plan.get("fits", True):
         return {**base, "status": "skipped", "skip_cause": "machine", "skip_needs": "more GPU memory",
                 "reason": f"{plan['why']}; run it on a GPU with more memory or lower its batch_size"}
