@@ -189,15 +189,9 @@ def report_lines(summary: dict) -> list[str]:
 
 
 def main(argv=None) -> None:
-    import argparse
-    import json
-    from pathlib import Path
+    from amprepro.report import print_summary_lines
 
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--summary", default="results/summary/summary.json")
-    args = parser.parse_args(argv)
-    for line in report_lines(json.loads(Path(args.summary).read_text())):
-        print(line)
+    print_summary_lines(argv, __doc__.split("\n")[0], report_lines)
 
 
 if __name__ == "__main__":

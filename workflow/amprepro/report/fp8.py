@@ -328,14 +328,9 @@ def report_lines(summary: dict) -> list[str]:
 
 
 def main(argv=None) -> None:
-    import argparse
-    import json
+    from amprepro.report import print_summary_lines
 
-    parser = argparse.ArgumentParser(description="The report's FP8 section as text (amprepro.report.fp8).")
-    parser.add_argument("--summary", default="results/summary/summary.json")
-    args = parser.parse_args(argv)
-    for line in report_lines(json.loads(Path(args.summary).read_text())):
-        print(line)
+    print_summary_lines(argv, "The report's FP8 section as text (amprepro.report.fp8).", report_lines)
 
 
 if __name__ == "__main__":
