@@ -85,53 +85,42 @@ def imports_amprepro(venv: Path, tmp_path: Path) -> bool:
     return probe.returncode == 0
 
 
-def descendants(pid: int) -> list[int]:
-    """Every process under pid (from /proc's children lists: fast enough to catch a pip of a few seconds)."""
-    found, todo = [], [pid]
-    while todo:
-        current = todo.pop()
-        try:
-            tasks = list(Path(f"/proc/{current}/task").iterdir())
-        except OSError:  # the process ended between its parent's children list and this read
-            continue
-        for task in tasks:
-            try:
-                children = [int(c) for c in (task / "children").read_text().split()]
-            except OSError:
-                continue
-            found += children
-            todo += children
-    return found
-
-
-def pip_of(root: int) -> int | None:
-    """The pid of the `pip install -r requirements.txt` under make (pid root), if one runs."""
-    for pid in descendants(root):
-        try:
-            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"pip" in argv and b"requirements.txt" in argv:
-            return pid
-    return None
+HOLD = """\
+import os, signal
+from pathlib import Path
+if b"requirements.txt" in Path("/proc/self/cmdline").read_bytes().split(b"\\0"):
+    Path(os.environ["AMPREPRO_TEST_HOLD"]).write_text(str(os.getpid()))
+    while True:
+        signal.pause()
+"""
 
 
 def interrupted_during_pip(workdir: Path, env: dict, log: Path) -> int:
     """`make` started as a terminal starts it, Ctrl-C (SIGINT to its process group) while pip works; make's status.
-    pip is stopped (SIGSTOP) before the Ctrl-C and continued after it, so a busy machine cannot let it finish first."""
+    The pip process is held as it starts (a module that the venv's .pth imports waits there for a signal, and says
+    so in a file), so the Ctrl-C always lands inside pip: polling for a pip that, with every requirement already
+    satisfied, ends within a second lost the race on a busy CI machine (pip had ended before it was stopped)."""
+    site = purelib(workdir / "venv" / "bin" / "python")
+    (site / "amprepro_test_hold.py").write_text(HOLD)
+    (site / "zz-test-hold.pth").write_text("import amprepro_test_hold\n")
+    held = log.with_name("pip-held")
     with log.open("w") as sink:
         started = subprocess.Popen(["make", "--no-print-directory", "VENV=venv", f"PYTHON={sys.executable}",
-                                    f"venv/{STAMP}"], cwd=workdir, env=env, stdout=sink, stderr=subprocess.STDOUT,
-                                   start_new_session=True)
-    deadline = time.monotonic() + 300
-    while (pip := pip_of(started.pid)) is None:
-        assert started.poll() is None, log.read_text()[-2000:]
-        assert time.monotonic() < deadline, "pip never started"
-        time.sleep(0.01)
-    os.kill(pip, signal.SIGSTOP)
-    os.killpg(started.pid, signal.SIGINT)
-    os.kill(pip, signal.SIGCONT)
-    return started.wait(timeout=120)
+                                    f"venv/{STAMP}"], cwd=workdir, env={**env, "AMPREPRO_TEST_HOLD": str(held)},
+                                   stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not held.exists():
+            assert started.poll() is None, log.read_text()[-2000:]
+            assert time.monotonic() < deadline, "pip never started"
+            time.sleep(0.01)
+        os.killpg(started.pid, signal.SIGINT)
+        return started.wait(timeout=120)
+    finally:
+        if started.poll() is None:
+            os.killpg(started.pid, signal.SIGKILL)
+        (site / "zz-test-hold.pth").unlink()
+        (site / "amprepro_test_hold.py").unlink()
 
 
 def test_a_venv_whose_install_failed_or_was_interrupted_is_completed_and_keeps_the_users_torch(workdir, tmp_path):
