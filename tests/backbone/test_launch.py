@@ -336,6 +336,21 @@ def result_files(workdir: Path) -> dict[str, int]:
     return {str(path.relative_to(workdir)): path.stat().st_mtime_ns for path in paths if path.exists()}
 
 
+STAGE_HOLD = """\
+# This test's only: the job whose python runs the module named by AMPREPRO_TEST_HOLD says so in the file named by
+# AMPREPRO_TEST_HELD and waits there until it is killed. Imported at every start of a python whose PYTHONPATH holds
+# this workflow copy (every job's does); without AMPREPRO_TEST_HOLD it does nothing.
+import os
+if os.environ.get("AMPREPRO_TEST_HOLD"):
+    import signal
+    from pathlib import Path
+    if os.environ["AMPREPRO_TEST_HOLD"].encode() in Path("/proc/self/cmdline").read_bytes().split(b"\\0"):
+        Path(os.environ["AMPREPRO_TEST_HELD"]).write_text(str(os.getpid()))
+        while True:
+            signal.pause()
+"""
+
+
 def incomplete_marker(workdir: Path, name: str) -> Path:
     """Snakemake's mark of an output whose job has started and not ended."""
     return workdir / ".snakemake/incomplete" / urlsafe_b64encode(name.encode()).decode()
@@ -401,21 +416,27 @@ def test_make_run_finishes_after_sigkill_at_every_stage_keeping_what_was_done(tm
     # the smoke preset in three of its precisions: 6 cells (4 of them run on the CPU), enough for every kill point
     (workdir / "three.yaml").write_text("preset: smoke\nruns: {precisions: [fp32, tf32, amp_bf16]}\n")
     smoke = "--configfile config/config.yaml three.yaml"
-    exists = lambda name: lambda: (workdir / name).exists()  # noqa: E731
 
     def some_cells_done_one_running() -> bool:
         finished, running = cells_started(workdir)
         return len(finished) >= 2 and bool(running)
 
-    kill_points = [("environment", exists("results/logs/environment.log"), "results/environment/environment.json"),
-                   ("apex build", exists("results/logs/apex_build.log"), "results/apex/build.json"),
-                   ("a train cell", some_cells_done_one_running, None),
-                   ("summary", exists("results/logs/summary.log"), "results/summary/summary.json"),
-                   ("report", exists("results/logs/report.log"), "results/report/report.html")]
+    # A stage with an output is held as its job's python starts (STAGE_HOLD, by its module's name), so the kill always
+    # lands while it runs: the summary, a second's work, had ended before the kill once on a busy CI machine.
+    (workdir / "workflow" / "sitecustomize.py").write_text(STAGE_HOLD)
+    held = tmp_path / "held"
+    kill_points = [("environment", "amprepro.env.environment", "results/environment/environment.json"),
+                   ("apex build", "amprepro.env.apex_stage", "results/apex/build.json"),
+                   ("a train cell", None, None),
+                   ("summary", "amprepro.report.summary", "results/summary/summary.json"),
+                   ("report", "amprepro.report.render", "results/report/report.html")]
     kept, cells_before_kill = {}, {}
-    for attempt, (stage, started, output) in enumerate(kill_points):
+    for attempt, (stage, module, output) in enumerate(kill_points):
         output_file = tmp_path / f"attempt{attempt}.log"
-        run = start_make_run(workdir, smoke, output_file)
+        held.unlink(missing_ok=True)
+        started = held.exists if module else some_cells_done_one_running
+        run = start_make_run(workdir, smoke, output_file,
+                             **({"AMPREPRO_TEST_HOLD": module, "AMPREPRO_TEST_HELD": str(held)} if module else {}))
         wait_for(lambda started=started, run=run: started() or run.poll() is not None, 240, f"{stage} to start")
         assert run.poll() is None, f"the run ended before {stage} started:\n{output_file.read_text()[-3000:]}"
         kill_group(run)
