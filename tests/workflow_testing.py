@@ -36,6 +36,28 @@ def job_env() -> dict:
     return env
 
 
+# A python whose start imports HOLD_SOURCE (as a sitecustomize.py on its PYTHONPATH, or from a .pth in its venv) and
+# whose environment holds hold_env(argument, held) stops at its start when `argument` is one of its argv's elements:
+# it writes its pid into `held` and waits for a signal. A test that must kill or interrupt a short step waits for
+# that file instead of racing the step (a second's pip or summary had ended before the signal on a busy CI machine).
+# Without AMPREPRO_TEST_HOLD in the environment it does nothing.
+HOLD_SOURCE = """\
+import os
+if os.environ.get("AMPREPRO_TEST_HOLD"):
+    import signal
+    from pathlib import Path
+    if os.environ["AMPREPRO_TEST_HOLD"].encode() in Path("/proc/self/cmdline").read_bytes().split(b"\\0"):
+        Path(os.environ["AMPREPRO_TEST_HELD"]).write_text(str(os.getpid()))
+        while True:
+            signal.pause()
+"""
+
+
+def hold_env(argument: str, held: Path) -> dict:
+    """The environment that makes HOLD_SOURCE stop a python whose argv holds `argument` (see above)."""
+    return {"AMPREPRO_TEST_HOLD": argument, "AMPREPRO_TEST_HELD": str(held)}
+
+
 # Snakemake takes 3 s of a 2-core machine to import and a refused config or a dry run 0.3 s more: the tests run it
 # dozens of times. So snakemake() runs the real `python -m snakemake` command line in a process forked from one that
 # imported snakemake.cli once (a multiprocessing fork server, one per test process): the same code, arguments,

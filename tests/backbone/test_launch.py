@@ -19,7 +19,7 @@ import pytest
 from snakemake.cli import get_argument_parser
 
 from amprepro.env import launch
-from workflow_testing import REPO, SNAKEMAKE, copy_workflow, job_env
+from workflow_testing import HOLD_SOURCE, REPO, SNAKEMAKE, copy_workflow, hold_env, job_env
 
 # Its output is there while the job still runs: killed then, the output is incomplete for Snakemake.
 SLEEPING_SNAKEFILE = textwrap.dedent("""\
@@ -336,21 +336,6 @@ def result_files(workdir: Path) -> dict[str, int]:
     return {str(path.relative_to(workdir)): path.stat().st_mtime_ns for path in paths if path.exists()}
 
 
-STAGE_HOLD = """\
-# This test's only: the job whose python runs the module named by AMPREPRO_TEST_HOLD says so in the file named by
-# AMPREPRO_TEST_HELD and waits there until it is killed. Imported at every start of a python whose PYTHONPATH holds
-# this workflow copy (every job's does); without AMPREPRO_TEST_HOLD it does nothing.
-import os
-if os.environ.get("AMPREPRO_TEST_HOLD"):
-    import signal
-    from pathlib import Path
-    if os.environ["AMPREPRO_TEST_HOLD"].encode() in Path("/proc/self/cmdline").read_bytes().split(b"\\0"):
-        Path(os.environ["AMPREPRO_TEST_HELD"]).write_text(str(os.getpid()))
-        while True:
-            signal.pause()
-"""
-
-
 def incomplete_marker(workdir: Path, name: str) -> Path:
     """Snakemake's mark of an output whose job has started and not ended."""
     return workdir / ".snakemake/incomplete" / urlsafe_b64encode(name.encode()).decode()
@@ -421,9 +406,9 @@ def test_make_run_finishes_after_sigkill_at_every_stage_keeping_what_was_done(tm
         finished, running = cells_started(workdir)
         return len(finished) >= 2 and bool(running)
 
-    # A stage with an output is held as its job's python starts (STAGE_HOLD, by its module's name), so the kill always
-    # lands while it runs: the summary, a second's work, had ended before the kill once on a busy CI machine.
-    (workdir / "workflow" / "sitecustomize.py").write_text(STAGE_HOLD)
+    # A stage with an output is held as its job's python starts (HOLD_SOURCE, by its module's name; every job's
+    # PYTHONPATH begins with this copy's workflow/), so the kill always lands while it runs.
+    (workdir / "workflow" / "sitecustomize.py").write_text(HOLD_SOURCE)
     held = tmp_path / "held"
     kill_points = [("environment", "amprepro.env.environment", "results/environment/environment.json"),
                    ("apex build", "amprepro.env.apex_stage", "results/apex/build.json"),
@@ -436,7 +421,7 @@ def test_make_run_finishes_after_sigkill_at_every_stage_keeping_what_was_done(tm
         held.unlink(missing_ok=True)
         started = held.exists if module else some_cells_done_one_running
         run = start_make_run(workdir, smoke, output_file,
-                             **({"AMPREPRO_TEST_HOLD": module, "AMPREPRO_TEST_HELD": str(held)} if module else {}))
+                             **(hold_env(module, held) if module else {}))
         wait_for(lambda started=started, run=run: started() or run.poll() is not None, 240, f"{stage} to start")
         assert run.poll() is None, f"the run ended before {stage} started:\n{output_file.read_text()[-3000:]}"
         kill_group(run)

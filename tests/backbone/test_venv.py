@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from workflow_testing import REPO, copy_workflow
+from workflow_testing import HOLD_SOURCE, REPO, copy_workflow, hold_env
 
 STAMP = ".amprepro-installed"
 USER_TORCH = "2.13.0+cu129"  # not the test interpreter's build: kept only if pip leaves the user's torch alone
@@ -85,28 +85,17 @@ def imports_amprepro(venv: Path, tmp_path: Path) -> bool:
     return probe.returncode == 0
 
 
-HOLD = """\
-import os, signal
-from pathlib import Path
-if b"requirements.txt" in Path("/proc/self/cmdline").read_bytes().split(b"\\0"):
-    Path(os.environ["AMPREPRO_TEST_HOLD"]).write_text(str(os.getpid()))
-    while True:
-        signal.pause()
-"""
-
-
 def interrupted_during_pip(workdir: Path, env: dict, log: Path) -> int:
     """`make` started as a terminal starts it, Ctrl-C (SIGINT to its process group) while pip works; make's status.
-    The pip process is held as it starts (a module that the venv's .pth imports waits there for a signal, and says
-    so in a file), so the Ctrl-C always lands inside pip: polling for a pip that, with every requirement already
-    satisfied, ends within a second lost the race on a busy CI machine (pip had ended before it was stopped)."""
+    The pip process is held as it starts (HOLD_SOURCE, imported by a .pth in the venv, keyed on `requirements.txt` in
+    its argv), so the Ctrl-C always lands inside pip (which, every requirement satisfied, ends within a second)."""
     site = purelib(workdir / "venv" / "bin" / "python")
-    (site / "amprepro_test_hold.py").write_text(HOLD)
+    (site / "amprepro_test_hold.py").write_text(HOLD_SOURCE)
     (site / "zz-test-hold.pth").write_text("import amprepro_test_hold\n")
     held = log.with_name("pip-held")
     with log.open("w") as sink:
         started = subprocess.Popen(["make", "--no-print-directory", "VENV=venv", f"PYTHON={sys.executable}",
-                                    f"venv/{STAMP}"], cwd=workdir, env={**env, "AMPREPRO_TEST_HOLD": str(held)},
+                                    f"venv/{STAMP}"], cwd=workdir, env={**env, **hold_env("requirements.txt", held)},
                                    stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + 300
