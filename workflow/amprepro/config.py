@@ -19,6 +19,7 @@ from pathlib import Path
 import jsonschema
 import yaml
 
+from amprepro import presets
 from amprepro.cellspec import CellSpec
 from amprepro.env.gpuslots import visible_gpus
 from amprepro.safevalues import apex_problems, shorten
@@ -321,10 +322,10 @@ def resolve_runs(config: dict, presets_dir: Path, gpus: list[str], probe: str) -
     """Return (runs, choice): the validated run matrix and which preset was used, with the reason. config is what
     validate_config returned."""
     choice = choose_preset(config.get("preset", "auto"), gpus, probe)
-    preset_file = Path(presets_dir) / f"{choice['preset']}.yaml"
-    if not preset_file.exists():
-        raise ConfigError(f"Preset file {preset_file} is missing. Fix: restore it from the repository.")
-    preset = yaml.safe_load(preset_file.read_text()) or {}
+    try:
+        preset = presets.read(presets_dir, choice["preset"])
+    except presets.PresetError as exc:
+        raise ConfigError(str(exc)) from None
     runs = deep_merge(preset, config.get("runs") or {})
     validate(runs, "runs_resolved", "runs")
     for model, settings in runs["models"].items():
