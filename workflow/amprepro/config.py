@@ -330,6 +330,7 @@ def resolve_runs(config: dict, presets_dir: Path, gpus: list[str], probe: str) -
     validate(runs, "runs_resolved", "runs")
     for model, settings in runs["models"].items():
         check_model_settings(model, settings)
+        check_lora(model, settings, runs["precisions"])
         check_batch(model, settings)
         train = deep_merge(runs["train"], settings.get("train", {}))
         if train["warmup_steps"] >= train["steps"]:
@@ -442,6 +443,28 @@ def check_model_settings(model: str, settings: dict) -> None:
             f"Config error at runs.models.{model}.epoch_tokens: data {settings['data']} is not counted in tokens. "
             "Fix: remove the key, or use it on a synthetic_tokens model."
         )
+
+
+# The precisions a LoRA cell trains under, by the frozen base's dtype (amprepro.train.lora): a bf16 base needs bf16
+# autocast (its matmuls and the FP32 adapters meet in one dtype); compiled, FP8 and apex cells are not LoRA's.
+LORA_PRECISIONS = {"fp32": ("fp32", "tf32", "amp_fp16", "amp_bf16"), "bf16": ("amp_bf16",)}
+
+
+def check_lora(model: str, settings: dict, runs_precisions: list[str] | None = None) -> None:
+    """A `lora` setting on a llama arch, and only under the precisions its base trains in."""
+    if "lora" not in settings:
+        return
+    if settings["arch"] not in LLAMA_ARCHS:
+        raise ConfigError(f"Config error at runs.models.{model}.lora: arch {settings['arch']} has no LoRA adapters "
+                          f"(only {', '.join(LLAMA_ARCHS)}). Fix: remove the key or use a llama arch.")
+    base = (settings["lora"] or {}).get("base", "fp32")
+    precisions_here = settings.get("precisions") or runs_precisions or []
+    wrong = [p for p in precisions_here if p not in LORA_PRECISIONS[base]]
+    if wrong:
+        raise ConfigError(f"Config error at runs.models.{model}.precisions: a LoRA model with a frozen {base} base "
+                          f"trains under {', '.join(LORA_PRECISIONS[base])} only, not {', '.join(wrong)}. Fix: set "
+                          f"the model's precisions to [{', '.join(LORA_PRECISIONS[base])}] or fewer"
+                          + (", or use lora.base fp32" if base == "bf16" else "") + ".")
 
 
 GPT_ARCHS = ("gpt", "gpt_tiny", "gpt_bytes")  # models.GPT_SIZES (not imported: no torch at DAG build time)

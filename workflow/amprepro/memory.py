@@ -186,6 +186,16 @@ class Lora:
                f"frozen {'FP32' if self.base == 'fp32' else 'bf16'} base"
 
 
+def lora_of(model_config: dict) -> Lora | None:
+    """The model config's `lora` setting (amprepro.train.lora: rank, alpha, targets, base) as the memory model's Lora,
+    or None. Defaults as amprepro.train.lora.DEFAULTS (rank 16, every linear, FP32 base)."""
+    given = model_config.get("lora")
+    if given is None:
+        return None
+    return Lora(rank=given.get("rank", 16), base=given.get("base", "fp32"),
+                targets=tuple(given.get("targets", LORA_TARGETS)))
+
+
 # Optimizers that update in place; the others (torch's default foreach AdamW, SGD with momentum) allocate about one
 # FP32 tensor per parameter in their step.
 IN_PLACE_OPTIMIZERS = ("adamw_fused", "apex_fused_adam")
@@ -514,8 +524,10 @@ def cell_batch(model_config: dict) -> int:
 def estimate(model_config: dict, precision: str, optimizer: str, batch: int | None = None,
              apex_cast_cache: bool | None = None, sharding: Sharding = UNSHARDED, lora: Lora | None = None) -> Estimate:
     """The predicted allocator peak of one cell (one GPU's share) at `batch` (default: the config's); for the LLaMA
-    shapes also sharded (ZeRO-1/2/3) or with LoRA on a frozen base (the module's docstring has the rules)."""
+    shapes also sharded (ZeRO-1/2/3) or with LoRA on a frozen base (the module's docstring has the rules; `lora`, or
+    the config's own `lora` setting)."""
     batch = cell_batch(model_config) if batch is None else batch
+    lora = lora or lora_of(model_config)
     p = precision_of(precision)
     total_params, matmul_params = parameters(model_config)
     llama = model_config["arch"] in LLAMA_SHAPES

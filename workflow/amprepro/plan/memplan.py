@@ -11,7 +11,9 @@ GPU, so that every precision of it fits and the precisions still compare at equa
   (multiples of 8 where the preset's batch is one, then 7 ... 1). A batch the user wrote in their own config is kept
   as written; a cell that cannot fit it is skipped, with both numbers.
 - The 7B model (arch llama, no shape set) steps down amprepro.memory.LLAMA_LADDER, published LLaMA-family shapes, to
-  the largest whose every precision fits at the preset's batch.
+  the largest whose every precision fits at the preset's batch. A LoRA model (model_config lora) is planned the same
+  way, in a group of its own, its estimate the LoRA one: the lora preset's question, the largest shape this card
+  LoRA-fine-tunes.
 - "Fits" is decided from amprepro.memory's estimate against the budget: the memory a cell's allocator may take (the
   card's free memory, or the emulated card's size minus what is already in use: gpu_memory_limit_gib). An estimate
   up to FIT fits; one up to PROBE_UP_TO is checked by a short probe (amprepro.plan.probe: a few real steps in a fresh
@@ -48,8 +50,9 @@ def group_key(spec: CellSpec) -> str:
     image = c.get("image_size", 224) if c["data"] == "synthetic_images" else None
     tokens = c.get("seq_len", 2048 if c["arch"] in memory.LLAMA_SHAPES else 1024) if c["data"] == "synthetic_tokens" \
         else None
+    lora = [c["lora"]] if c.get("lora") is not None else []  # a LoRA model (its base, its adapters) is its own group
     return json.dumps([c["arch"], c["data"], image, tokens, c.get("activation_checkpointing", True), c["batch_size"],
-                       c.get("gpus", 1), c.get("shape")])
+                       c.get("gpus", 1), c.get("shape"), *lora], sort_keys=True)
 
 
 def ladder(preset_batch: int) -> list[int]:

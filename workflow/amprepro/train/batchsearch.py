@@ -213,8 +213,9 @@ def run(spec: CellSpec, cell: dict, plan: dict | None, apex: dict, up_to: int, s
     budget = limit or torch.cuda.mem_get_info(device)[0] + torch.cuda.memory_reserved(device)
     model_config, settings = spec.model_config, spec.train
     model = train.prepare_model(model_config, device)
-    optimizer = train.make_optimizer(spec.optimizer, model.parameters(), settings["lr"],
-                                     settings.get("weight_decay", 0.0), device)
+    trainable = [p for p in model.parameters() if p.requires_grad]  # a LoRA model's adapters only
+    optimizer = train.make_optimizer(spec.optimizer, trainable, settings["lr"], settings.get("weight_decay", 0.0),
+                                     device)
     trainer = precision.Trainer(spec.precision, model, optimizer, train.cross_entropy, device,
                                 recomputes=getattr(model, "checkpointing", False))
 

@@ -149,6 +149,10 @@ def prepare_model(model_config: dict, device):
     if model_config.get("fused_layer_norm"):
         model = swap_layer_norms(model)
     model = models.place(model, device)
+    if model_config.get("lora") is not None:  # a frozen base with trainable adapters (amprepro.train.lora)
+        from amprepro.train import lora
+
+        model = lora.apply(model, lora.setting(model_config))
     if model_config.get("channels_last"):
         model = model.to(memory_format=torch.channels_last)
     return model
@@ -159,6 +163,10 @@ def step_flops(trainer, model, x, y, world: int) -> tuple[int | None, str]:
     from amprepro.train import flops, models
 
     if isinstance(model, models.Llama):  # counting would cost another (7B) step and would count the recompute
+        from amprepro.train import lora
+
+        if lora.adapters(model):
+            return lora.flops_per_token(model, x.shape[1]) * x.numel() * world, "analytic (LoRA: amprepro.train.lora)"
         return model.model_flops_per_token(x.shape[1]) * x.numel() * world, "analytic"
     try:
         total = flops.count_training_flops(lambda: trainer.forward_loss(x, y).backward())
@@ -346,7 +354,9 @@ def train_cell(spec: CellSpec, apex: dict, dist, device, base: dict, plan: dict 
     model = prepare_model(model_config, device)
     fp8 = float8.convert(model, spec.precision)  # torchao Float8Linear on the qualifying layers; None: no FP8
     optimizer_name = spec.optimizer
-    optimizer = make_optimizer(optimizer_name, model.parameters(), train["lr"], train.get("weight_decay", 0.0), device)
+    # only what trains: every parameter, or a LoRA model's adapters (its frozen base has no gradient and no state)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = make_optimizer(optimizer_name, trainable, train["lr"], train.get("weight_decay", 0.0), device)
     wrap = lambda m: dist.wrap(m, device, model_config.get("sync_batchnorm", False))  # noqa: E731
     trainer = precision.Trainer(spec.precision, model, optimizer, cross_entropy, device, wrap=wrap,
                                 recomputes=getattr(model, "checkpointing", False))
@@ -434,6 +444,7 @@ def train_loop(spec, dist, device, base, model, batches, trainer, breakdown, set
         **curve.fields(),
         **({"data_record": batches.record} if getattr(batches, "record", None) else {}),
         "parameters": models.parameter_count(model),
+        **lora_fields(model_config, model, rows, curve),
         "flops_per_step": flops_per_step,
         "flops_method": flops_method,
         "achieved_tflops": achieved,
@@ -448,6 +459,18 @@ def train_loop(spec, dist, device, base, model, batches, trainer, breakdown, set
         "wall_seconds": time.time() - started,
     }
     return metrics, rows
+
+
+def lora_fields(model_config: dict, model, rows: list[dict], curve) -> dict:
+    """A LoRA cell's own record (amprepro.train.lora.record) and where its loss started: the first step's training
+    loss and the held-out loss before the first step (with eval_every), beside final_loss and heldout_loss_final."""
+    if model_config.get("lora") is None:
+        return {}
+    from amprepro.train import lora
+
+    first = curve.rows[0]["loss"] if curve.rows and curve.rows[0]["step"] == 0 else None
+    return {**lora.record(model, lora.setting(model_config)), "initial_loss": rows[0]["loss"],
+            "heldout_loss_initial": first}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
