@@ -93,6 +93,20 @@ SCHEMA = {
                         "note": {"type": "string"},
                     },
                 },
+                "lora": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "required": ["memory_gib"],
+                    "description": ("metric lora_parameters: the card memory the claim is about and the setting its "
+                                    "prediction is made at (amprepro.report.loraclaim)"),
+                    "properties": {
+                        "memory_gib": {"type": "number", "exclusiveMinimum": 0},
+                        "batch": {"type": "integer", "minimum": 1},
+                        "seq_len": {"type": "integer", "minimum": 2},
+                        "rank": {"type": "integer", "minimum": 1},
+                        "checkpointing": {"type": "boolean"},
+                    },
+                },
                 "note": {"type": "string"},
                 "caveats": {"type": "array", "items": {"type": "string", "minLength": 1},
                             "description": "what a reader must know to read the verdict; the report lists them"},
@@ -147,6 +161,11 @@ def validate(data, where: str = "config/claims.yaml") -> list[dict]:
             raise ClaimsError(f"{where}: claim field {field}.convergence: held-out losses judge only an "
                               "accuracy_delta claim of the form claimed {at_least: 0} against baseline fp32 (\"not "
                               "lower than FP32\"). Fix: remove convergence or write the claim that way.")
+        if (claim["metric"] == "lora_parameters") != bool(claim.get("lora")) or (
+                claim.get("lora") and ("at_least" not in claim["claimed"] or claim["variant"] != "amp_bf16")):
+            raise ClaimsError(f"{where}: claim field {field}.lora: the metric lora_parameters and the lora field go "
+                              "together, with claimed {at_least: parameters} and variant amp_bf16 (the bf16 base "
+                              "under AMP; amprepro.report.loraclaim). Fix: write both, or neither.")
         between = claim["claimed"].get("between")
         if between and between[0] > between[1]:
             raise ClaimsError(f"{where}: claim field {field}.claimed.between: {between} is not [low, high].")

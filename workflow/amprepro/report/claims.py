@@ -273,6 +273,12 @@ def _judge(claim: dict, summary: dict, sanity: dict | None, archs: dict, use_ove
 
     if use_override and claim.get("not_measurable"):
         return not_measurable(claim["not_measurable"])
+    if claim.get("lora"):  # the largest shape a card LoRA-fine-tunes, over the LoRA cells
+        from amprepro.report import loraclaim
+
+        result.update(loraclaim.judge(claim, summary))
+        result["verdict_text"] = VERDICT_TEXT[result["verdict"]]
+        return result
     models = matching_models(claim["models"], present, archs, data)
     named = {m.lower() for m in claim["models"]}
     # A variant of the architecture (e.g. vit_b_16_compile) counts only where it ran the claim's variant precision.

@@ -21,6 +21,8 @@ COLUMNS = [
     "mem_master_weights_bytes", "mem_activations_bytes", "mem_estimate_total_bytes",
     "batch_size", "preset_batch_size", "shape", "shape_name", "parameters", "plan_note", "heldout_loss_final",
     "largest_batch", "largest_batch_bound", "largest_batch_failing", "largest_batch_grid",
+    # LoRA cells (amprepro.train.lora; the LoRA claim, amprepro.report.loraclaim) and the allocator limit of a cap
+    "lora_base", "lora_rank", "trainable_parameters", "initial_loss", "heldout_loss_initial", "memory_limit_bytes",
     *fp8.COLUMNS,  # against the precision's own baseline (FP8 against compiled bf16): amprepro.report.fp8
 ]
 # Flat columns from metrics.json's nested memory records: (column, record, key).
@@ -89,6 +91,8 @@ def add_plan(rows: list[dict], metrics: list[dict]) -> list[dict]:
         row["shape_name"] = plan.get("shape_name")
         row["parameters"] = m.get("parameters")
         row["plan_note"] = plan.get("why")
+        lora = model_config.get("lora")  # from the spec: a skipped cell has no record of its own
+        row["lora_base"] = None if lora is None else lora.get("base", "fp32")
     return rows
 
 
@@ -133,6 +137,7 @@ def versions(environment: dict, apex: dict, metrics: list[dict]) -> dict:
         "cpu": hardware.get("cpu"),
         "isolation": environment.get("isolation", {}).get("mode"),
         "gpu_memory_limit_gib": memory_limit(metrics),
+        "gpu_memory_bytes": hardware.get("gpu_memory_bytes"),
         "packages": {name: packages.get(name) for name in KEY_PACKAGES if name in packages},
     }
 

@@ -121,6 +121,7 @@ def hardware(device: torch.device) -> dict:
         info["gpu_name"] = torch.cuda.get_device_name(device)
         info["gpu_capability"] = ".".join(map(str, torch.cuda.get_device_capability(device)))
         info["gpu_count"] = torch.cuda.device_count()
+        info["gpu_memory_bytes"] = torch.cuda.get_device_properties(device).total_memory
         info["driver"] = nvidia_smi_query("driver_version")
         info["cuda_visible_devices"] = os.environ.get("CUDA_VISIBLE_DEVICES")  # which GPU(s) of the machine
         info["gpu_uuid"] = gpu_uuid(device)
