@@ -146,10 +146,14 @@ def test_the_plan_puts_a_lora_model_in_a_group_of_its_own():
     assert json.loads(memplan.group_key(plain)) == ["llama", "python_stdlib", None, None, True, 1, 1, "tinyllama_1b"]
 
 
+def test_lora_on_an_arch_the_registry_does_not_give_it_is_refused():
+    with pytest.raises(cfg.ConfigError) as error:
+        cfg.check_model_settings("m", {"arch": "gpt_bytes", "data": "python_stdlib", "lora": {}})
+    assert str(error.value) == ("Config error at runs.models.m.lora: arch gpt_bytes does not use it (only arch llama, "
+                                "llama_tiny). Fix: remove the key.")
+
+
 @pytest.mark.parametrize("settings, precisions, message", [
-    ({"arch": "gpt_bytes", "data": "python_stdlib", "lora": {}}, ["fp32"],
-     "Config error at runs.models.m.lora: arch gpt_bytes has no LoRA adapters (only llama, llama_tiny). Fix: remove "
-     "the key or use a llama arch."),
     ({"arch": "llama", "data": "python_stdlib", "lora": {"base": "bf16"}}, ["fp32", "amp_bf16"],
      "Config error at runs.models.m.precisions: a LoRA model with a frozen bf16 base trains under amp_bf16 only, not "
      "fp32. Fix: set the model's precisions to [amp_bf16] or fewer, or use lora.base fp32."),

@@ -19,7 +19,7 @@ from pathlib import Path
 import jsonschema
 import yaml
 
-from amprepro import presets
+from amprepro import archs, presets
 from amprepro.cellspec import CellSpec
 from amprepro.env.gpuslots import visible_gpus
 from amprepro.safevalues import apex_problems, shorten
@@ -29,7 +29,7 @@ from amprepro.train.data import largest_batch
 
 REPO = Path(__file__).resolve().parents[2]
 SCHEMA_PATH = REPO / "workflow" / "schemas" / "config.schema.yaml"
-LLAMA_ARCHS = ("llama", "llama_tiny")  # models.LLAMA_SIZES (not imported: no torch at DAG build time)
+LLAMA_ARCHS = tuple(archs.where(family="llama"))  # a view of the arch registry (amprepro.archs)
 MAX_NODES = 100_000  # values in a config; YAML aliases can expand a small file into a huge structure
 NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?\Z")
 
@@ -79,10 +79,12 @@ def deep_merge(base: dict, override: dict) -> dict:
 
 
 def load_schema() -> dict:
-    """The config schema, its precision enum read from amprepro.train.precisions (the YAML does not repeat the list);
-    a copy of its own, for a caller may change it."""
+    """The config schema, its precision enum read from amprepro.train.precisions and its arch and LLaMA shape enums
+    from amprepro.archs (the YAML does not repeat the lists); a copy of its own, for a caller may change it."""
     schema = copy.deepcopy(_schema_file(SCHEMA_PATH, SCHEMA_PATH.stat().st_mtime_ns))
     schema["$defs"]["precision"]["enum"] = precisions.names()
+    schema["$defs"]["model"]["properties"]["arch"]["enum"] = archs.names()
+    schema["$defs"]["model"]["properties"]["shape"]["enum"] = archs.ladder_keys()
     return schema
 
 
@@ -427,15 +429,17 @@ def check_apex_source(apex: dict, required: bool) -> None:
 
 def check_model_settings(model: str, settings: dict) -> None:
     """Settings that only mean something for some models: refuse them elsewhere rather than ignore them."""
-    if "activation_checkpointing" in settings and settings["arch"] not in LLAMA_ARCHS:
+    if "activation_checkpointing" in settings and not archs.get(settings["arch"]).activation_checkpointing:
         raise ConfigError(
             f"Config error at runs.models.{model}.activation_checkpointing: arch {settings['arch']} has no "
-            f"checkpointed blocks (only {', '.join(LLAMA_ARCHS)}). Fix: remove the key or use a llama arch."
+            f"checkpointed blocks (only {', '.join(archs.where(activation_checkpointing=True))}). Fix: remove the key "
+            "or use a llama arch."
         )
-    if "shape" in settings and settings["arch"] != "llama":
+    if "shape" in settings and not archs.get(settings["arch"]).ladder:
+        laddered = archs.with_ladder()
         raise ConfigError(
-            f"Config error at runs.models.{model}.shape: arch {settings['arch']} has no LLaMA shapes (only llama). "
-            "Fix: remove the key or use arch: llama."
+            f"Config error at runs.models.{model}.shape: arch {settings['arch']} has no LLaMA shapes (only "
+            f"{', '.join(laddered)}). Fix: remove the key or use arch: {laddered[0]}."
         )
     check_data_settings(model, settings)
     if "epoch_tokens" in settings and settings["data"] != "synthetic_tokens":
@@ -446,17 +450,15 @@ def check_model_settings(model: str, settings: dict) -> None:
 
 
 # The precisions a LoRA cell trains under, by the frozen base's dtype (amprepro.train.lora): a bf16 base needs bf16
-# autocast (its matmuls and the FP32 adapters meet in one dtype); compiled, FP8 and apex cells are not LoRA's.
+# autocast (its matmuls and the FP32 adapters meet in one dtype); compiled, FP8 and apex cells are not LoRA's. Which
+# archs take `lora` at all is the registry's (archs.Arch.lora; ONLY_FOR below).
 LORA_PRECISIONS = {"fp32": ("fp32", "tf32", "amp_fp16", "amp_bf16"), "bf16": ("amp_bf16",)}
 
 
 def check_lora(model: str, settings: dict, runs_precisions: list[str] | None = None) -> None:
-    """A `lora` setting on a llama arch, and only under the precisions its base trains in."""
+    """A `lora` setting only under the precisions its frozen base trains in."""
     if "lora" not in settings:
         return
-    if settings["arch"] not in LLAMA_ARCHS:
-        raise ConfigError(f"Config error at runs.models.{model}.lora: arch {settings['arch']} has no LoRA adapters "
-                          f"(only {', '.join(LLAMA_ARCHS)}). Fix: remove the key or use a llama arch.")
     base = (settings["lora"] or {}).get("base", "fp32")
     precisions_here = settings.get("precisions") or runs_precisions or []
     wrong = [p for p in precisions_here if p not in LORA_PRECISIONS[base]]
@@ -467,16 +469,14 @@ def check_lora(model: str, settings: dict, runs_precisions: list[str] | None = N
                           + (", or use lora.base fp32" if base == "bf16" else "") + ".")
 
 
-GPT_ARCHS = ("gpt", "gpt_tiny", "gpt_bytes")  # models.GPT_SIZES (not imported: no torch at DAG build time)
-# The language models that read byte-level text (python_stdlib): byte values are token ids below every vocabulary
-# (256 and up), so a LLaMA shape reads them unchanged (the fp8 preset's 7B shape on real text).
-TEXT_ARCHS = GPT_ARCHS + LLAMA_ARCHS
-IMAGE_DATA_ARCHS = ("small_cnn", "resnet50")
-ONLY_FOR = {  # a model setting -> (the data kinds or archs it means something for, which field names them)
-    "data_path": (("cifar10", "imagefolder"), "data"),
+# A model setting -> (the data kinds it means something for, or the arch registry's field that says which archs take
+# it), and the config field it depends on.
+ONLY_FOR = {
+    "data_path": (archs.IMAGE_DATA, "data"),
     "download": (("cifar10",), "data"),
-    "eval_windows": (("python_stdlib",), "data"),
-    "naive_norm_eps": (GPT_ARCHS, "arch"),
+    "eval_windows": ((archs.TEXT_DATA,), "data"),
+    "naive_norm_eps": ("naive_norm_eps", "arch"),
+    "lora": ("lora", "arch"),
 }
 
 
@@ -485,17 +485,22 @@ def check_data_settings(model: str, settings: dict) -> None:
     only where they mean something."""
     data, arch = settings["data"], settings["arch"]
     for key, (allowed, field) in ONLY_FOR.items():
+        if field == "arch":  # the arch registry's field says which archs take it
+            allowed = archs.where(**{allowed: True})
         if key in settings and settings[field] not in allowed:
             raise ConfigError(f"Config error at runs.models.{model}.{key}: {field} {settings[field]} does not use it "
                               f"(only {field} {', '.join(allowed)}). Fix: remove the key.")
-    if data == "python_stdlib" and arch not in TEXT_ARCHS:
+    # The language models that read byte-level text (python_stdlib): byte values are token ids below every vocabulary
+    # (256 and up), so a LLaMA shape reads them unchanged (the fp8 preset's 7B shape on real text).
+    if data == archs.TEXT_DATA and arch not in archs.reading(data):
         raise ConfigError(f"Config error at runs.models.{model}.arch: data python_stdlib is byte-level text for a "
                           f"language model; arch {arch} is not one. Fix: use arch gpt_bytes (or "
-                          f"{', '.join(TEXT_ARCHS)}).")
-    if data in ("cifar10", "imagefolder"):
-        if arch not in IMAGE_DATA_ARCHS:
+                          f"{', '.join(archs.reading(data))}).")
+    if data in archs.IMAGE_DATA:
+        if arch not in archs.reading(data):
             raise ConfigError(f"Config error at runs.models.{model}.arch: data {data} needs an arch that reads "
-                              f"3-channel images of any size ({', '.join(IMAGE_DATA_ARCHS)}). Fix: use one of them.")
+                              f"3-channel images of any size ({', '.join(archs.reading(data))}). Fix: use one of "
+                              "them.")
         if not settings.get("data_path"):
             raise ConfigError(f"Config error at runs.models.{model}.data_path: data {data} needs the dataset's "
                               "directory. Fix: set data_path (docs: amprepro.train.imagedata).")

@@ -13,6 +13,7 @@ import random
 import sys
 import time
 
+from amprepro import archs
 from amprepro.cellspec import CellSpec
 from amprepro.train.cellsupport import skip_cause
 
@@ -47,13 +48,13 @@ def make_data(model_config: dict, seed: int, device, model, on_device: bool = Fa
     if kind == "digits":
         return data.DigitsBatches(batch, seed, device)
     if kind == "synthetic_images":
-        return data.SyntheticImages(batch, model_config.get("image_size", 224), seed, device, on_device)
+        return data.SyntheticImages(batch, archs.image_size(model_config), seed, device, on_device)
     if kind == textdata.DATA_KIND:
-        return textdata.StdlibTextBatches(batch, model_config.get("seq_len", 128), seed, device,
+        return textdata.StdlibTextBatches(batch, archs.data_seq_len(model_config), seed, device,
                                           model_config.get("eval_windows", textdata.DEFAULT_EVAL_WINDOWS))
     if kind in imagedata.KINDS:
         return imagedata.batches(model_config, seed, device)
-    return data.SyntheticTokens(batch, model_config.get("seq_len", 1024), model.vocab_size, seed, device, on_device)
+    return data.SyntheticTokens(batch, archs.data_seq_len(model_config), model.vocab_size, seed, device, on_device)
 
 
 def make_optimizer(name: str, params, lr: float, weight_decay: float, device):
