@@ -132,8 +132,9 @@ def cell_at(row: dict, memory_bytes: int) -> dict:
         if not memory.within_headroom(peak, memory_bytes):
             return {**out, "fits": False, "why": f"peak {memory.gib(peak)} over {memory.HEADROOM:.0%} of "
                     f"{memory.gib(memory_bytes)}"}
-        return {**out, "fits": True, "why": f"peak {memory.gib(peak)}, {loss}" if fell else
-                f"peak {memory.gib(peak)}, but its loss did not fall ({loss})"}
+        where = f"peak {memory.gib(peak)}" + (f" under a {memory.gib(limit)} allocator limit" if limit else "")
+        return {**out, "fits": True, "why": f"{where}, {loss}" if fell else f"{where}, but its loss did not fall "
+                f"({loss})"}
     if row.get("skip_needs") == "more GPU memory" and limit and limit <= memory_bytes:
         how = "refused by the memory plan (its estimate)" if "out of GPU memory" not in (row.get("reason") or "") \
             else "out of memory"
@@ -203,9 +204,16 @@ def judge(claim: dict, summary: dict) -> dict:
                 "lora": detail}
     parameters = memory.llama_parameters(memory.LLAMA_SHAPES[amp["largest"]])[0] if amp["largest"] else 0
     verdict = "holds" if parameters >= wanted else "falls_short"
-    fp32 = at_question[FP32]
-    named = (f"with AMP a {setting['memory_gib']} GiB card LoRA-fine-tunes "
-             f"{'up to ' + shape_text(amp['largest']) if amp['largest'] else 'no ladder shape'}; in FP32 "
-             + (f"up to {shape_text(fp32['largest'])}" if fp32["largest"] else
-                "no ladder shape" if fp32["text"] else "not measured"))
+    named = (f"with AMP a {setting['memory_gib']:g} GiB card LoRA-fine-tunes {short(amp)}; in FP32 "
+             f"{short(at_question[FP32])}")
+    if card and card != question:
+        named += (f" (this card, {memory.gib(card)}: with AMP {short(answers[card][AMP])}; in FP32 "
+                  f"{short(answers[card][FP32])})")
     return {"verdict": verdict, "measured_text": named, "reason": f"{measured}; {prediction}", "lora": detail}
+
+
+def short(a: dict) -> str:
+    """One side's answer in a few words: "up to OpenLLaMA-3B (3.43 B)", "up to at least ...", "no ladder shape"."""
+    if a["largest"]:
+        return ("up to " if a["exact"] else "up to at least ") + shape_text(a["largest"])
+    return "no ladder shape" if a["text"] else "not measured"
