@@ -19,7 +19,8 @@ ENVIRONMENT = {"python": {"version": "3.11.7"},
                "torch": {"version": "2.13.0+cu130", "cuda": "13.0", "cudnn": 91000, "nccl": "2.27.3"},
                "isolation": {"mode": "current", "prefix": "/work/.venv"},
                "packages": {"torch": "2.13.0", "numpy": "2.1.0", "pandas": "2.2.0", "snakemake": "9.1.0"}}
-HARDWARE = {"gpu_name": "NVIDIA H200", "gpu_count": 2, "driver": "580.1", "cpu": "Xeon"}
+HARDWARE = {"gpu_name": "NVIDIA H200", "gpu_count": 2, "driver": "580.1", "cpu": "Xeon",
+            "gpu_memory_bytes": 150_121_480_192}
 PEAK = {"status": "ok", "tflops": {"fp32": 50.0, "tf32": 400.0, "bf16": 800.0, "fp16": 800.0}}
 
 
@@ -143,7 +144,7 @@ def test_main_records_the_versions_peak_and_preset(tmp_path, capsys):
     assert made["versions"] == {
         "python": "3.11.7", "torch": "2.13.0+cu130", "cuda": "13.0", "cudnn": 91000, "nccl": "2.27.3",
         "apex_status": "built", "apex_commit": "abc123", "gpu": "NVIDIA H200", "gpu_count": 2, "driver": "580.1",
-        "cpu": "Xeon", "isolation": "current", "gpu_memory_limit_gib": 40,
+        "cpu": "Xeon", "isolation": "current", "gpu_memory_limit_gib": 40, "gpu_memory_bytes": 150_121_480_192,
         # only the key packages; pandas is not one of them
         "packages": {"torch": "2.13.0", "numpy": "2.1.0", "snakemake": "9.1.0"}}
 
