@@ -142,12 +142,14 @@ def test_hardware_on_a_gpu_names_the_card_and_which_one(tmp_path, monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: {this: (9, 0)}[device])
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(torch.cuda, "get_device_properties",
-                        lambda device: {this: types.SimpleNamespace(uuid="e05d-11")}[device])
+                        lambda device: {this: types.SimpleNamespace(uuid="e05d-11",
+                                                                    total_memory=150_121_480_192)}[device])
     info = measure.hardware(this)
     assert info["device"] == "cuda" and info["gpu_name"] == "NVIDIA H200"
     assert info["gpu_capability"] == "9.0" and info["gpu_count"] == 2 and info["driver"] == "580.65.06"
     assert info["cuda_visible_devices"] == "3" and info["gpu_uuid"] == "GPU-e05d-11"
     assert info["cpu_count"] == os.cpu_count()
+    assert info["gpu_memory_bytes"] == 150_121_480_192  # the card's own memory (the LoRA claim answers for it)
 
 
 def test_software_names_this_interpreter_and_the_apex_record():

@@ -106,7 +106,7 @@ def test_at_a_12_gib_cap_the_refused_shapes_bound_the_answer():
                  refused("lora_fp32_3b", "fp32", "fp32", "openllama_3b"),
                  row("lora_fp32_1b", "fp32", "fp32", "tinyllama_1b", peak=int(4.5 * G), limit=LIMIT, end=10.5)],
                 card_gib=139.8, cap_gib=12)
-    verdict, text, measured, reason = judged(s)
+    verdict, _, measured, reason = judged(s)
     assert (verdict, measured) == ("holds", "with AMP a 12 GiB card LoRA-fine-tunes up to OpenLLaMA-3B (3.43 B); in "
                                             "FP32 no ladder shape")
     assert reason == (

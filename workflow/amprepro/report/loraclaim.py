@@ -1,5 +1,6 @@
-"""What a 12 GB card LoRA-fine-tunes, with AMP and without (issue 39; the second article's "个人开发者在RTX 3060上尝试LLM
-微调"): a prediction from amprepro.memory, and a claim judged from the LoRA cells that ran (config/presets/lora.yaml).
+"""What a 12 GB card LoRA-fine-tunes, with AMP and without (issue 39; the second article's
+"个人开发者在RTX 3060上尝试LLM微调"): a prediction from amprepro.memory, and a claim judged from the LoRA
+cells that ran (config/presets/lora.yaml).
 
 Two sides, each a LoRA fine-tune (amprepro.train.lora: rank-r adapters on every linear of the blocks, trained in FP32):
 - AMP: the frozen base held in bf16, trained under bf16 autocast (the claim's variant, amp_bf16);
@@ -36,7 +37,8 @@ SIDE_TEXT = {AMP: "with AMP (bf16 base, bf16 autocast)", FP32: "in FP32 (FP32 ba
 
 
 def shape_text(shape: str) -> str:
-    return f"{memory.LLAMA_NAMES.get(shape, shape)} ({memory.llama_parameters(memory.LLAMA_SHAPES[shape])[0] / 1e9:.2f} B)"
+    parameters = memory.llama_parameters(memory.LLAMA_SHAPES[shape])[0]
+    return f"{memory.LLAMA_NAMES.get(shape, shape)} ({parameters / 1e9:.2f} B)"
 
 
 def ladder_rank(shape: str) -> int:
@@ -88,8 +90,9 @@ def prediction_text(memory_bytes: int, setting: dict) -> str:
         if up:
             text += f" (next, {up['name']}: {memory.gib(up['estimate_bytes'])})"
         parts.append(text)
+    recompute = "checkpointing per block" if setting.get("checkpointing", True) else "no checkpointing"
     return (f"predicted for {memory.gib(memory_bytes)} (micro-batch {setting.get('batch', 1)} x "
-            f"{setting.get('seq_len', 512)} tokens, {'checkpointing per block' if setting.get('checkpointing', True) else 'no checkpointing'}, "
+            f"{setting.get('seq_len', 512)} tokens, {recompute}, "
             f"LoRA r={setting.get('rank', 16)} on every linear; fits at most {FIT:.0%} of it): " + "; ".join(parts))
 
 
@@ -121,8 +124,8 @@ def cell_at(row: dict, memory_bytes: int) -> dict:
     """One cell read against a card of memory_bytes: fits (True), does not fit (False) or says nothing (None)."""
     shape = row.get("shape") or "llama"
     limit = row.get("memory_limit_bytes")
-    out = {"model": row["model"], "shape": shape, "status": row["status"], "peak_bytes": row.get("peak_allocated_bytes"),
-           "limit_bytes": limit}
+    out = {"model": row["model"], "shape": shape, "status": row["status"],
+           "peak_bytes": row.get("peak_allocated_bytes"), "limit_bytes": limit}
     if row["status"] == "ok":
         peak = row.get("peak_allocated_bytes")
         fell, loss = loss_fell(row)
