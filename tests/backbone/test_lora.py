@@ -180,3 +180,21 @@ def test_the_lora_preset_resolves_and_a_bad_lora_key_is_named():
         cfg.resolve_runs(cfg.validate_config({"preset": "lora", "runs": {"models": {"lora_amp_3b": {
             "lora": {"rank": 16, "alpha": 32, "base": "fp16"}}}}}), presets, [], "no GPU")
     assert "runs.models.lora_amp_3b.lora.base" in str(error.value)
+
+
+def test_a_cell_materialises_a_bf16_base_in_bf16_without_an_fp32_copy(monkeypatch):
+    seen = []
+    place = models.place
+
+    def placed(model, device):
+        seen.append({p.dtype for p in model.parameters()})  # what is materialised
+        return place(model, device)
+
+    monkeypatch.setattr(models, "place", placed)
+    config = text_spec("amp_bf16", "bf16")["model_config"]
+    model = train.prepare_model(config, torch.device("cpu"))
+    assert seen == [{torch.bfloat16}]
+    assert model.rope_cos.dtype == torch.bfloat16 and lora.adapters(model)
+    assert {p.dtype for p in lora.trainable(model)} == {torch.float32}
+    train.prepare_model(text_spec()["model_config"], torch.device("cpu"))
+    assert seen[-1] == {torch.float32}

@@ -146,14 +146,17 @@ def prepare_model(model_config: dict, device):
 
     from amprepro.train import models
 
+    from amprepro.train import lora
+
     model = models.build(model_config["arch"], model_config)
     if model_config.get("fused_layer_norm"):
         model = swap_layer_norms(model)
+    adapters = lora.setting(model_config)  # LoRA: a frozen base with trainable adapters (amprepro.train.lora)
+    if adapters and adapters["base"] == "bf16":  # still on the meta device: materialised in bf16, never in FP32 first
+        model = model.to(torch.bfloat16)
     model = models.place(model, device)
-    if model_config.get("lora") is not None:  # a frozen base with trainable adapters (amprepro.train.lora)
-        from amprepro.train import lora
-
-        model = lora.apply(model, lora.setting(model_config))
+    if adapters:
+        model = lora.apply(model, adapters)
     if model_config.get("channels_last"):
         model = model.to(memory_format=torch.channels_last)
     return model
