@@ -134,6 +134,8 @@ def test_nothing_to_judge_is_not_measurable_with_the_prediction():
         "not_measurable", "not measurable here", "",
         "no LoRA cell with a bf16 base under AMP tells what fits in 12.0 GiB: none ran (config/presets/lora.yaml); "
         + PREDICTED)
+    assert claims.evaluate_claim(CLAIM, summary([]))["needs"] == (
+        "LoRA cells (lora_amp_7b/lora_amp_3b/lora_fp32_7b/lora_fp32_3b/lora_fp32_1b), on a GPU (lora preset)")
     cpu = summary([row("lora_amp_3b", "amp_bf16", "bf16", "openllama_3b", status="skipped",
                        reason="does not fit: ... exceeds the 7.5 GiB of memory available on this machine",
                        needs="more memory (a GPU)")])

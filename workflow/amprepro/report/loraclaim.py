@@ -204,7 +204,7 @@ def judge(claim: dict, summary: dict) -> dict:
         why = "no LoRA cell with a bf16 base under AMP tells what fits in " + memory.gib(question)
         ran = ", ".join(f"{c['model']} ({c['why']})" for c in amp["cells"]) or "none ran (config/presets/lora.yaml)"
         return {"verdict": "not_measurable", "reason": f"{why}: {ran}; {prediction}", "measured_text": "",
-                "lora": detail}
+                "lora": detail, "needs": f"LoRA cells ({'/'.join(claim['models'])}), on a GPU (lora preset)"}
     parameters = memory.llama_parameters(memory.LLAMA_SHAPES[amp["largest"]])[0] if amp["largest"] else 0
     verdict = "holds" if parameters >= wanted else "falls_short"
     named = (f"with AMP a {setting['memory_gib']:g} GiB card LoRA-fine-tunes {short(amp)}; in FP32 "

@@ -96,6 +96,8 @@ def claim_needs(result: dict, summary: dict) -> str:
     """What a claim that is not measurable here needs: its reason without the run context the banner states once."""
     if result["verdict"] != "not_measurable":
         return ""
+    if result.get("needs"):  # a claim judged by its own module says what it needs (amprepro.report.loraclaim)
+        return result["needs"]
     reason = (result.get("reason") or "").split(f": {claims_mod.run_context(summary)}")[0].split("; no CUDA GPU")[0]
     missing = re.fullmatch(r"no (.+) cell ran \((.+)\)", reason)
     if missing is None:
