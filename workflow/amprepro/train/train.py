@@ -144,9 +144,7 @@ def swap_layer_norms(model):
 def prepare_model(model_config: dict, device):
     import torch
 
-    from amprepro.train import models
-
-    from amprepro.train import lora
+    from amprepro.train import lora, models
 
     model = models.build(model_config["arch"], model_config)
     if model_config.get("fused_layer_norm"):
