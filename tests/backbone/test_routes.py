@@ -36,6 +36,7 @@ SETTING_NEEDS = {
     "activation_checkpointing": None, "epoch_tokens": None, "shape": None,  # torch.utils.checkpoint; a number
     "precisions": None, "seeds": None, "train": None,  # PRECISION_NEEDS, OPTIMIZER_NEEDS
     "eval_every": None, "eval_windows": None, "naive_norm_eps": None, "data_path": None,
+    "lora": None,  # amprepro.train.lora: torch alone (no peft)
     "download": "torchvision",  # cifar10's checksummed download
 }
 # python_stdlib: the interpreter's own files; cifar10: read with pickle and numpy; imagefolder: Pillow, which comes
