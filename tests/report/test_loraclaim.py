@@ -24,7 +24,7 @@ LIMIT = int(11.5 * G)  # a 12 GiB cap less the CUDA context
 
 def row(model, precision, base, shape, status="ok", peak=None, start=10.9, end=8.5, limit=None, reason="",
         needs=None):
-    return {"model": model, "precision": precision, "seed": 0, "status": status, "lora_base": base, "shape": shape,
+    return {"model": model, "precision": precision, "seed": 0, "status": status, "lora_base": base, "lora_shape": shape,
             "peak_allocated_bytes": peak, "heldout_loss_initial": start if status == "ok" else None,
             "heldout_loss_final": end if status == "ok" else None, "memory_limit_bytes": limit, "reason": reason,
             "skip_needs": needs}
@@ -141,6 +141,9 @@ def test_nothing_to_judge_is_not_measurable_with_the_prediction():
                        needs="more memory (a GPU)")])
     assert judged(cpu)[3].startswith("no LoRA cell with a bf16 base under AMP tells what fits in 12.0 GiB: "
                                      "lora_amp_3b (skipped: does not fit: ... exceeds the 7.5 GiB")
+    # llama_tiny (the CPU tests' shape) is not on the ladder: not the claim's
+    tiny = summary([row("lora_tiny", "amp_bf16", "bf16", "llama_tiny", peak=G)], cap_gib=12)
+    assert judged(tiny)[3].startswith("no LoRA cell with a bf16 base under AMP tells what fits in 12.0 GiB: none ran")
     # a skip under a limit above the question says nothing about it
     bigger = summary([refused("lora_amp_7b", "amp_bf16", "bf16", "llama") | {"memory_limit_bytes": 40 * G}])
     assert judged(bigger)[0] == "not_measurable"
@@ -162,3 +165,18 @@ def test_the_lora_field_and_its_metric_go_together():
         "config/claims.yaml: claim field claims[0] (id 'lora-12gb-card').lora: the metric lora_parameters and the "
         "lora field go together, with claimed {at_least: parameters} and variant amp_bf16 (the bf16 base under AMP; "
         "amprepro.report.loraclaim). Fix: write both, or neither.")
+
+
+def test_the_summary_names_each_lora_cell_s_base_and_shape_from_its_spec_even_when_skipped():
+    from amprepro.report import summary as summary_mod
+
+    def metrics(**model_config):
+        return {"spec": {"model_config": {"arch": "llama", "batch_size": 1, **model_config}}, "plan": {}}
+
+    given = [metrics(shape="openllama_3b", lora={"rank": 16, "base": "bf16"}), metrics(lora={}), metrics(),
+             metrics(arch="llama_tiny", lora={"base": "fp32"})]
+    rows = summary_mod.add_plan([{"status": "skipped"} for _ in given], given)
+    assert [(r["lora_base"], r["lora_shape"]) for r in rows] == [("bf16", "openllama_3b"), ("fp32", "llama"),
+                                                                  (None, None), ("fp32", "llama_tiny")]
+    assert {"lora_base", "lora_shape", "trainable_parameters", "initial_loss", "heldout_loss_initial",
+            "memory_limit_bytes"} <= set(summary_mod.COLUMNS)

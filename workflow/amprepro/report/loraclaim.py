@@ -101,8 +101,10 @@ def prediction_text(memory_bytes: int, setting: dict) -> str:
 
 
 def side_of(row: dict, claim: dict) -> str | None:
-    """Which side a summary row is on: a LoRA cell with a bf16 base under the claim's variant, or an FP32 base under
-    one of its baselines; None for every other cell."""
+    """Which side a summary row is on: a LoRA cell of a ladder shape with a bf16 base under the claim's variant, or an
+    FP32 base under one of its baselines; None for every other cell (llama_tiny's, the CPU tests' shape, too)."""
+    if row.get("lora_shape") not in memory.LLAMA_NAMES:
+        return None
     base = row.get("lora_base")
     if base == "bf16" and row["precision"] == claim["variant"]:
         return AMP
@@ -122,7 +124,7 @@ def loss_fell(row: dict) -> tuple[bool | None, str]:
 
 def cell_at(row: dict, memory_bytes: int) -> dict:
     """One cell read against a card of memory_bytes: fits (True), does not fit (False) or says nothing (None)."""
-    shape = row.get("shape") or "llama"
+    shape = row["lora_shape"]  # the config's shape, or its arch's own (llama: LLaMA-7B)
     limit = row.get("memory_limit_bytes")
     out = {"model": row["model"], "shape": shape, "status": row["status"],
            "peak_bytes": row.get("peak_allocated_bytes"), "limit_bytes": limit}

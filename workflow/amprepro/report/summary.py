@@ -22,7 +22,8 @@ COLUMNS = [
     "batch_size", "preset_batch_size", "shape", "shape_name", "parameters", "plan_note", "heldout_loss_final",
     "largest_batch", "largest_batch_bound", "largest_batch_failing", "largest_batch_grid",
     # LoRA cells (amprepro.train.lora; the LoRA claim, amprepro.report.loraclaim) and the allocator limit of a cap
-    "lora_base", "lora_rank", "trainable_parameters", "initial_loss", "heldout_loss_initial", "memory_limit_bytes",
+    "lora_base", "lora_shape", "lora_rank", "trainable_parameters", "initial_loss", "heldout_loss_initial",
+    "memory_limit_bytes",
     *fp8.COLUMNS,  # against the precision's own baseline (FP8 against compiled bf16): amprepro.report.fp8
 ]
 # Flat columns from metrics.json's nested memory records: (column, record, key).
@@ -93,6 +94,7 @@ def add_plan(rows: list[dict], metrics: list[dict]) -> list[dict]:
         row["plan_note"] = plan.get("why")
         lora = model_config.get("lora")  # from the spec: a skipped cell has no record of its own
         row["lora_base"] = None if lora is None else lora.get("base", "fp32")
+        row["lora_shape"] = None if lora is None else model_config.get("shape") or model_config.get("arch")
     return rows
 
 
