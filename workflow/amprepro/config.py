@@ -342,6 +342,7 @@ def resolve_runs(config: dict, presets_dir: Path, gpus: list[str], probe: str) -
                 f"learning-rate ramp does not end within the {train['steps']} steps. Fix: make lr_warmup_steps "
                 "smaller than steps."
             )
+        check_remedies(model, settings, train, [c["precision"] for c in cells(runs) if c["model"] == model])
         if not any(cell["model"] == model for cell in cells(runs)):
             raise ConfigError(
                 f"Config error at runs.models.{model}.precisions: none of {settings.get('precisions')} is in "
@@ -350,6 +351,30 @@ def resolve_runs(config: dict, presets_dir: Path, gpus: list[str], probe: str) -
             )
     check_largest_batch(runs)
     return runs, choice
+
+
+def check_remedies(model: str, settings: dict, train: dict, model_precisions: list[str]) -> None:
+    """The second article's AMP remedies only where they act: risky_layer_fp32 on a model with a risky layer under a
+    torch.autocast precision, grad_scaler_init_scale where every precision of the model has a GradScaler."""
+    if settings.get("risky_layer_fp32"):
+        arch = settings["arch"]
+        if arch not in RISK_ARCHS and not (arch in GPT_ARCHS and "naive_norm_eps" in settings):
+            raise ConfigError(
+                f"Config error at runs.models.{model}.risky_layer_fp32: arch {arch} has no risky layer to take out of "
+                f"autocast (only {', '.join(RISK_ARCHS)}, or a GPT arch with naive_norm_eps). Fix: remove the key.")
+        apex = [p for p in model_precisions if precisions.get(p).needs_apex]
+        if apex:
+            raise ConfigError(
+                f"Config error at runs.models.{model}.risky_layer_fp32: precision {apex[0]} casts through apex, which "
+                "a disabled torch.autocast region does not stop, so the setting would do nothing there. Fix: give "
+                "this model precisions without apex (e.g. precisions: [amp_fp16]).")
+    if train.get("grad_scaler_init_scale") is not None:
+        unscaled = [p for p in model_precisions if not precisions.get(p).grad_scaler]
+        if unscaled:
+            raise ConfigError(
+                f"Config error at runs.models.{model}.train.grad_scaler_init_scale: precision {unscaled[0]} has no "
+                "GradScaler, so the setting would be ignored there. Fix: set it only on a model whose precisions "
+                "all use one (precisions: [amp_fp16]), in that model's train: section.")
 
 
 def check_largest_batch(runs: dict) -> None:
@@ -444,15 +469,18 @@ def check_model_settings(model: str, settings: dict) -> None:
 
 
 GPT_ARCHS = ("gpt", "gpt_tiny", "gpt_bytes")  # models.GPT_SIZES (not imported: no torch at DAG build time)
+# The AMP risk points' byte models (amprepro.train.riskmodels: LSTM_SIZES, GUMBEL_SIZES): text only.
+RISK_ARCHS = ("lstm_bytes", "gumbel_bytes")
 # The language models that read byte-level text (python_stdlib): byte values are token ids below every vocabulary
 # (256 and up), so a LLaMA shape reads them unchanged (the fp8 preset's 7B shape on real text).
-TEXT_ARCHS = GPT_ARCHS + LLAMA_ARCHS
+TEXT_ARCHS = GPT_ARCHS + LLAMA_ARCHS + RISK_ARCHS
 IMAGE_DATA_ARCHS = ("small_cnn", "resnet50")
 ONLY_FOR = {  # a model setting -> (the data kinds or archs it means something for, which field names them)
     "data_path": (("cifar10", "imagefolder"), "data"),
     "download": (("cifar10",), "data"),
     "eval_windows": (("python_stdlib",), "data"),
     "naive_norm_eps": (GPT_ARCHS, "arch"),
+    "gumbel_tau": (("gumbel_bytes",), "arch"),
 }
 
 
@@ -464,6 +492,9 @@ def check_data_settings(model: str, settings: dict) -> None:
         if key in settings and settings[field] not in allowed:
             raise ConfigError(f"Config error at runs.models.{model}.{key}: {field} {settings[field]} does not use it "
                               f"(only {field} {', '.join(allowed)}). Fix: remove the key.")
+    if arch in RISK_ARCHS and data not in ("python_stdlib", "synthetic_tokens"):
+        raise ConfigError(f"Config error at runs.models.{model}.data: arch {arch} is a byte language model; data "
+                          f"{data} is not text. Fix: use data python_stdlib.")
     if data == "python_stdlib" and arch not in TEXT_ARCHS:
         raise ConfigError(f"Config error at runs.models.{model}.arch: data python_stdlib is byte-level text for a "
                           f"language model; arch {arch} is not one. Fix: use arch gpt_bytes (or "

@@ -112,6 +112,10 @@ VIT_B_16 = {"layers": 12, "dim": 768, "patch": 16, "classes": 1000}
 GPT_SIZES = {"gpt": {"vocab_size": 50304, "layers": 12, "heads": 12, "dim": 768},
              "gpt_tiny": {"vocab_size": 512, "layers": 2, "heads": 4, "dim": 128},
              "gpt_bytes": {"vocab_size": 256, "layers": 4, "heads": 4, "dim": 128}}
+# The AMP risk points' byte models (amprepro.train.riskmodels builds them from these): an LSTM (embedding width, hidden
+# width) and a Gumbel-softmax bottleneck model (width, causal context, code groups x codes per group).
+RISK_SIZES = {"lstm_bytes": {"embed": 64, "hidden": 384},
+              "gumbel_bytes": {"dim": 192, "context": 8, "groups": 8, "codes": 32}}
 # Published LLaMA-family shapes, largest first: the ladder a card too small for the 7B shape steps down (issue 21).
 # Built as published (grouped KV heads where the original has them: kv_heads), with untied embeddings as the 7B shape
 # has: SmolLM ties its input and output embeddings, so its parameter count here is higher (parameters() says how many).
@@ -276,12 +280,36 @@ def parameters(model_config: dict) -> tuple[int, int]:
         return s["vocab_size"] * d + seq * d + blocks + 2 * d, matmul
     if arch in LLAMA_SHAPES:
         return llama_parameters(llama_shape(model_config))
+    if arch in RISK_SIZES:
+        return risk_parameters(arch)
     if arch == "small_cnn":
         return 1 * 32 * 9 + 32 + 2 * 32 + 32 * 64 * 9 + 64 + 2 * 64 + 64 * 10 + 10, 32 * 9 + 32 * 64 * 9 + 640
     if arch == "tiny_transformer":
         d = 64
         return 8 * d + d + 8 * d + 2 * _transformer_block_parameters(d, 4 * d) + 2 * d + d * 10 + 10, 2 * 12 * d * d
     raise ValueError(f"no memory model for arch {arch!r}")
+
+
+def risk_parameters(arch: str) -> tuple[int, int]:
+    """(parameters, matmul parameters) of a risk arch as amprepro.train.riskmodels builds it (a test counts them)."""
+    s, vocab = RISK_SIZES[arch], 256
+    if arch == "lstm_bytes":
+        e, h = s["embed"], s["hidden"]
+        recurrent = 4 * h * (e + h)  # weight_ih and weight_hh of the four gates
+        return vocab * e + recurrent + 8 * h + h * vocab + vocab, recurrent + h * vocab
+    d, k, codes = s["dim"], s["context"], s["groups"] * s["codes"]
+    matmul = k * d * d + 2 * d * codes + 4 * d * d + d * vocab  # convolution, codes in and out, MLP, head
+    return vocab * d + matmul + d + codes + 2 * d + d + vocab, matmul  # + the biases
+
+
+def risk_bytes_per_token(arch: str, precision: str) -> int:
+    """Saved activations per token of a risk arch, an upper estimate: every intermediate of the layers in the compute
+    dtype, the sampler's logits, noise and softmax in FP32, and the byte logits as the GPT's (12 bytes per logit)."""
+    s, c = RISK_SIZES[arch], _bytes(precision)[0]
+    if arch == "lstm_bytes":
+        return (s["embed"] + 8 * s["hidden"]) * c + 12 * 256 + 8  # gates, cell and hidden states, outputs
+    codes = s["groups"] * s["codes"]
+    return 8 * s["dim"] * c + codes * (c + 12) + 12 * 256 + 8
 
 
 def llama_shape(model_config: dict) -> dict:
@@ -345,6 +373,8 @@ def activation_bytes(model_config: dict, precision: str, batch: int) -> int:
     if arch in LLAMA_SHAPES:
         return llama_activation_bytes(llama_shape(model_config), batch, model_config.get("seq_len", 2048), precision,
                                       model_config.get("activation_checkpointing", True))
+    if arch in RISK_SIZES:
+        return batch * model_config.get("seq_len", 1024) * risk_bytes_per_token(arch, precision)
     if arch in ("small_cnn", "tiny_transformer"):
         return batch * 64 * 64 * 4 * 4  # under 1 MiB at batch 64: the workspace dominates
     raise ValueError(f"no memory model for arch {arch!r}")

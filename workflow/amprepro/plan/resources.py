@@ -29,7 +29,8 @@ HOST_BUILT_PARAMETERS = {"resnet50": 25_600_000, "vit_b_16": 86_600_000, "vit_ba
 # vit_b_16 0.34 s for 128 images), so an older GPU still fits.
 SECONDS_PER_ITEM = {"small_cnn": 4.3e-4, "tiny_transformer": 1.0e-3, "resnet50": 1.1e-2, "vit_b_16": 2.7e-2,
                     "vit_base_patch16_224": 2.7e-2, "gpt": 1.9e-4, "gpt_tiny": 1.9e-4, "gpt_bytes": 1.9e-4,
-                    "llama": 1.2e-2, "llama_tiny": 1.0e-4}
+                    "llama": 1.2e-2, "llama_tiny": 1.0e-4,
+                    "lstm_bytes": 1.9e-4, "gumbel_bytes": 1.9e-4}  # the risk archs: gpt_bytes's budget, not measured
 
 
 def nodes(model: dict) -> int:

@@ -11,6 +11,7 @@ from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
 
 from amprepro.memory import LLAMA_SHAPES, llama_shape
+from amprepro.train import riskmodels
 from amprepro.train.riskmodels import in_fp32
 
 
@@ -301,6 +302,8 @@ def build(arch: str, model_config: dict) -> nn.Module:
             model = swap_in_half_eps_norms(model, model_config["naive_norm_eps"],
                                            bool(model_config.get("risky_layer_fp32", False)))
         return model
+    if arch in riskmodels.LSTM_SIZES or arch in riskmodels.GUMBEL_SIZES:  # the AMP risk points' byte models
+        return riskmodels.build(arch, model_config)
     if arch in ("llama", "llama_tiny"):  # on the meta device: place() materialises it where it trains
         with torch.device("meta"):
             return Llama(seq_len=model_config.get("seq_len", 2048),

@@ -22,10 +22,12 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from amprepro.memory import RISK_SIZES
+
 VOCAB = 256  # bytes (amprepro.train.textdata)
-# The archs of this module and their sizes; each about 0.8 M parameters (parameter_count in the tests).
-LSTM_SIZES = {"lstm_bytes": {"embed": 64, "hidden": 384}}
-GUMBEL_SIZES = {"gumbel_bytes": {"dim": 192, "context": 8, "groups": 8, "codes": 32}}
+# The archs of this module; their sizes are amprepro.memory's (0.81 M and 0.64 M parameters).
+LSTM_SIZES = {arch: size for arch, size in RISK_SIZES.items() if arch == "lstm_bytes"}
+GUMBEL_SIZES = {arch: size for arch, size in RISK_SIZES.items() if arch == "gumbel_bytes"}
 DEFAULT_GUMBEL_TAU = 1.0
 
 
