@@ -96,7 +96,8 @@ def test_an_interval_that_straddles_the_margin_is_not_settled_and_said_so():
     assert got["verdict"] == "falls_short"
     assert got["verdict_text"] == ("falls short: no AMP cell harmed here (no overflow either); not worse than FP32 "
                                    "shown at 95 % only where settled (not settled: risky/amp_fp16)")
-    assert "+0.0500 nats (95 % -0.0953 to +0.1953, 4 paired seeds): not settled against the margin 0.05" in got["reason"]
+    assert ("+0.0500 nats (95 % -0.0953 to +0.1953, 4 paired seeds): not settled against the margin 0.05"
+            in got["reason"])
 
 
 def test_without_fp32_or_amp_cells_a_risk_is_not_measurable():

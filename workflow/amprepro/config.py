@@ -19,6 +19,7 @@ from pathlib import Path
 import jsonschema
 import yaml
 
+from amprepro import archs, presets
 from amprepro.cellspec import CellSpec
 from amprepro.env.gpuslots import visible_gpus
 from amprepro.safevalues import apex_problems, shorten
@@ -28,7 +29,7 @@ from amprepro.train.data import largest_batch
 
 REPO = Path(__file__).resolve().parents[2]
 SCHEMA_PATH = REPO / "workflow" / "schemas" / "config.schema.yaml"
-LLAMA_ARCHS = ("llama", "llama_tiny")  # models.LLAMA_SIZES (not imported: no torch at DAG build time)
+LLAMA_ARCHS = tuple(archs.where(family="llama"))  # a view of the arch registry (amprepro.archs)
 MAX_NODES = 100_000  # values in a config; YAML aliases can expand a small file into a huge structure
 NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?\Z")
 
@@ -78,10 +79,12 @@ def deep_merge(base: dict, override: dict) -> dict:
 
 
 def load_schema() -> dict:
-    """The config schema, its precision enum read from amprepro.train.precisions (the YAML does not repeat the list);
-    a copy of its own, for a caller may change it."""
+    """The config schema, its precision enum read from amprepro.train.precisions and its arch and LLaMA shape enums
+    from amprepro.archs (the YAML does not repeat the lists); a copy of its own, for a caller may change it."""
     schema = copy.deepcopy(_schema_file(SCHEMA_PATH, SCHEMA_PATH.stat().st_mtime_ns))
     schema["$defs"]["precision"]["enum"] = precisions.names()
+    schema["$defs"]["model"]["properties"]["arch"]["enum"] = archs.names()
+    schema["$defs"]["model"]["properties"]["shape"]["enum"] = archs.ladder_keys()
     return schema
 
 
@@ -321,10 +324,10 @@ def resolve_runs(config: dict, presets_dir: Path, gpus: list[str], probe: str) -
     """Return (runs, choice): the validated run matrix and which preset was used, with the reason. config is what
     validate_config returned."""
     choice = choose_preset(config.get("preset", "auto"), gpus, probe)
-    preset_file = Path(presets_dir) / f"{choice['preset']}.yaml"
-    if not preset_file.exists():
-        raise ConfigError(f"Preset file {preset_file} is missing. Fix: restore it from the repository.")
-    preset = yaml.safe_load(preset_file.read_text()) or {}
+    try:
+        preset = presets.read(presets_dir, choice["preset"])
+    except presets.PresetError as exc:
+        raise ConfigError(str(exc)) from None
     runs = deep_merge(preset, config.get("runs") or {})
     validate(runs, "runs_resolved", "runs")
     for model, settings in runs["models"].items():
@@ -357,11 +360,13 @@ def check_remedies(model: str, settings: dict, train: dict, model_precisions: li
     """The second article's AMP remedies only where they act: risky_layer_fp32 on a model with a risky layer under a
     torch.autocast precision, grad_scaler_init_scale where every precision of the model has a GradScaler."""
     if settings.get("risky_layer_fp32"):
-        arch = settings["arch"]
-        if arch not in RISK_ARCHS and not (arch in GPT_ARCHS and "naive_norm_eps" in settings):
+        arch = archs.get(settings["arch"])
+        if not arch.risky_layer and not (arch.naive_norm_eps and "naive_norm_eps" in settings):
+            risky = [name for name in archs.names() if archs.get(name).risky_layer]
             raise ConfigError(
-                f"Config error at runs.models.{model}.risky_layer_fp32: arch {arch} has no risky layer to take out of "
-                f"autocast (only {', '.join(RISK_ARCHS)}, or a GPT arch with naive_norm_eps). Fix: remove the key.")
+                f"Config error at runs.models.{model}.risky_layer_fp32: arch {arch.name} has no risky layer to take "
+                f"out of autocast (only {', '.join(risky)}, or an arch with naive_norm_eps set: "
+                f"{', '.join(archs.where(naive_norm_eps=True))}). Fix: remove the key.")
         apex = [p for p in model_precisions if precisions.get(p).needs_apex]
         if apex:
             raise ConfigError(
@@ -450,15 +455,17 @@ def check_apex_source(apex: dict, required: bool) -> None:
 
 def check_model_settings(model: str, settings: dict) -> None:
     """Settings that only mean something for some models: refuse them elsewhere rather than ignore them."""
-    if "activation_checkpointing" in settings and settings["arch"] not in LLAMA_ARCHS:
+    if "activation_checkpointing" in settings and not archs.get(settings["arch"]).activation_checkpointing:
         raise ConfigError(
             f"Config error at runs.models.{model}.activation_checkpointing: arch {settings['arch']} has no "
-            f"checkpointed blocks (only {', '.join(LLAMA_ARCHS)}). Fix: remove the key or use a llama arch."
+            f"checkpointed blocks (only {', '.join(archs.where(activation_checkpointing=True))}). Fix: remove the key "
+            "or use a llama arch."
         )
-    if "shape" in settings and settings["arch"] != "llama":
+    if "shape" in settings and not archs.get(settings["arch"]).ladder:
+        laddered = archs.with_ladder()
         raise ConfigError(
-            f"Config error at runs.models.{model}.shape: arch {settings['arch']} has no LLaMA shapes (only llama). "
-            "Fix: remove the key or use arch: llama."
+            f"Config error at runs.models.{model}.shape: arch {settings['arch']} has no LLaMA shapes (only "
+            f"{', '.join(laddered)}). Fix: remove the key or use arch: {laddered[0]}."
         )
     check_data_settings(model, settings)
     if "epoch_tokens" in settings and settings["data"] != "synthetic_tokens":
@@ -468,19 +475,14 @@ def check_model_settings(model: str, settings: dict) -> None:
         )
 
 
-GPT_ARCHS = ("gpt", "gpt_tiny", "gpt_bytes")  # models.GPT_SIZES (not imported: no torch at DAG build time)
-# The AMP risk points' byte models (amprepro.train.riskmodels: LSTM_SIZES, GUMBEL_SIZES): text only.
-RISK_ARCHS = ("lstm_bytes", "gumbel_bytes")
-# The language models that read byte-level text (python_stdlib): byte values are token ids below every vocabulary
-# (256 and up), so a LLaMA shape reads them unchanged (the fp8 preset's 7B shape on real text).
-TEXT_ARCHS = GPT_ARCHS + LLAMA_ARCHS + RISK_ARCHS
-IMAGE_DATA_ARCHS = ("small_cnn", "resnet50")
-ONLY_FOR = {  # a model setting -> (the data kinds or archs it means something for, which field names them)
-    "data_path": (("cifar10", "imagefolder"), "data"),
+# A model setting -> (the data kinds it means something for, or the arch registry's field that says which archs take
+# it), and the config field it depends on.
+ONLY_FOR = {
+    "data_path": (archs.IMAGE_DATA, "data"),
     "download": (("cifar10",), "data"),
-    "eval_windows": (("python_stdlib",), "data"),
-    "naive_norm_eps": (GPT_ARCHS, "arch"),
-    "gumbel_tau": (("gumbel_bytes",), "arch"),
+    "eval_windows": ((archs.TEXT_DATA,), "data"),
+    "naive_norm_eps": ("naive_norm_eps", "arch"),
+    "gumbel_tau": ("gumbel_tau", "arch"),
 }
 
 
@@ -489,20 +491,22 @@ def check_data_settings(model: str, settings: dict) -> None:
     only where they mean something."""
     data, arch = settings["data"], settings["arch"]
     for key, (allowed, field) in ONLY_FOR.items():
+        if field == "arch":  # the arch registry's field says which archs take it
+            allowed = archs.where(**{allowed: True})
         if key in settings and settings[field] not in allowed:
             raise ConfigError(f"Config error at runs.models.{model}.{key}: {field} {settings[field]} does not use it "
                               f"(only {field} {', '.join(allowed)}). Fix: remove the key.")
-    if arch in RISK_ARCHS and data not in ("python_stdlib", "synthetic_tokens"):
-        raise ConfigError(f"Config error at runs.models.{model}.data: arch {arch} is a byte language model; data "
-                          f"{data} is not text. Fix: use data python_stdlib.")
-    if data == "python_stdlib" and arch not in TEXT_ARCHS:
+    # The language models that read byte-level text (python_stdlib): byte values are token ids below every vocabulary
+    # (256 and up), so a LLaMA shape reads them unchanged (the fp8 preset's 7B shape on real text).
+    if data == archs.TEXT_DATA and arch not in archs.reading(data):
         raise ConfigError(f"Config error at runs.models.{model}.arch: data python_stdlib is byte-level text for a "
                           f"language model; arch {arch} is not one. Fix: use arch gpt_bytes (or "
-                          f"{', '.join(TEXT_ARCHS)}).")
-    if data in ("cifar10", "imagefolder"):
-        if arch not in IMAGE_DATA_ARCHS:
+                          f"{', '.join(archs.reading(data))}).")
+    if data in archs.IMAGE_DATA:
+        if arch not in archs.reading(data):
             raise ConfigError(f"Config error at runs.models.{model}.arch: data {data} needs an arch that reads "
-                              f"3-channel images of any size ({', '.join(IMAGE_DATA_ARCHS)}). Fix: use one of them.")
+                              f"3-channel images of any size ({', '.join(archs.reading(data))}). Fix: use one of "
+                              "them.")
         if not settings.get("data_path"):
             raise ConfigError(f"Config error at runs.models.{model}.data_path: data {data} needs the dataset's "
                               "directory. Fix: set data_path (docs: amprepro.train.imagedata).")

@@ -91,6 +91,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from amprepro import archs
 from amprepro.train import precisions
 
 GIB = 2**30
@@ -104,33 +105,13 @@ WORKSPACE_BYTES = 68 * 2**20
 # most 94 % (results-reference/memory-caps).
 HEADROOM = 0.95
 
-# Shapes of the archs the presets use: what the model needs to know without building the model (torchvision and timm
-# need not be importable here). Parameter counts are the built models' (reference/nvidia-h200: weights bytes / 4).
-RESNET50 = {"parameters": 25_557_032, "bn_channels": 26_560, "blocks": ((64, 3, 1), (128, 4, 2), (256, 6, 2),
-                                                                        (512, 3, 2))}
-VIT_B_16 = {"layers": 12, "dim": 768, "patch": 16, "classes": 1000}
-GPT_SIZES = {"gpt": {"vocab_size": 50304, "layers": 12, "heads": 12, "dim": 768},
-             "gpt_tiny": {"vocab_size": 512, "layers": 2, "heads": 4, "dim": 128},
-             "gpt_bytes": {"vocab_size": 256, "layers": 4, "heads": 4, "dim": 128}}
-# The AMP risk points' byte models (amprepro.train.riskmodels builds them from these): an LSTM (embedding width, hidden
-# width) and a Gumbel-softmax bottleneck model (width, causal context, code groups x codes per group).
-RISK_SIZES = {"lstm_bytes": {"embed": 64, "hidden": 384},
-              "gumbel_bytes": {"dim": 192, "context": 8, "groups": 8, "codes": 32}}
-# Published LLaMA-family shapes, largest first: the ladder a card too small for the 7B shape steps down (issue 21).
-# Built as published (grouped KV heads where the original has them: kv_heads), with untied embeddings as the 7B shape
-# has: SmolLM ties its input and output embeddings, so its parameter count here is higher (parameters() says how many).
-LLAMA_LADDER = (
-    ("llama", "LLaMA-7B", {"vocab_size": 32000, "layers": 32, "heads": 32, "dim": 4096, "ffn_dim": 11008}),
-    ("openllama_3b", "OpenLLaMA-3B", {"vocab_size": 32000, "layers": 26, "heads": 32, "dim": 3200, "ffn_dim": 8640}),
-    ("tinyllama_1b", "TinyLlama-1.1B", {"vocab_size": 32000, "layers": 22, "heads": 32, "kv_heads": 4, "dim": 2048,
-                                        "ffn_dim": 5632}),
-    ("smollm_360m", "SmolLM-360M", {"vocab_size": 49152, "layers": 32, "heads": 15, "kv_heads": 5, "dim": 960,
-                                    "ffn_dim": 2560}),
-    ("smollm_135m", "SmolLM-135M", {"vocab_size": 49152, "layers": 30, "heads": 9, "kv_heads": 3, "dim": 576,
-                                    "ffn_dim": 1536}),
-)
-LLAMA_SHAPES = {key: shape for key, _, shape in LLAMA_LADDER} | {
-    "llama_tiny": {"vocab_size": 256, "layers": 2, "heads": 4, "dim": 64, "ffn_dim": 172}}
+# The shape tables live in the arch registry (amprepro.archs); these names are the memory model's views of them.
+RESNET50 = archs.RESNET50
+VIT_B_16 = archs.VIT_B_16
+LLAMA_LADDER = archs.LLAMA_LADDER
+# Every LLaMA shape by key: the ladder's (a `shape` setting) and each llama-family arch's own.
+LLAMA_SHAPES = {key: shape for a in archs.REGISTRY.values() for key, _, shape in a.ladder} | {
+    a.name: a.shape for a in archs.REGISTRY.values() if a.family == "llama" and not a.ladder}
 LLAMA_NAMES = {key: name for key, name, _ in LLAMA_LADDER}
 # A precision the memory model knows beyond the registry: bf16 weights trained by torch's AdamW on bf16 parameters
 # (moments in bf16), no FP32 master copy. No cell trains it (the registry is the pipeline's); the regimes table and the
@@ -261,63 +242,82 @@ def kv_dim(shape: dict) -> int:
     return shape.get("kv_heads", shape["heads"]) * (shape["dim"] // shape["heads"])
 
 
+def _arch(model_config: dict) -> archs.Arch:
+    arch = model_config["arch"]
+    if arch not in archs.REGISTRY or archs.REGISTRY[arch].family not in FAMILIES:
+        raise ValueError(f"no memory model for arch {arch!r}")
+    return archs.REGISTRY[arch]
+
+
 def parameters(model_config: dict) -> tuple[int, int]:
     """(parameters, matmul parameters: the weights a cast cache holds a 16-bit copy of) of a model config's arch."""
-    arch = model_config["arch"]
-    if arch == "resnet50":
-        total = RESNET50["parameters"]
-        return total, total - 2 * RESNET50["bn_channels"] - 1000
-    if arch in ("vit_b_16", "vit_base_patch16_224"):
-        d, tokens = VIT_B_16["dim"], vit_tokens(model_config)
-        matmul = VIT_B_16["layers"] * (4 * d * d + 8 * d * d) + 3 * VIT_B_16["patch"] ** 2 * d + d * 1000
-        blocks = VIT_B_16["layers"] * _transformer_block_parameters(d, 4 * d)
-        return blocks + 3 * VIT_B_16["patch"] ** 2 * d + d + tokens * d + d + 2 * d + d * 1000 + 1000, matmul
-    if arch in GPT_SIZES:
-        s = GPT_SIZES[arch]
-        d, seq = s["dim"], model_config.get("seq_len", 1024)
-        blocks = s["layers"] * _transformer_block_parameters(d, 4 * d)
-        matmul = s["layers"] * 12 * d * d + s["vocab_size"] * d
-        return s["vocab_size"] * d + seq * d + blocks + 2 * d, matmul
-    if arch in LLAMA_SHAPES:
-        return llama_parameters(llama_shape(model_config))
-    if arch in RISK_SIZES:
-        return risk_parameters(arch)
-    if arch == "small_cnn":
-        return 1 * 32 * 9 + 32 + 2 * 32 + 32 * 64 * 9 + 64 + 2 * 64 + 64 * 10 + 10, 32 * 9 + 32 * 64 * 9 + 640
-    if arch == "tiny_transformer":
-        d = 64
-        return 8 * d + d + 8 * d + 2 * _transformer_block_parameters(d, 4 * d) + 2 * d + d * 10 + 10, 2 * 12 * d * d
-    raise ValueError(f"no memory model for arch {arch!r}")
+    arch = _arch(model_config)
+    return FAMILIES[arch.family][0](arch.shape, model_config)
 
 
-def risk_parameters(arch: str) -> tuple[int, int]:
-    """(parameters, matmul parameters) of a risk arch as amprepro.train.riskmodels builds it (a test counts them)."""
-    s, vocab = RISK_SIZES[arch], 256
-    if arch == "lstm_bytes":
-        e, h = s["embed"], s["hidden"]
-        recurrent = 4 * h * (e + h)  # weight_ih and weight_hh of the four gates
-        return vocab * e + recurrent + 8 * h + h * vocab + vocab, recurrent + h * vocab
-    d, k, codes = s["dim"], s["context"], s["groups"] * s["codes"]
-    matmul = k * d * d + 2 * d * codes + 4 * d * d + d * vocab  # convolution, codes in and out, MLP, head
+def _resnet_parameters(shape: dict, model_config: dict) -> tuple[int, int]:
+    total = shape["parameters"]
+    return total, total - 2 * shape["bn_channels"] - 1000
+
+
+def _vit_parameters(shape: dict, model_config: dict) -> tuple[int, int]:
+    d, tokens, patch, classes = shape["dim"], vit_tokens(model_config, shape), shape["patch"], shape["classes"]
+    matmul = shape["layers"] * (4 * d * d + 8 * d * d) + 3 * patch**2 * d + d * classes
+    blocks = shape["layers"] * _transformer_block_parameters(d, 4 * d)
+    return blocks + 3 * patch**2 * d + d + tokens * d + d + 2 * d + d * classes + classes, matmul
+
+
+def _gpt_parameters(shape: dict, model_config: dict) -> tuple[int, int]:
+    d, seq = shape["dim"], archs.seq_len(model_config)
+    blocks = shape["layers"] * _transformer_block_parameters(d, 4 * d)
+    matmul = shape["layers"] * 12 * d * d + shape["vocab_size"] * d
+    return shape["vocab_size"] * d + seq * d + blocks + 2 * d, matmul
+
+
+def _small_cnn_parameters(shape: dict, model_config: dict) -> tuple[int, int]:
+    return 1 * 32 * 9 + 32 + 2 * 32 + 32 * 64 * 9 + 64 + 2 * 64 + 64 * 10 + 10, 32 * 9 + 32 * 64 * 9 + 640
+
+
+def _tiny_transformer_parameters(shape: dict, model_config: dict) -> tuple[int, int]:
+    d = 64
+    return 8 * d + d + 8 * d + 2 * _transformer_block_parameters(d, 4 * d) + 2 * d + d * 10 + 10, 2 * 12 * d * d
+
+
+def _lstm_parameters(shape: dict, model_config: dict) -> tuple[int, int]:
+    """amprepro.train.riskmodels.ByteLSTM: byte embedding, one LSTM layer, linear head (the risk preset)."""
+    e, h, vocab = shape["embed"], shape["hidden"], 256
+    recurrent = 4 * h * (e + h)  # weight_ih and weight_hh of the four gates
+    return vocab * e + recurrent + 8 * h + h * vocab + vocab, recurrent + h * vocab
+
+
+def _gumbel_parameters(shape: dict, model_config: dict) -> tuple[int, int]:
+    """amprepro.train.riskmodels.GumbelBytes: embedding, causal convolution, code logits, code book, MLP, head."""
+    d, k, codes, vocab = shape["dim"], shape["context"], shape["groups"] * shape["codes"], 256
+    matmul = k * d * d + 2 * d * codes + 4 * d * d + d * vocab
     return vocab * d + matmul + d + codes + 2 * d + d + vocab, matmul  # + the biases
 
 
-def risk_bytes_per_token(arch: str, precision: str) -> int:
-    """Saved activations per token of a risk arch, an upper estimate: every intermediate of the layers in the compute
-    dtype, the sampler's logits, noise and softmax in FP32, and the byte logits as the GPT's (12 bytes per logit)."""
-    s, c = RISK_SIZES[arch], _bytes(precision)[0]
-    if arch == "lstm_bytes":
-        return (s["embed"] + 8 * s["hidden"]) * c + 12 * 256 + 8  # gates, cell and hidden states, outputs
-    codes = s["groups"] * s["codes"]
-    return 8 * s["dim"] * c + codes * (c + 12) + 12 * 256 + 8
+def _risk_activations(shape: dict, model_config: dict, precision: str, batch: int) -> int:
+    """Saved activations of a risk arch, an upper estimate per token: every intermediate of its layers in the compute
+    dtype (the LSTM's gates, cell and hidden states; the Gumbel model's convolution, MLP and code book), the sampler's
+    logits, noise and softmax in FP32, and the byte logits as the GPT's (12 bytes per logit)."""
+    c = _bytes(precision)[0]
+    if "hidden" in shape:
+        per_token = (shape["embed"] + 8 * shape["hidden"]) * c
+    else:
+        codes = shape["groups"] * shape["codes"]
+        per_token = 8 * shape["dim"] * c + codes * (c + 12)
+    return batch * archs.data_seq_len(model_config) * (per_token + 12 * 256 + 8)
 
 
 def llama_shape(model_config: dict) -> dict:
-    return LLAMA_SHAPES[model_config.get("shape") or model_config["arch"]]
+    """The config's `shape` (a key of LLAMA_SHAPES), else its arch's own shape."""
+    key = model_config.get("shape") or model_config["arch"]
+    return LLAMA_SHAPES[key] if key in LLAMA_SHAPES else archs.get(key).shape
 
 
-def vit_tokens(model_config: dict) -> int:
-    return (model_config.get("image_size", 224) // VIT_B_16["patch"]) ** 2 + 1
+def vit_tokens(model_config: dict, shape: dict = VIT_B_16) -> int:
+    return (archs.image_size(model_config) // shape["patch"]) ** 2 + 1
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -355,29 +355,36 @@ def resnet50_bytes_per_item(image_size: int, precision: str) -> tuple[int, int]:
 
 def activation_bytes(model_config: dict, precision: str, batch: int) -> int:
     """Saved activations plus the first gradients of the backward, and the input batch, for `batch` items."""
-    arch = model_config["arch"]
+    arch = _arch(model_config)
+    return FAMILIES[arch.family][1](arch.shape, model_config, precision, batch)
+
+
+def _resnet_activations(shape: dict, model_config: dict, precision: str, batch: int) -> int:
+    size = archs.image_size(model_config)
+    saved, first_grad = resnet50_bytes_per_item(size, precision)
+    return batch * (saved + first_grad + 3 * size**2 * 4)
+
+
+def _vit_activations(shape: dict, model_config: dict, precision: str, batch: int) -> int:
     c = _bytes(precision)[0]
-    if arch == "resnet50":
-        size = model_config.get("image_size", 224)
-        saved, first_grad = resnet50_bytes_per_item(size, precision)
-        return batch * (saved + first_grad + 3 * size**2 * 4)
-    if arch in ("vit_b_16", "vit_base_patch16_224"):
-        d, tokens, size = VIT_B_16["dim"], vit_tokens(model_config), model_config.get("image_size", 224)
-        per_item = VIT_B_16["layers"] * tokens * transformer_block_bytes_per_token(d, precision)
-        return batch * (per_item + tokens * d * 4 * 2 + 3 * size**2 * (4 + (c if c != 4 else 0)))
-    if arch in GPT_SIZES:
-        s = GPT_SIZES[arch]
-        tokens = batch * model_config.get("seq_len", 1024)
-        blocks = s["layers"] * transformer_block_bytes_per_token(s["dim"], precision)
-        return tokens * (blocks + 12 * s["vocab_size"] + 2 * s["dim"] * 4 + 8)
-    if arch in LLAMA_SHAPES:
-        return llama_activation_bytes(llama_shape(model_config), batch, model_config.get("seq_len", 2048), precision,
-                                      model_config.get("activation_checkpointing", True))
-    if arch in RISK_SIZES:
-        return batch * model_config.get("seq_len", 1024) * risk_bytes_per_token(arch, precision)
-    if arch in ("small_cnn", "tiny_transformer"):
-        return batch * 64 * 64 * 4 * 4  # under 1 MiB at batch 64: the workspace dominates
-    raise ValueError(f"no memory model for arch {arch!r}")
+    d, tokens, size = shape["dim"], vit_tokens(model_config, shape), archs.image_size(model_config)
+    per_item = shape["layers"] * tokens * transformer_block_bytes_per_token(d, precision)
+    return batch * (per_item + tokens * d * 4 * 2 + 3 * size**2 * (4 + (c if c != 4 else 0)))
+
+
+def _gpt_activations(shape: dict, model_config: dict, precision: str, batch: int) -> int:
+    tokens = batch * archs.seq_len(model_config)
+    blocks = shape["layers"] * transformer_block_bytes_per_token(shape["dim"], precision)
+    return tokens * (blocks + 12 * shape["vocab_size"] + 2 * shape["dim"] * 4 + 8)
+
+
+def _llama_activations(shape: dict, model_config: dict, precision: str, batch: int) -> int:
+    return llama_activation_bytes(llama_shape(model_config), batch, archs.seq_len(model_config), precision,
+                                  model_config.get("activation_checkpointing", True))
+
+
+def _small_activations(shape: dict, model_config: dict, precision: str, batch: int) -> int:
+    return batch * 64 * 64 * 4 * 4  # under 1 MiB at batch 64: the workspace dominates
 
 
 def _llama_dtypes(precision: str, lora: Lora | None = None) -> tuple[int, int, int, bool, bool]:
@@ -512,10 +519,10 @@ def llama_backward_end_bytes(model_config: dict, precision: str, batch: int, lor
       not yet allocated then: its own and the embedding's (divided over the ranks from ZeRO-2 on; apex O2's FP32
       master gradients, allocated after the backward, estimate() leaves out of the moment).
     0 for other models."""
-    if model_config["arch"] not in LLAMA_SHAPES:
+    if not is_llama(model_config):
         return 0
     sharding = sharding or Sharding()
-    shape, seq_len = llama_shape(model_config), model_config.get("seq_len", 2048)
+    shape, seq_len = llama_shape(model_config), archs.seq_len(model_config)
     c, r, _, _, casts = _llama_dtypes(precision, lora)
     _, saved, extra = llama_block_bytes(shape, batch, seq_len, precision, lora)
     tokens, d, f = batch * seq_len, shape["dim"], shape["ffn_dim"]
@@ -537,6 +544,26 @@ def llama_backward_end_bytes(model_config: dict, precision: str, batch: int, lor
 # The estimate
 
 
+# Each family's formulas: (parameters(shape, model_config), activation_bytes(shape, model_config, precision, batch)),
+# shape being the arch entry's (amprepro.archs). A family missing here has no memory model (a ValueError naming it).
+FAMILIES = {
+    "cnn": (_small_cnn_parameters, _small_activations),
+    "image_transformer": (_tiny_transformer_parameters, _small_activations),
+    "resnet": (_resnet_parameters, _resnet_activations),
+    "vit": (_vit_parameters, _vit_activations),
+    "gpt": (_gpt_parameters, _gpt_activations),
+    "llama": (lambda shape, model_config: llama_parameters(llama_shape(model_config)), _llama_activations),
+    "lstm": (_lstm_parameters, _risk_activations),
+    "gumbel": (_gumbel_parameters, _risk_activations),
+}
+
+
+def is_llama(model_config: dict) -> bool:
+    """A LLaMA-family arch: the memory model's LLaMA moments, sharding and LoRA apply."""
+    arch = archs.REGISTRY.get(model_config["arch"])
+    return arch is not None and arch.family == "llama"
+
+
 def cell_batch(model_config: dict) -> int:
     return model_config["batch_size"] // model_config.get("gpus", 1)  # each data-parallel rank's share
 
@@ -548,7 +575,7 @@ def estimate(model_config: dict, precision: str, optimizer: str, batch: int | No
     batch = cell_batch(model_config) if batch is None else batch
     p = precision_of(precision)
     total_params, matmul_params = parameters(model_config)
-    llama = model_config["arch"] in LLAMA_SHAPES
+    llama = is_llama(model_config)
     if (sharding != UNSHARDED or lora) and not llama:
         raise ValueError(f"sharding and LoRA are modelled for the LLaMA shapes only, not {model_config['arch']!r}")
     if lora and p.needs_apex:
@@ -594,7 +621,7 @@ def estimate(model_config: dict, precision: str, optimizer: str, batch: int | No
         gathered = 2 * unit * p.compute_bytes  # the unit computing and the one prefetched
     states = w + gathered + m + o + grads_kept
     if llama:
-        seq_len = model_config.get("seq_len", 2048)
+        seq_len = archs.seq_len(model_config)
         block_inputs, saved, extra = llama_block_bytes(shape, batch, seq_len, precision, lora)
         kept, loss, first = llama_head_bytes(shape, batch, seq_len, precision, lora)
         kept += block_inputs if recomputes else shape["layers"] * (saved + extra)
@@ -619,7 +646,8 @@ def estimate(model_config: dict, precision: str, optimizer: str, batch: int | No
                     at_step={"weights": w, "gradients": g, "optimizer_state": o, "master_weights": m})
 
 
-def llama_estimate(shape: str, precision: str, batch: int = 1, seq_len: int = 2048, checkpointing: bool = True,
+def llama_estimate(shape: str, precision: str, batch: int = 1, seq_len: int = archs.get("llama").seq_len,
+                   checkpointing: bool = True,
                    optimizer: str = "adamw_fused", sharding: Sharding = UNSHARDED,
                    lora: Lora | None = None) -> Estimate:
     """One rank's predicted peak for a LLaMA ladder shape (a key of LLAMA_SHAPES) in a regime: micro-batch `batch` of

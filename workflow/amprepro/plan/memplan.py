@@ -30,7 +30,7 @@ import json
 import time
 from pathlib import Path
 
-from amprepro import memory
+from amprepro import archs, memory
 from amprepro.cellspec import CellSpec
 from amprepro.files import write_json
 from amprepro.train import precisions
@@ -45,9 +45,8 @@ PROBE_SECONDS = 40  # all probes of one plan: past this, a close call is taken a
 def group_key(spec: CellSpec) -> str:
     """Models whose cells share a memory profile: arch, data, sizes (defaults filled in) and the preset's batch."""
     c = spec.model_config
-    image = c.get("image_size", 224) if c["data"] == "synthetic_images" else None
-    tokens = c.get("seq_len", 2048 if c["arch"] in memory.LLAMA_SHAPES else 1024) if c["data"] == "synthetic_tokens" \
-        else None
+    image = archs.image_size(c) if c["data"] == "synthetic_images" else None
+    tokens = (archs.seq_len(c) or archs.SYNTHETIC_TOKENS_SEQ_LEN) if c["data"] == "synthetic_tokens" else None
     return json.dumps([c["arch"], c["data"], image, tokens, c.get("activation_checkpointing", True), c["batch_size"],
                        c.get("gpus", 1), c.get("shape")])
 
@@ -61,8 +60,9 @@ def ladder(preset_batch: int) -> list[int]:
 
 def shapes_to_try(spec: CellSpec, source: str) -> list[str | None]:
     """None (the model as configured), or the LLaMA ladder from the 7B shape down for the preset's 7B model."""
-    if spec.arch == "llama" and not spec.model_config.get("shape") and source == "preset":
-        return [key for key, _, _ in memory.LLAMA_LADDER]
+    ladder = archs.get(spec.arch).ladder
+    if ladder and not spec.model_config.get("shape") and source == "preset":
+        return [key for key, _, _ in ladder]
     return [spec.model_config.get("shape")]
 
 

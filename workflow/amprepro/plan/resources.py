@@ -17,20 +17,18 @@ from __future__ import annotations
 
 import math
 
+from amprepro import archs
+
 CPUS_PER_GPU = 8
 HOST_MB_PER_PROCESS = 8000
 HOST_MB_CPU_CELL = 4000
 STARTUP_MINUTES = 10
-# Parameters of the models built on the host first (FP32 weights in host memory until .to(device)); LLaMA: meta.
-HOST_BUILT_PARAMETERS = {"resnet50": 25_600_000, "vit_b_16": 86_600_000, "vit_base_patch16_224": 86_600_000,
-                         "gpt": 124_000_000}
-# Seconds per sample or token of a training step: ten times the slowest precision (strict FP32) measured on the
-# H200 at the paper preset's sizes (reference/nvidia-h200, 2026-11-30: e.g. llama 2.28 s for 2048 tokens,
-# vit_b_16 0.34 s for 128 images), so an older GPU still fits.
-SECONDS_PER_ITEM = {"small_cnn": 4.3e-4, "tiny_transformer": 1.0e-3, "resnet50": 1.1e-2, "vit_b_16": 2.7e-2,
-                    "vit_base_patch16_224": 2.7e-2, "gpt": 1.9e-4, "gpt_tiny": 1.9e-4, "gpt_bytes": 1.9e-4,
-                    "llama": 1.2e-2, "llama_tiny": 1.0e-4,
-                    "lstm_bytes": 1.9e-4, "gumbel_bytes": 1.9e-4}  # the risk archs: gpt_bytes's budget, not measured
+# Per arch, in the arch registry (amprepro.archs):
+# - host_built_parameters: parameters of the models built on the host first (FP32 weights in host memory until
+#   .to(device)); LLaMA: meta, 0.
+# - seconds_per_item: seconds per sample or token of a training step: ten times the slowest precision (strict FP32)
+#   measured on the H200 at the paper preset's sizes (reference/nvidia-h200, 2026-11-30: e.g. llama 2.28 s for 2048
+#   tokens, vit_b_16 0.34 s for 128 images), so an older GPU still fits.
 
 
 def nodes(model: dict) -> int:
@@ -54,18 +52,18 @@ def host_mb(model: dict, gpu_jobs: bool) -> int:
     """--mem for each node of the job."""
     if not gpu_jobs:
         return HOST_MB_CPU_CELL * processes_per_node(model)
-    weights_mb = 4 * HOST_BUILT_PARAMETERS.get(model["arch"], 0) // 10**6
+    weights_mb = 4 * archs.get(model["arch"]).host_built_parameters // 10**6
     return processes_per_node(model) * (HOST_MB_PER_PROCESS + weights_mb)
 
 
 def items_per_step(model: dict) -> int:
-    if model["data"] in ("synthetic_tokens", "python_stdlib"):
-        return model["batch_size"] * model.get("seq_len", 1024)
+    if model["data"] in ("synthetic_tokens", archs.TEXT_DATA):  # an unset seq_len counts as synthetic_tokens' (a
+        return model["batch_size"] * model.get("seq_len", archs.SYNTHETIC_TOKENS_SEQ_LEN)  # bound over the text's)
     return model["batch_size"]
 
 
 def runtime_minutes(model: dict, train: dict, factor: float) -> int:
-    step_seconds = items_per_step(model) * SECONDS_PER_ITEM[model["arch"]]
+    step_seconds = items_per_step(model) * archs.get(model["arch"]).seconds_per_item
     return math.ceil(factor * (STARTUP_MINUTES + train["steps"] * step_seconds / 60))
 
 

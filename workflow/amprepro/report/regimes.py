@@ -17,7 +17,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from amprepro import memory
+from amprepro import archs, memory
 from amprepro.memory import Lora, Sharding
 from amprepro.report.claimmetrics import fmt_value, verdict_for
 
@@ -48,7 +48,7 @@ class Regime:
     key: str
     shape: str = "llama"
     batch: int = 1
-    seq_len: int = 2048
+    seq_len: int = archs.get("llama").seq_len
     checkpointing: bool = True
     sharding: Sharding = field(default_factory=Sharding)
     baseline: Side = Side("fp32")

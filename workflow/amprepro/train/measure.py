@@ -17,10 +17,16 @@ from amprepro.train.flops import gpu_uuid
 
 
 class StepTimer:
-    """Times one step. On CUDA with events; on CPU with perf_counter (CPU ops are synchronous)."""
+    """Times one step. On CUDA with events; on CPU with perf_counter (CPU ops are synchronous).
 
-    def __init__(self, device: torch.device):
+    sync=False (the training loop's timed steps): the end event is recorded but not waited for, so the host queues the
+    next step while the GPU runs this one, as timm's benchmark.py does; `seconds` is then read by `settle()` once the
+    stream has run past the event (after the loop). Each step still has its own pair of events, so the median and the
+    spread are per step."""
+
+    def __init__(self, device: torch.device, sync: bool = True):
         self.cuda = device.type == "cuda"
+        self.sync = sync
 
     def __enter__(self):
         if self.cuda:
@@ -33,11 +39,18 @@ class StepTimer:
     def __exit__(self, *exc):
         if self.cuda:
             self.end.record()
-            self.end.synchronize()
-            self.seconds = self.start.elapsed_time(self.end) / 1000.0
+            if self.sync:
+                self.settle()
         else:
             self.seconds = time.perf_counter() - self.t0
         return False
+
+    def settle(self) -> float:
+        """The step's seconds, waiting for its end event if the GPU has not reached it yet."""
+        if self.cuda:
+            self.end.synchronize()
+            self.seconds = self.start.elapsed_time(self.end) / 1000.0
+        return self.seconds
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -10,9 +10,12 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
 
-from amprepro.memory import LLAMA_SHAPES, llama_shape
+from amprepro import archs
+from amprepro.memory import llama_shape
 from amprepro.train import riskmodels
 from amprepro.train.riskmodels import in_fp32
+
+_GPT2, _LLAMA7B = archs.get("gpt"), archs.get("llama")  # the classes' default sizes
 
 
 class SmallCNN(nn.Module):
@@ -76,10 +79,10 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    """nanoGPT-shaped decoder; the default size is GPT-2 small (about 124M parameters)."""
+    """nanoGPT-shaped decoder; the default size is GPT-2 small (about 124M parameters: the registry's gpt)."""
 
-    def __init__(self, vocab_size: int = 50304, seq_len: int = 1024, layers: int = 12, heads: int = 12,
-                 dim: int = 768):
+    def __init__(self, vocab_size: int = _GPT2.shape["vocab_size"], seq_len: int = _GPT2.seq_len,
+                 layers: int = _GPT2.shape["layers"], heads: int = _GPT2.shape["heads"], dim: int = _GPT2.shape["dim"]):
         super().__init__()
         self.vocab_size, self.seq_len, self.layers, self.dim = vocab_size, seq_len, layers, dim
         self.tok = nn.Embedding(vocab_size, dim)
@@ -105,8 +108,6 @@ class GPT(nn.Module):
         return self.lm_head(self.ln_f(x))
 
 
-GPT_SIZES = {"gpt": {}, "gpt_tiny": {"vocab_size": 512, "layers": 2, "heads": 4, "dim": 128},
-             "gpt_bytes": {"vocab_size": 256, "layers": 4, "heads": 4, "dim": 128}}  # data: python_stdlib
 
 
 class HalfEpsNorm(nn.Module):
@@ -222,8 +223,10 @@ class Llama(nn.Module):
     (activation checkpointing) unless checkpointing is False.
     """
 
-    def __init__(self, vocab_size: int = 32000, seq_len: int = 2048, layers: int = 32, heads: int = 32,
-                 dim: int = 4096, ffn_dim: int = 11008, checkpointing: bool = True, kv_heads: int | None = None):
+    def __init__(self, vocab_size: int = _LLAMA7B.shape["vocab_size"], seq_len: int = _LLAMA7B.seq_len,
+                 layers: int = _LLAMA7B.shape["layers"], heads: int = _LLAMA7B.shape["heads"],
+                 dim: int = _LLAMA7B.shape["dim"], ffn_dim: int = _LLAMA7B.shape["ffn_dim"], checkpointing: bool = True,
+                 kv_heads: int | None = None):
         super().__init__()
         self.vocab_size, self.seq_len, self.layers, self.dim = vocab_size, seq_len, layers, dim
         self.heads, self.ffn_dim, self.checkpointing = heads, ffn_dim, checkpointing
@@ -270,14 +273,14 @@ class Llama(nn.Module):
         return 6 * self.matmul_parameters() + 12 * self.layers * self.dim * seq_len
 
 
-LLAMA_SIZES = {arch: LLAMA_SHAPES[arch] for arch in ("llama", "llama_tiny")}  # the archs; shapes: amprepro.memory
-# The package each arch needs besides torch; an arch not listed is plain torch. requirements.txt and envs/ must provide
-# every package named here (tests/backbone/test_routes.py).
-ARCH_PACKAGES = {"resnet50": "torchvision", "vit_b_16": "torchvision", "vit_base_patch16_224": "timm"}
+LLAMA_SIZES = {name: archs.get(name).shape for name in archs.where(family="llama")}  # a view of the registry's
+# The package each arch needs besides torch (the registry's `package`); an arch not listed is plain torch.
+# requirements.txt and envs/ must provide every package named here (tests/backbone/test_routes.py).
+ARCH_PACKAGES = {a.name: a.package for a in archs.REGISTRY.values() if a.package}
 
 
 def unavailable_reason(arch: str) -> str | None:
-    package = ARCH_PACKAGES.get(arch)
+    package = archs.get(arch).package if arch in archs.REGISTRY else None
     if package is None:
         return None
     try:
@@ -287,38 +290,64 @@ def unavailable_reason(arch: str) -> str | None:
     return None
 
 
+def build_small_cnn(arch: archs.Arch, model_config: dict) -> nn.Module:
+    if model_config.get("data") in archs.IMAGE_DATA:
+        from amprepro.train import imagedata
+
+        return SmallCNN(num_classes=imagedata.num_classes(model_config), in_channels=3)
+    return SmallCNN()
+
+
+def build_gpt(arch: archs.Arch, model_config: dict) -> nn.Module:
+    model = GPT(seq_len=model_config.get("seq_len", arch.seq_len), **arch.shape)
+    if model_config.get("naive_norm_eps") is not None:
+        model = swap_in_half_eps_norms(model, model_config["naive_norm_eps"],
+                                       bool(model_config.get("risky_layer_fp32", False)))
+    return model
+
+
+def build_llama(arch: archs.Arch, model_config: dict) -> nn.Module:
+    with torch.device("meta"):  # on the meta device: place() materialises it where it trains
+        return Llama(seq_len=model_config.get("seq_len", arch.seq_len),
+                     checkpointing=model_config.get("activation_checkpointing", True),
+                     **llama_shape({**model_config, "arch": arch.name}))
+
+
+def build_timm(arch: archs.Arch, model_config: dict) -> nn.Module:
+    import timm
+
+    return timm.create_model(arch.name, pretrained=False)
+
+
+def build_torchvision(arch: archs.Arch, model_config: dict) -> nn.Module:
+    import torchvision
+
+    kwargs = {"image_size": model_config.get("image_size", arch.image_size)} if arch.family == "vit" else {}
+    return getattr(torchvision.models, arch.name)(weights=None, **kwargs)
+
+
+# The builders by name (an arch entry's `builder`): (arch entry, model config) -> the model, on the CPU or the meta
+# device. A new arch of a new kind adds its builder here (amprepro.archs says how to add an arch).
+BUILDERS = {
+    "small_cnn": build_small_cnn,
+    "tiny_transformer": lambda arch, model_config: TinyTransformer(),
+    "gpt": build_gpt,
+    "llama": build_llama,
+    "timm": build_timm,
+    "torchvision": build_torchvision,
+    "lstm_bytes": riskmodels.build_lstm,  # the AMP risk points' byte models
+    "gumbel_bytes": riskmodels.build_gumbel,
+}
+
+
 def build(arch: str, model_config: dict) -> nn.Module:
-    if arch == "small_cnn":
-        if model_config.get("data") in ("cifar10", "imagefolder"):
-            from amprepro.train import imagedata
-
-            return SmallCNN(num_classes=imagedata.num_classes(model_config), in_channels=3)
-        return SmallCNN()
-    if arch == "tiny_transformer":
-        return TinyTransformer()
-    if arch in GPT_SIZES:
-        model = GPT(seq_len=model_config.get("seq_len", 1024), **GPT_SIZES[arch])
-        if model_config.get("naive_norm_eps") is not None:
-            model = swap_in_half_eps_norms(model, model_config["naive_norm_eps"],
-                                           bool(model_config.get("risky_layer_fp32", False)))
-        return model
-    if arch in riskmodels.LSTM_SIZES or arch in riskmodels.GUMBEL_SIZES:  # the AMP risk points' byte models
-        return riskmodels.build(arch, model_config)
-    if arch in ("llama", "llama_tiny"):  # on the meta device: place() materialises it where it trains
-        with torch.device("meta"):
-            return Llama(seq_len=model_config.get("seq_len", 2048),
-                         checkpointing=model_config.get("activation_checkpointing", True),
-                         **llama_shape({**model_config, "arch": arch}))
-    if arch == "vit_base_patch16_224":
-        import timm
-
-        return timm.create_model(arch, pretrained=False)
-    if arch in ("resnet50", "vit_b_16"):
-        import torchvision
-
-        kwargs = {"image_size": model_config.get("image_size", 224)} if arch == "vit_b_16" else {}
-        return getattr(torchvision.models, arch)(weights=None, **kwargs)
-    raise ValueError(f"unknown arch {arch!r}")
+    if arch not in archs.REGISTRY:
+        raise ValueError(f"unknown arch {arch!r}")
+    entry = archs.get(arch)
+    if entry.builder not in BUILDERS:
+        raise ValueError(f"arch {arch!r} names builder {entry.builder!r}, which amprepro.train.models.BUILDERS does "
+                         f"not have ({', '.join(BUILDERS)}). Fix: add its builder there.")
+    return BUILDERS[entry.builder](entry, model_config)
 
 
 def parameter_count(model: nn.Module) -> int:

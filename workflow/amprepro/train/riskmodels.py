@@ -22,12 +22,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from amprepro.memory import RISK_SIZES
-
 VOCAB = 256  # bytes (amprepro.train.textdata)
-# The archs of this module; their sizes are amprepro.memory's (0.81 M and 0.64 M parameters).
-LSTM_SIZES = {arch: size for arch, size in RISK_SIZES.items() if arch == "lstm_bytes"}
-GUMBEL_SIZES = {arch: size for arch, size in RISK_SIZES.items() if arch == "gumbel_bytes"}
+# Their archs (sizes) are amprepro.archs entries: lstm_bytes (0.81 M parameters) and gumbel_bytes (0.64 M).
 DEFAULT_GUMBEL_TAU = 1.0
 
 
@@ -121,12 +117,12 @@ class GumbelBytes(nn.Module):
         return self.head(h)
 
 
-def build(arch: str, model_config: dict) -> nn.Module:
-    """The risk arch `arch` as model_config says (gumbel_tau, risky_layer_fp32)."""
-    fp32 = bool(model_config.get("risky_layer_fp32", False))
-    if arch in LSTM_SIZES:
-        return ByteLSTM(**LSTM_SIZES[arch], risky_layer_fp32=fp32)
-    if arch in GUMBEL_SIZES:
-        return GumbelBytes(**GUMBEL_SIZES[arch], tau=model_config.get("gumbel_tau", DEFAULT_GUMBEL_TAU),
-                           risky_layer_fp32=fp32)
-    raise ValueError(f"unknown risk arch {arch!r}")
+def build_lstm(arch, model_config: dict) -> ByteLSTM:
+    """The builder of an lstm-family arch entry (amprepro.archs: shape embed, hidden)."""
+    return ByteLSTM(**arch.shape, risky_layer_fp32=bool(model_config.get("risky_layer_fp32", False)))
+
+
+def build_gumbel(arch, model_config: dict) -> GumbelBytes:
+    """The builder of a gumbel-family arch entry (amprepro.archs: shape dim, context, groups, codes; gumbel_tau)."""
+    return GumbelBytes(**arch.shape, tau=model_config.get("gumbel_tau", DEFAULT_GUMBEL_TAU),
+                       risky_layer_fp32=bool(model_config.get("risky_layer_fp32", False)))
