@@ -169,3 +169,16 @@ def test_the_repository_claims_name_the_risk_presets_models():
         for item in claim["risk"].get("remedies", []):
             assert item["risky"] in preset["models"] and item["remedy"] in preset["models"]
             assert preset["models"][item["remedy"]]["precisions"] == [claim["variant"]]
+
+
+def test_a_remedy_claim_without_the_cells_says_they_did_not_run():
+    got = riskclaims.judge_remedies(REMEDY_CLAIM, summary_of(fp32("other")))
+    assert got["verdict"] == "not_measurable"
+    assert got["reason"] == ("no risk model ran amp_fp16 both with and without a remedy here: fix_a: no risky/fp32 cell "
+                             "that ran ok; fix_b: no risky/fp32 cell that ran ok")
+    skipped = [dict(c, status="skipped", reason="no CUDA GPU here") for c in collapsed("risky", "amp_fp16")]
+    got = riskclaims.judge_remedies(REMEDY_CLAIM, summary_of(fp32("risky"), skipped))
+    assert got["verdict"] == "not_measurable"
+    assert got["reason"].startswith("no risk model ran amp_fp16 both with and without a remedy here: risky + autocast "
+                                    "off: not measured (without: amp_fp16: did not run (skipped: no CUDA GPU here) | "
+                                    "with: amp_fp16: did not run (no cell in this run))")

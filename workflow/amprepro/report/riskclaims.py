@@ -211,6 +211,9 @@ def judge_remedies(claim: dict, summary: dict) -> dict:
         lines.append(f"{risky} + {setting}: {outcome} (without: {judged_text(variant, without)} | with: "
                      f"{judged_text(variant, remedied)})")
     reason = "; ".join(lines)
+    if not any(e["without"]["ran"] and e["with"]["ran"] for e in entries):
+        return {**_not_measurable(f"no risk model ran {variant} both with and without a remedy here: {reason}"),
+                "remedies": entries}
     if not harmed_risks:
         why = "nothing to rescue: no risk model's " + variant + " cells were harmed here"
         return {**_not_measurable(f"{why}; {reason}" if reason else why), "remedies": entries}
