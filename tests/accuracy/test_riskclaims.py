@@ -174,8 +174,8 @@ def test_the_repository_claims_name_the_risk_presets_models():
 def test_a_remedy_claim_without_the_cells_says_they_did_not_run():
     got = riskclaims.judge_remedies(REMEDY_CLAIM, summary_of(fp32("other")))
     assert got["verdict"] == "not_measurable"
-    assert got["reason"] == ("no risk model ran amp_fp16 both with and without a remedy here: fix_a: no risky/fp32 cell "
-                             "that ran ok; fix_b: no risky/fp32 cell that ran ok")
+    assert got["reason"] == ("no risk model ran amp_fp16 both with and without a remedy here: fix_a: no risky/fp32 "
+                             "cell that ran ok; fix_b: no risky/fp32 cell that ran ok")
     skipped = [dict(c, status="skipped", reason="no CUDA GPU here") for c in collapsed("risky", "amp_fp16")]
     got = riskclaims.judge_remedies(REMEDY_CLAIM, summary_of(fp32("risky"), skipped))
     assert got["verdict"] == "not_measurable"
