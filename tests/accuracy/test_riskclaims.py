@@ -117,6 +117,8 @@ def test_a_remedy_rescues_where_the_unremedied_cells_were_harmed_and_the_remedie
     assert got["verdict_text"] == ("holds: rescued risky (autocast off on risky: rescues; init_scale 2^14 on risky: "
                                    "does not rescue)")
     assert [e["outcome"] for e in got["remedies"]] == ["rescues", "does not rescue"]
+    assert {m: r["verdict"] for m, r in got["by_baseline"]["fp32"]["models"].items()} == {
+        "fix_a": "holds", "fix_b": "falls_short"}
 
 
 def test_a_harmed_risk_no_remedy_rescues_falls_short_and_nothing_to_rescue_is_not_measurable():
@@ -142,6 +144,8 @@ def test_claims_dispatches_a_risk_claim_and_the_result_has_every_field_the_repor
     summary = summary_of(fp32("risky"), collapsed("risky", "amp_fp16"))
     got = claims.evaluate_claim(copy.deepcopy(RISK_CLAIM), summary)
     assert got["verdict"] == "holds" and got["id"] == "amp-risk-x" and got["matched_models"] == ["risky"]
+    shown = got["by_baseline"]["fp32"]["models"]["risky"]  # what the report's claim table reads per model
+    assert shown["verdict"] == "holds" and shown["measured_text"] == got["reason"]
     assert got["claimed_text"] == ("harm: a collapse, or a final held-out loss above FP32's by more than 0.05 nats "
                                    "(one-sided 95 % over paired seeds)")
     assert claims.summary_lines([got])[0].startswith("amp-risk-x: HOLDS: AMP HARMED RISKY/AMP_FP16 — risky/amp_fp16:")

@@ -152,10 +152,14 @@ def judge_risk(claim: dict, summary: dict) -> dict:
     measured = [m for m in models if not m["reason"]]
     if not measured:
         return _not_measurable("; ".join(m["reason"] for m in models))
-    lines, harmed, absorbed, unsettled = [], [], [], []
-    for m in measured:
+    lines, harmed, absorbed, unsettled, per_model = [], [], [], [], {}
+    for m in models:
+        if m["reason"]:
+            per_model[m["model"]] = {"verdict": "not_measurable", "reason": m["reason"], "measured_text": ""}
+            continue
+        model_lines = []
         for precision, judged in m["precisions"].items():
-            lines.append(f"{m['model']}/{judged_text(precision, judged)}")
+            model_lines.append(f"{m['model']}/{judged_text(precision, judged)}")
             if not judged["ran"]:
                 continue
             name = f"{m['model']}/{precision}"
@@ -165,6 +169,11 @@ def judge_risk(claim: dict, summary: dict) -> dict:
                 absorbed.append(name)
             if judged["settled"] in (None, "not settled") and judged["class"] != "harmed":
                 unsettled.append(name)
+        text = "; ".join(model_lines)
+        lines += model_lines
+        model_harmed = any(j["ran"] and j["class"] == "harmed" for j in m["precisions"].values())
+        per_model[m["model"]] = {"verdict": "holds" if model_harmed else "falls_short", "reason": text,
+                                 "measured_text": text, "precisions": m["precisions"]}
     if harmed:
         verdict, text = "holds", f"holds: AMP harmed {', '.join(harmed)}"
     else:
@@ -176,8 +185,12 @@ def judge_risk(claim: dict, summary: dict) -> dict:
                    if unsettled else ""))
     reason = "; ".join(lines)
     return {"verdict": verdict, "verdict_text": text, "reason": reason, "measured_text": reason,
-            "by_baseline": {BASELINE: {"verdict": verdict, "reason": reason,
-                                       "models": {m["model"]: m for m in models}}}}
+            "by_baseline": {BASELINE: {"verdict": verdict, "reason": reason, "models": per_model}}}
+
+
+# A remedy's outcome as the verdict its line in the report shows (amprepro.report.claims.VERDICT_TEXT).
+OUTCOME_VERDICT = {"rescues": "holds", "does not rescue": "falls_short", "nothing to rescue": "not_measurable",
+                   "not measured": "not_measurable"}
 
 
 def remedy_outcome(without: dict, remedied: dict) -> str:
@@ -204,12 +217,13 @@ def judge_remedies(claim: dict, summary: dict) -> dict:
         remedied = judge_cells(cells_of(summary, remedy, variant), fp32, margin)
         outcome = remedy_outcome(without, remedied)
         setting = item.get("setting") or remedy
+        line = (f"{risky} + {setting}: {outcome} (without: {judged_text(variant, without)} | with: "
+                f"{judged_text(variant, remedied)})")
         entries.append({"risky": risky, "remedy": remedy, "setting": setting, "outcome": outcome,
-                        "without": without, "with": remedied})
+                        "without": without, "with": remedied, "text": line})
         if without["ran"] and without["class"] == "harmed":
             harmed_risks.setdefault(risky, []).append(outcome)
-        lines.append(f"{risky} + {setting}: {outcome} (without: {judged_text(variant, without)} | with: "
-                     f"{judged_text(variant, remedied)})")
+        lines.append(line)
     reason = "; ".join(lines)
     if not any(e["without"]["ran"] and e["with"]["ran"] for e in entries):
         return {**_not_measurable(f"no risk model ran {variant} both with and without a remedy here: {reason}"),
@@ -226,9 +240,11 @@ def judge_remedies(claim: dict, summary: dict) -> dict:
         verdict = "holds"
         text = f"holds: rescued {', '.join(rescued)}"
     by_setting = [f"{e['setting']} on {e['risky']}: {e['outcome']}" for e in entries]
+    per_remedy = {e["remedy"]: {"verdict": OUTCOME_VERDICT[e["outcome"]], "reason": e["text"],
+                                "measured_text": e["text"]} for e in entries}
     return {"verdict": verdict, "verdict_text": f"{text} ({'; '.join(by_setting)})", "reason": reason,
             "measured_text": reason, "remedies": entries,
-            "by_baseline": {BASELINE: {"verdict": verdict, "reason": reason, "models": {}}}}
+            "by_baseline": {BASELINE: {"verdict": verdict, "reason": reason, "models": per_remedy}}}
 
 
 def claimed_text(claim: dict) -> str:
