@@ -114,7 +114,7 @@ def interrupted_during_pip(workdir: Path, env: dict, log: Path) -> int:
 
 def test_a_venv_whose_install_failed_or_was_interrupted_is_completed_and_keeps_the_users_torch(workdir, tmp_path):
     env, venv = offline_env(tmp_path), workdir / "venv"
-    site = bare_venv(venv)  # `python -m venv .venv`, then the README's tip: torch from another index first
+    site = bare_venv(venv)  # `python -m venv .venv`, then docs/running.md's tip: torch from another index first
     user_torch = site / f"torch-{USER_TORCH}.dist-info"  # what `pip install torch==2.13.0 --index-url ...` leaves
     user_torch.mkdir()
     (user_torch / "METADATA").write_text(f"Metadata-Version: 2.1\nName: torch\nVersion: {USER_TORCH}\n")

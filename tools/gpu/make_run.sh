@@ -2,7 +2,7 @@
 # A reviewer's route on a GPU box that has CUDA torch but no network: the README's `make run`, then `make verify`,
 # timed from the first call's start to the verdict. What differs from a networked box, and only that: the venv sees
 # the box's own CUDA torch (as "install the CUDA build of torch first" gives) and gets the rest from the carried
-# wheels in .whl/, and apex comes from a local export (README: "Apex on a machine without GitHub").
+# wheels in .whl/, and apex comes from a local export (docs/apex.md: "Apex on a machine without GitHub").
 # A device call is cut at 10 minutes: call the script again and `make run` resumes where the cut left it.
 #
 #   bash tools/gpu/wheels.sh                                   # here, once: the wheels (.whl/)
