@@ -68,7 +68,7 @@ def test_the_schema_yaml_lists_no_arch_and_the_loader_fills_in_the_registry():
 
 def test_the_registry_has_every_arch_the_pipeline_had():
     assert archs.names() == ["small_cnn", "tiny_transformer", "resnet50", "vit_b_16", "vit_base_patch16_224", "gpt",
-                             "gpt_tiny", "gpt_bytes", "llama", "llama_tiny"]
+                             "gpt_tiny", "gpt_bytes", "llama", "llama_tiny", "lstm_bytes", "gumbel_bytes"]
     for arch in archs.REGISTRY.values():
         assert arch.builder in models.BUILDERS and arch.family in memory.FAMILIES, arch.name
 
@@ -107,7 +107,7 @@ def test_a_new_family_is_one_entry_its_builder_and_its_memory_formulas(toy_archs
     runs = resolved({"toy": {"arch": "toy_mlp", "data": "digits", "batch_size": 16, "precisions": ["fp32"]}})
     spec = cfg.cell_record(runs, "toy", "fp32", 0)
     spec = dataclasses.replace(spec, train={**spec.train, "steps": 6, "warmup_steps": 1})
-    metrics, rows = train.run(spec, NO_APEX, threads=1)
+    metrics, _rows = train.run(spec, NO_APEX, threads=1)
     assert metrics["status"] == "ok", metrics.get("reason")
     assert metrics["parameters"] == memory.parameters(spec.model_config)[0] == 64 * 24 + 24 + 24 * 10 + 10
     assert 0.0 <= metrics["eval_accuracy"] <= 1.0
@@ -125,5 +125,6 @@ def test_the_entry_says_which_settings_an_arch_takes(toy_archs, setting, value, 
 
 def test_the_entry_says_which_data_an_arch_reads(toy_archs):
     with pytest.raises(cfg.ConfigError, match="arch toy_mlp is not one. Fix: use arch gpt_bytes "
-                                              r"\(or gpt, gpt_tiny, gpt_bytes, llama, llama_tiny, toy_gpt\)"):
+                                              r"\(or gpt, gpt_tiny, gpt_bytes, llama, llama_tiny, lstm_bytes, "
+                                              r"gumbel_bytes, toy_gpt\)"):
         resolved({"toy": {"arch": "toy_mlp", "data": "python_stdlib", "batch_size": 16}})

@@ -321,7 +321,8 @@ def test_an_apex_source_must_be_set_and_pinned():
      "gpt_bytes). Fix: remove the key."),
     ({"arch": "tiny_transformer", "data": "python_stdlib"},
      "Config error at runs.models.m.arch: data python_stdlib is byte-level text for a language model; arch "
-     "tiny_transformer is not one. Fix: use arch gpt_bytes (or gpt, gpt_tiny, gpt_bytes, llama, llama_tiny)."),
+     "tiny_transformer is not one. Fix: use arch gpt_bytes (or gpt, gpt_tiny, gpt_bytes, llama, llama_tiny, "
+     "lstm_bytes, gumbel_bytes)."),
     ({"arch": "vit_b_16", "data": "cifar10", "data_path": "/d"},
      "Config error at runs.models.m.arch: data cifar10 needs an arch that reads 3-channel images of any size "
      "(small_cnn, resnet50). Fix: use one of them."),

@@ -19,11 +19,13 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
+from amprepro import presets
 from amprepro.config import choose_preset, load_schema
 from amprepro.train import models
 
 REPO = Path(__file__).resolve().parents[2]
-PRESETS = {path.stem: yaml.safe_load(path.read_text()) for path in sorted((REPO / "config" / "presets").glob("*.yaml"))}
+PRESETS = {path.stem: presets.read(path.parent, path.stem)  # a preset that includes others, composed
+           for path in sorted((REPO / "config" / "presets").glob("*.yaml"))}
 
 # What each model setting needs when it is set (truthy). None: nothing beyond torch and the data.
 SETTING_NEEDS = {
@@ -36,6 +38,7 @@ SETTING_NEEDS = {
     "activation_checkpointing": None, "epoch_tokens": None, "shape": None,  # torch.utils.checkpoint; a number
     "precisions": None, "seeds": None, "train": None,  # PRECISION_NEEDS, OPTIMIZER_NEEDS
     "eval_every": None, "eval_windows": None, "naive_norm_eps": None, "data_path": None,
+    "gumbel_tau": None, "risky_layer_fp32": None,  # torch.nn.functional; torch.autocast
     "lora": None,  # amprepro.train.lora: torch alone (no peft)
     "download": "torchvision",  # cifar10's checksummed download
 }

@@ -70,6 +70,9 @@ class Arch:
     activation_checkpointing: bool = False  # takes the activation_checkpointing setting (default on)
     ladder: tuple = ()  # (key, name, shape) of the LLaMA-family shapes its `shape` setting picks (first: its own)
     naive_norm_eps: bool = False  # takes naive_norm_eps (its LayerNorms swapped for models.HalfEpsNorm)
+    gumbel_tau: bool = False  # takes gumbel_tau (its Gumbel-softmax bottleneck's temperature)
+    # The layer risky_layer_fp32 runs outside autocast ("" = none; an arch with naive_norm_eps: its norms, where set)
+    risky_layer: str = ""
     lora: bool = False  # takes lora (LoRA fine-tuning of a frozen base: amprepro.train.lora wraps its blocks' linears)
     description: str = ""
 
@@ -103,9 +106,18 @@ REGISTRY: dict[str, Arch] = {
              shape={"vocab_size": 256, "layers": 2, "heads": 4, "dim": 64, "ffn_dim": 172}, reads=(TEXT_DATA,),
              seq_len=2048, activation_checkpointing=True, lora=True,
              description="the LLaMA class at smoke size, for CPU tests"),
+        # The second article's AMP risk points (amprepro.train.riskmodels; config/presets/risk.yaml). Time budget:
+        # gpt_bytes's per token, not measured for these.
+        Arch("lstm_bytes", "lstm", "lstm_bytes", 1.9e-4, shape={"embed": 64, "hidden": 384}, reads=(TEXT_DATA,),
+             seq_len=TEXT_SEQ_LEN, risky_layer="the LSTM",
+             description="an LSTM language model over bytes (0.81 M parameters): gradients summed over time steps"),
+        Arch("gumbel_bytes", "gumbel", "gumbel_bytes", 1.9e-4,
+             shape={"dim": 192, "context": 8, "groups": 8, "codes": 32}, reads=(TEXT_DATA,), seq_len=TEXT_SEQ_LEN,
+             gumbel_tau=True, risky_layer="the Gumbel-softmax sampler",
+             description="a byte model through a Gumbel-softmax bottleneck (0.64 M parameters) at gumbel_tau"),
     )
 }
-"""In the schema's order: the smoke models, the image models, the GPTs, the LLaMAs."""
+"""In the schema's order: the smoke models, the image models, the GPTs, the LLaMAs, the AMP risk models."""
 
 
 def names() -> list[str]:

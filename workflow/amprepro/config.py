@@ -346,6 +346,7 @@ def resolve_runs(config: dict, presets_dir: Path, gpus: list[str], probe: str) -
                 f"learning-rate ramp does not end within the {train['steps']} steps. Fix: make lr_warmup_steps "
                 "smaller than steps."
             )
+        check_remedies(model, settings, train, [c["precision"] for c in cells(runs) if c["model"] == model])
         if not any(cell["model"] == model for cell in cells(runs)):
             raise ConfigError(
                 f"Config error at runs.models.{model}.precisions: none of {settings.get('precisions')} is in "
@@ -354,6 +355,32 @@ def resolve_runs(config: dict, presets_dir: Path, gpus: list[str], probe: str) -
             )
     check_largest_batch(runs)
     return runs, choice
+
+
+def check_remedies(model: str, settings: dict, train: dict, model_precisions: list[str]) -> None:
+    """The second article's AMP remedies only where they act: risky_layer_fp32 on a model with a risky layer under a
+    torch.autocast precision, grad_scaler_init_scale where every precision of the model has a GradScaler."""
+    if settings.get("risky_layer_fp32"):
+        arch = archs.get(settings["arch"])
+        if not arch.risky_layer and not (arch.naive_norm_eps and "naive_norm_eps" in settings):
+            risky = [name for name in archs.names() if archs.get(name).risky_layer]
+            raise ConfigError(
+                f"Config error at runs.models.{model}.risky_layer_fp32: arch {arch.name} has no risky layer to take "
+                f"out of autocast (only {', '.join(risky)}, or an arch with naive_norm_eps set: "
+                f"{', '.join(archs.where(naive_norm_eps=True))}). Fix: remove the key.")
+        apex = [p for p in model_precisions if precisions.get(p).needs_apex]
+        if apex:
+            raise ConfigError(
+                f"Config error at runs.models.{model}.risky_layer_fp32: precision {apex[0]} casts through apex, which "
+                "a disabled torch.autocast region does not stop, so the setting would do nothing there. Fix: give "
+                "this model precisions without apex (e.g. precisions: [amp_fp16]).")
+    if train.get("grad_scaler_init_scale") is not None:
+        unscaled = [p for p in model_precisions if not precisions.get(p).grad_scaler]
+        if unscaled:
+            raise ConfigError(
+                f"Config error at runs.models.{model}.train.grad_scaler_init_scale: precision {unscaled[0]} has no "
+                "GradScaler, so the setting would be ignored there. Fix: set it only on a model whose precisions "
+                "all use one (precisions: [amp_fp16]), in that model's train: section.")
 
 
 def check_largest_batch(runs: dict) -> None:
@@ -476,6 +503,7 @@ ONLY_FOR = {
     "download": (("cifar10",), "data"),
     "eval_windows": ((archs.TEXT_DATA,), "data"),
     "naive_norm_eps": ("naive_norm_eps", "arch"),
+    "gumbel_tau": ("gumbel_tau", "arch"),
     "lora": ("lora", "arch"),
 }
 

@@ -293,6 +293,33 @@ def _tiny_transformer_parameters(shape: dict, model_config: dict) -> tuple[int, 
     return 8 * d + d + 8 * d + 2 * _transformer_block_parameters(d, 4 * d) + 2 * d + d * 10 + 10, 2 * 12 * d * d
 
 
+def _lstm_parameters(shape: dict, model_config: dict) -> tuple[int, int]:
+    """amprepro.train.riskmodels.ByteLSTM: byte embedding, one LSTM layer, linear head (the risk preset)."""
+    e, h, vocab = shape["embed"], shape["hidden"], 256
+    recurrent = 4 * h * (e + h)  # weight_ih and weight_hh of the four gates
+    return vocab * e + recurrent + 8 * h + h * vocab + vocab, recurrent + h * vocab
+
+
+def _gumbel_parameters(shape: dict, model_config: dict) -> tuple[int, int]:
+    """amprepro.train.riskmodels.GumbelBytes: embedding, causal convolution, code logits, code book, MLP, head."""
+    d, k, codes, vocab = shape["dim"], shape["context"], shape["groups"] * shape["codes"], 256
+    matmul = k * d * d + 2 * d * codes + 4 * d * d + d * vocab
+    return vocab * d + matmul + d + codes + 2 * d + d + vocab, matmul  # + the biases
+
+
+def _risk_activations(shape: dict, model_config: dict, precision: str, batch: int) -> int:
+    """Saved activations of a risk arch, an upper estimate per token: every intermediate of its layers in the compute
+    dtype (the LSTM's gates, cell and hidden states; the Gumbel model's convolution, MLP and code book), the sampler's
+    logits, noise and softmax in FP32, and the byte logits as the GPT's (12 bytes per logit)."""
+    c = _bytes(precision)[0]
+    if "hidden" in shape:
+        per_token = (shape["embed"] + 8 * shape["hidden"]) * c
+    else:
+        codes = shape["groups"] * shape["codes"]
+        per_token = 8 * shape["dim"] * c + codes * (c + 12)
+    return batch * archs.data_seq_len(model_config) * (per_token + 12 * 256 + 8)
+
+
 def llama_shape(model_config: dict) -> dict:
     """The config's `shape` (a key of LLAMA_SHAPES), else its arch's own shape."""
     key = model_config.get("shape") or model_config["arch"]
@@ -536,6 +563,8 @@ FAMILIES = {
     "vit": (_vit_parameters, _vit_activations),
     "gpt": (_gpt_parameters, _gpt_activations),
     "llama": (lambda shape, model_config: llama_parameters(llama_shape(model_config)), _llama_activations),
+    "lstm": (_lstm_parameters, _risk_activations),
+    "gumbel": (_gumbel_parameters, _risk_activations),
 }
 
 

@@ -13,6 +13,7 @@ from amprepro.schemaerrors import bounded_message, field_name, first_error
 from amprepro.train import precisions
 
 _NUMBER = {"type": "number"}
+_MODEL_NAME = {"type": "string", "pattern": "^[A-Za-z0-9_]{1,64}$"}
 SCHEMA = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "description": "config/claims.yaml: the claims the report evaluates (docs/report.md describes every field)",
@@ -93,6 +94,25 @@ SCHEMA = {
                         "note": {"type": "string"},
                     },
                 },
+                "risk": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "minProperties": 1,
+                    "maxProperties": 1,
+                    "description": ("an AMP risk point (models: the risky models, each precision judged against its "
+                                    "FP32 cells) or its remedies (remedies: a remedy model against the risky model "
+                                    "it changes): amprepro.report.riskclaims"),
+                    "properties": {
+                        "models": {"type": "array", "minItems": 1, "uniqueItems": True, "items": _MODEL_NAME},
+                        "remedies": {
+                            "type": "array", "minItems": 1,
+                            "items": {"type": "object", "additionalProperties": False,
+                                      "required": ["risky", "remedy", "setting"],
+                                      "properties": {"risky": _MODEL_NAME, "remedy": _MODEL_NAME,
+                                                     "setting": {"type": "string", "minLength": 1}}},
+                        },
+                    },
+                },
                 "lora": {
                     "type": "object",
                     "additionalProperties": False,
@@ -161,6 +181,8 @@ def validate(data, where: str = "config/claims.yaml") -> list[dict]:
             raise ClaimsError(f"{where}: claim field {field}.convergence: held-out losses judge only an "
                               "accuracy_delta claim of the form claimed {at_least: 0} against baseline fp32 (\"not "
                               "lower than FP32\"). Fix: remove convergence or write the claim that way.")
+        if claim.get("risk"):
+            check_risk(claim, f"{where}: claim field {field}")
         if (claim["metric"] == "lora_parameters") != bool(claim.get("lora")) or (
                 claim.get("lora") and ("at_least" not in claim["claimed"] or claim["variant"] != "amp_bf16")):
             raise ClaimsError(f"{where}: claim field {field}.lora: the metric lora_parameters and the lora field go "
@@ -170,6 +192,17 @@ def validate(data, where: str = "config/claims.yaml") -> list[dict]:
         if between and between[0] > between[1]:
             raise ClaimsError(f"{where}: claim field {field}.claimed.between: {between} is not [low, high].")
     return claims
+
+
+def check_risk(claim: dict, where: str) -> None:
+    """A risk claim (amprepro.report.riskclaims) compares final held-out losses with FP32's: metric heldout_loss_gap,
+    baseline fp32, and its margin as claimed at_least (a risk: harm beyond it) or at_most (a remedy: no harm beyond
+    it)."""
+    wanted = "at_least" if "models" in claim["risk"] else "at_most"
+    if claim["metric"] != "heldout_loss_gap" or claim["baseline"] != ["fp32"] or wanted not in claim["claimed"]:
+        raise ClaimsError(f"{where}.risk: a {'risk' if wanted == 'at_least' else 'remedy'} claim is judged on the "
+                          f"final held-out loss against FP32. Fix: write metric: heldout_loss_gap, baseline: [fp32] "
+                          f"and claimed: {{{wanted}: <margin in nats>}}.")
 
 
 def load_claims(path: str | Path) -> list[dict]:

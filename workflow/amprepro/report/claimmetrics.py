@@ -6,6 +6,7 @@ from __future__ import annotations
 # Which side of the claimed band is better for the variant, per metric: more speed, a bigger memory saving and a
 # higher accuracy are all better, so a value above the band exceeds the claim and one below it falls short.
 HIGHER_IS_BETTER = {"speedup": True, "memory_reduction": True, "accuracy_delta": True, "batch_ratio": True,
+                    "heldout_loss_gap": False,  # final held-out loss (variant) - (baseline), nats: lower is better
                     "lora_parameters": True}  # lora_parameters: judged by amprepro.report.loraclaim
 EPS = 1e-9
 
@@ -38,6 +39,11 @@ def metric_value(metric: str, variant: dict, baseline: dict) -> tuple[float | No
     if metric == "batch_ratio":
         low, high, why = batch_ratio(variant, baseline)
         return (low, why) if low == high else (None, why or "the searches leave an interval: metric_bounds")
+    if metric == "heldout_loss_gap":
+        v, b = variant.get("heldout_loss_final"), baseline.get("heldout_loss_final")
+        if v is None or b is None:
+            return None, f"no held-out loss: {variant['model']} records none (model_config eval_every)"
+        return v - b, ""
     if metric == "lora_parameters":  # a largest shape over cells, not a pair's value: amprepro.report.loraclaim
         return None, "judged over the LoRA cells by amprepro.report.loraclaim"
     raise ValueError(f"unknown metric {metric}")
@@ -124,6 +130,8 @@ def fmt_value(metric: str, value: float | None) -> str:
         return f"{value * 100:+.2f} pp".replace("-", "−")
     if metric == "batch_ratio":
         return "unbounded" if value == float("inf") else f"{value:.2f}× the batch"
+    if metric == "heldout_loss_gap":
+        return f"{value:+.3f} nats".replace("-", "−")
     if metric == "lora_parameters":
         return f"{value / 1e9:.2f} B parameters"
     return f"{value:.3g}"

@@ -231,6 +231,10 @@ def evaluate_claim(claim: dict, summary: dict, sanity: dict | None = None, archs
     """The verdict of one claim on this run, with every number behind it; where this run cannot judge it, the proxy
     models (if the claim names some) are judged as context, and a claim with `convergence:` models takes its verdict
     from their held-out losses (amprepro.report.convergence; records: model -> its cells' data record)."""
+    if claim.get("risk"):  # AMP's risk points and their remedies (amprepro.report.riskclaims)
+        from amprepro.report import riskclaims
+
+        return riskclaims.evaluate_claim(claim, summary)
     result = _judge(claim, summary, sanity, archs or {}, use_override, data)
     if result["verdict"] == "not_measurable" and claim.get("convergence"):
         from amprepro.report import convergence

@@ -12,6 +12,8 @@ from torch.utils.checkpoint import checkpoint
 
 from amprepro import archs
 from amprepro.memory import llama_shape
+from amprepro.train import riskmodels
+from amprepro.train.riskmodels import in_fp32
 
 _GPT2, _LLAMA7B = archs.get("gpt"), archs.get("llama")  # the classes' default sizes
 
@@ -114,13 +116,18 @@ class HalfEpsNorm(nn.Module):
     eps 1e-8 in fp16 the epsilon rounds to 0 (fp16's smallest subnormal is 6e-8), and a variance below about 6e-8
     rounds to 0 too; nn.LayerNorm, which autocast runs in FP32, has neither problem."""
 
-    def __init__(self, dim: int, eps: float):
+    def __init__(self, dim: int, eps: float, fp32: bool = False):
         super().__init__()
-        self.eps = eps
+        self.eps, self.fp32 = eps, fp32
         self.weight = nn.Parameter(torch.ones(dim))
         self.bias = nn.Parameter(torch.zeros(dim))
 
     def forward(self, x):
+        if self.fp32:  # model setting risky_layer_fp32: the article's remedy, autocast disabled on this layer
+            return in_fp32(self._normalize, x)
+        return self._normalize(x)
+
+    def _normalize(self, x):
         kind = x.device.type
         dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else x.dtype
         h = x.to(dtype)
@@ -129,13 +136,14 @@ class HalfEpsNorm(nn.Module):
         return centered / (variance + self.eps).sqrt() * self.weight.to(dtype) + self.bias.to(dtype)
 
 
-def swap_in_half_eps_norms(model: nn.Module, eps: float) -> nn.Module:
-    """Every nn.LayerNorm of model replaced by a HalfEpsNorm of the same width (model_config naive_norm_eps)."""
+def swap_in_half_eps_norms(model: nn.Module, eps: float, fp32: bool = False) -> nn.Module:
+    """Every nn.LayerNorm of model replaced by a HalfEpsNorm of the same width (model_config naive_norm_eps; fp32:
+    risky_layer_fp32, each norm outside autocast on a float32 input)."""
     for name, child in model.named_children():
         if isinstance(child, nn.LayerNorm):
-            setattr(model, name, HalfEpsNorm(child.normalized_shape[-1], eps))
+            setattr(model, name, HalfEpsNorm(child.normalized_shape[-1], eps, fp32))
         else:
-            swap_in_half_eps_norms(child, eps)
+            swap_in_half_eps_norms(child, eps, fp32)
     return model
 
 
@@ -293,7 +301,8 @@ def build_small_cnn(arch: archs.Arch, model_config: dict) -> nn.Module:
 def build_gpt(arch: archs.Arch, model_config: dict) -> nn.Module:
     model = GPT(seq_len=model_config.get("seq_len", arch.seq_len), **arch.shape)
     if model_config.get("naive_norm_eps") is not None:
-        model = swap_in_half_eps_norms(model, model_config["naive_norm_eps"])
+        model = swap_in_half_eps_norms(model, model_config["naive_norm_eps"],
+                                       bool(model_config.get("risky_layer_fp32", False)))
     return model
 
 
@@ -326,6 +335,8 @@ BUILDERS = {
     "llama": build_llama,
     "timm": build_timm,
     "torchvision": build_torchvision,
+    "lstm_bytes": riskmodels.build_lstm,  # the AMP risk points' byte models
+    "gumbel_bytes": riskmodels.build_gumbel,
 }
 
 

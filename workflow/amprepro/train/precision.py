@@ -63,11 +63,15 @@ class Trainer:
     """Forward, backward and optimizer step under one precision; reports loss, loss scale and skipped steps."""
 
     def __init__(self, precision: str, model, optimizer, loss_fn, device: torch.device, wrap=None,
-                 recomputes: bool = False):
+                 recomputes: bool = False, scaler_init_scale: float | None = None):
+        """scaler_init_scale: GradScaler's first loss scale (train setting grad_scaler_init_scale, the second
+        article's remedy GradScaler(init_scale=2.**14)); None keeps torch's 2**16. amprepro.config refuses it for a
+        precision without a GradScaler."""
         self.precision, self.device, self.loss_fn = precision, device, loss_fn
         spec = precisions.get(precision)
         self.dtype = getattr(torch, spec.autocast_dtype) if spec.autocast_dtype else None
-        self.scaler = torch.amp.GradScaler(device.type) if spec.grad_scaler else None
+        scaler_args = {} if scaler_init_scale is None else {"init_scale": float(scaler_init_scale)}
+        self.scaler = torch.amp.GradScaler(device.type, **scaler_args) if spec.grad_scaler else None
         self.amp, self.apex_cast_cache = None, None
         if spec.needs_apex:
             from apex import amp

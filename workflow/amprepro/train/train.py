@@ -361,7 +361,8 @@ def train_cell(spec: CellSpec, apex: dict, dist, device, base: dict, plan: dict 
     optimizer = make_optimizer(optimizer_name, trainable, train["lr"], train.get("weight_decay", 0.0), device)
     wrap = lambda m: dist.wrap(m, device, model_config.get("sync_batchnorm", False))  # noqa: E731
     trainer = precision.Trainer(spec.precision, model, optimizer, cross_entropy, device, wrap=wrap,
-                                recomputes=getattr(model, "checkpointing", False))
+                                recomputes=getattr(model, "checkpointing", False),
+                                scaler_init_scale=train.get("grad_scaler_init_scale"))
     breakdown = measure.Breakdown(model, trainer.optimizer, enabled=device.type == "cuda")
     batches = make_data(model_config, spec.seed, device, model)
     return train_loop(spec, dist, device, base, model, batches, trainer, breakdown,
