@@ -3,6 +3,7 @@ and the report section drawn from the cells' own files."""
 
 import json
 import pickle
+import re
 
 import numpy as np
 import pytest
@@ -144,7 +145,12 @@ def test_the_report_section_draws_the_cells_files(tmp_path):
                           "heldout_loss_final": final})
     html = convergencereport.section({"cells": cells}, str(runs))
     assert html.count("<img") == 2 and "Python 3.11.7 standard library" in html
-    assert "worse" in html and "within noise" in html and "not ImageNet" in html
+    cells_shown = re.findall(r"<td [^>]*>([^<]*)</td>", html)
+    assert cells_shown[10:18] == ["amp_fp16", "3 ok", "1.7100 ± 0.0100", "1.7000–1.7200",
+                                  "+13.25 % (+13.03 % to +13.46 %, 3 seeds)", "+13.10 % / +13.39 %", "over", "higher"]
+    assert cells_shown[20:28] == ["amp_bf16", "3 ok", "1.5200 ± 0.0100", "1.5100–1.5300",
+                                  "+0.66 % (+0.65 % to +0.67 %, 3 seeds)", "+0.65 % / +0.67 %", "under", "higher"]
+    assert "not ImageNet" in html and "vs the 1 % margin" in html
     empty = convergencereport.section({"cells": [{"model": "cnn", "precision": "fp32", "seed": 0, "status": "ok"}]},
                                       str(runs))
     assert "nothing to show" in empty and "<img" not in empty

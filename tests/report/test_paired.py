@@ -49,7 +49,8 @@ def test_exact_numbers_of_eight_seeds():
     assert (got["verdict"], got["zero"], got["margin"]) == ("under", "includes 0", 0.01)
     assert paired.interval_text(got) == ("+0.16 % over 8 seeds (sd 0.27 %, 95 % interval -0.06 % to +0.39 %, "
                                          "one-sided 95 % upper bound +0.34 %)")
-    assert paired.bounds_text(got) == "one-sided 95 % bounds -0.02 % (lower) and +0.34 % (upper)"
+    assert paired.interval_text(got, both=True) == ("+0.16 % over 8 seeds (sd 0.27 %, 95 % interval -0.06 % to "
+                                                    "+0.39 %, one-sided 95 % bounds -0.02 % and +0.34 %)")
 
 
 def test_each_verdict_on_both_questions():

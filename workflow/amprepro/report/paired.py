@@ -84,12 +84,10 @@ def pct(value: float | None, signed: bool = False) -> str:
     return f"{value * 100:+.2f} %" if signed else f"{value * 100:.2f} %"
 
 
-def interval_text(s: dict) -> str:
-    """'+0.26 % over 6 seeds (sd 0.67 %, 95 % interval -0.45 % to +0.96 %, one-sided 95 % upper bound +0.81 %)'."""
+def interval_text(s: dict, both: bool = False) -> str:
+    """'+0.26 % over 6 seeds (sd 0.67 %, 95 % interval -0.45 % to +0.96 %, one-sided 95 % upper bound +0.81 %)';
+    both: '..., one-sided 95 % bounds -0.29 % and +0.81 %)'."""
+    bounds = (f"one-sided 95 % bounds {pct(s['lower'], True)} and {pct(s['upper'], True)}" if both
+              else f"one-sided 95 % upper bound {pct(s['upper'], True)}")
     return (f"{pct(s['mean'], True)} over {s['n']} seeds (sd {pct(s['sd'])}, 95 % interval {pct(s['low'], True)} to "
-            f"{pct(s['high'], True)}, one-sided 95 % upper bound {pct(s['upper'], True)})")
-
-
-def bounds_text(s: dict) -> str:
-    """Both one-sided bounds: 'one-sided 95 % bounds -0.10 % (lower) and +0.81 % (upper)'."""
-    return f"one-sided 95 % bounds {pct(s['lower'], True)} (lower) and {pct(s['upper'], True)} (upper)"
+            f"{pct(s['high'], True)}, {bounds})")
