@@ -14,7 +14,7 @@ from amprepro.train import precisions
 
 _NUMBER = {"type": "number"}
 _MARGIN = {"type": "number", "exclusiveMinimum": 0, "maximum": 0.5,
-           "description": "relative final held-out loss gap (0.01 = 1 %) the paired one-sided bounds are judged against"}
+           "description": "the relative final held-out loss gap (0.01 = 1 %) the paired bounds are judged against"}
 SCHEMA = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "description": "config/claims.yaml: the claims the report evaluates (docs/report.md describes every field)",

@@ -1,8 +1,8 @@
 """The report's "Does AMP change what the model learns?" section: for each model whose cells record a held-out loss
 curve (model_config eval_every), the train and held-out loss curves per precision overlaid (mean over seeds, min–max
-band), the loss scale and skipped steps of the loss-scaled precisions, each precision's final held-out loss beside FP32's
-(FP32's mean ± the margin shaded), and the paired gaps against FP32 with the verdicts of amprepro.report.convergence
-in a table.
+band), the loss scale and skipped steps of the loss-scaled precisions, each precision's final held-out loss beside
+FP32's (FP32's mean ± the margin shaded), and the paired gaps against FP32 with the verdicts of
+amprepro.report.convergence in a table.
 
 Collapsed cells are shown too (their curves until the loss went non-finite): a precision that breaks is the point of
 the fragile cell (HalfEpsNorm, naive_norm_eps).

@@ -19,6 +19,7 @@ article's recommended level, is given beside it for context. A verdict that diff
 from __future__ import annotations
 
 from amprepro.report import convergence
+from amprepro.report.paired import pct
 from amprepro.train import precisions
 
 CONTEXT = "apex_o1"  # the article's recommended level ("O1：推荐默认选项"), shown beside the claim's level
@@ -61,6 +62,20 @@ def signs_text(s: dict) -> str:
             f"{gap_text}")
 
 
+def why_text(s: dict, margin: float) -> str:
+    """The signs behind a verdict, short: what showed, or that none did and how close the gap came to the margin."""
+    stats, m = s["gap"].get("stats"), f"{margin * 100:g} %"
+    found = ([f"collapsed in seed(s) {', '.join(map(str, s['collapsed']))}"] if s["collapsed"] else []) + (
+        [f"a non-finite loss in seed(s) {', '.join(map(str, s['nonfinite']))}"] if s["nonfinite"] else [])
+    if stats and stats["verdict"] == "over":
+        found.append(f"final held-out loss {pct(stats['mean'], True)} against FP32's (one-sided 95 % lower bound "
+                     f"{pct(stats['lower'], True)} > {m})")
+    if found:
+        return "; ".join(found)
+    return (f"no collapse or non-finite step in {s['trained']} seeds, final held-out loss {pct(stats['mean'], True)} "
+            f"against FP32's (one-sided 95 % upper bound {pct(stats['upper'], True)} < {m})")
+
+
 def model_verdict(claim: dict, summary: dict, model: str) -> dict:
     """One model's verdict for the claim (module docstring), with the numbers and O1's beside them."""
     margin, variant = claim["stability"]["margin"], claim["variant"]
@@ -83,7 +98,8 @@ def model_verdict(claim: dict, summary: dict, model: str) -> dict:
     else:
         return {"verdict": "not_measurable", "reason": f"{model}: not settled by these seeds: {text}",
                 "measured_text": ""}
-    return {"verdict": verdict, "reason": f"{model}: {text}", "measured_text": text, "signs": mine}
+    return {"verdict": verdict, "reason": f"{model}: {text}", "measured_text": text, "signs": mine,
+            "why": f"{model}: {why_text(mine, margin)}"}
 
 
 def judge_claim(claim: dict, summary: dict) -> dict:
@@ -105,12 +121,13 @@ def judge_claim(claim: dict, summary: dict) -> dict:
     found = {r["verdict"] for r in measured.values()}
     verdict = "holds" if "holds" in found else "falls_short"
     words = claim["stability"]["verdict_words"]
+    whys = "; ".join(r["why"] for r in measured.values())
     if len(found) > 1:
         split = "; ".join(f"{words[v]} for {', '.join(m for m, r in measured.items() if r['verdict'] == v)}"
                           for v in ("holds", "falls_short"))
-        text = f"holds for some models ({split}): the verdict depends on the model"
+        text = f"holds for some models ({split}): the verdict depends on the model: {whys}"
     else:
-        text = f"{'holds' if verdict == 'holds' else 'falls short'} ({words[verdict]})"
+        text = f"{'holds' if verdict == 'holds' else 'falls short'} ({words[verdict]}): {whys}"
     return {"verdict": verdict, "verdict_text": text, "reason": reason,
             "measured_text": "; ".join(r["measured_text"] for r in measured.values()),
             "by_baseline": {convergence.BASELINE: {"verdict": verdict, "reason": reason, "models": per_model}}}
