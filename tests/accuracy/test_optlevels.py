@@ -90,7 +90,7 @@ def test_a_gap_these_seeds_do_not_settle_is_not_measurable_with_the_numbers():
 def test_without_the_accuracy_cells_or_with_failed_cells_it_says_why():
     paper = {"preset": {"preset": "paper"}, "versions": {}, "cells": [cell("fp32", 0, 0.0, model="vit_b_16")]}
     assert claims.evaluate_claim(O3, paper)["reason"] == (
-        "no stdlib_gpt cell ran (the accuracy preset's: --config preset=accuracy; models here: vit_b_16)")
+        "no stdlib_gpt cell ran (--config preset=accuracy): paper preset on CPU (models here: vit_b_16)")
     failed = summary("apex_o3", [None] * 8, status="failed", reason="RuntimeError: x")
     for c in failed["cells"][-8:]:
         c["reason"] = "RuntimeError: x"

@@ -105,13 +105,15 @@ def model_verdict(claim: dict, summary: dict, model: str) -> dict:
 def judge_claim(claim: dict, summary: dict) -> dict:
     """The claim's verdict over its `stability.models` that ran: verdict, verdict_text, reason, measured_text,
     by_baseline (for the report's claims table)."""
+    from amprepro.report.claims import run_context
+
     wanted = claim["stability"]["models"]
     present = list(dict.fromkeys(c["model"] for c in summary.get("cells", []) if c["model"] in wanted))
-    if not present:
+    if not present:  # worded as claims' own "no ... cell ran", which the report's glance shortens (claim_needs)
         here = ", ".join(dict.fromkeys(c["model"] for c in summary.get("cells", []))) or "none"
         return {"verdict": "not_measurable", "verdict_text": "not measurable here", "by_baseline": {},
-                "reason": (f"no {'/'.join(wanted)} cell ran (the accuracy preset's: --config preset=accuracy; models "
-                           f"here: {here})"), "measured_text": ""}
+                "reason": (f"no {'/'.join(wanted)} cell ran (--config preset=accuracy): {run_context(summary)} "
+                           f"(models here: {here})"), "measured_text": ""}
     per_model = {model: model_verdict(claim, summary, model) for model in present}
     measured = {m: r for m, r in per_model.items() if r["verdict"] != "not_measurable"}
     reason = "; ".join(r["reason"] for r in per_model.values())
