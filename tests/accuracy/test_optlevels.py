@@ -44,6 +44,8 @@ def test_o2_as_stable_as_fp32_falls_short_with_the_numbers_and_o1_beside_it():
         f"O1 over 8 seeds: no collapse, no non-finite step, 24 skipped steps in all; {SAME_TEXT}")
     assert result["by_baseline"]["fp32"]["models"]["stdlib_gpt"]["verdict"] == "falls_short"
     assert result["stability_models"] == ["stdlib_gpt"]
+    assert result["claimed_text"] == ("apex O2 unstable or unfit for training: a collapse, a non-finite loss or a "
+                                      "final held-out loss above FP32's by more than 1 %")
 
 
 def test_o2_worse_than_fp32_beyond_the_margin_holds():
@@ -61,8 +63,8 @@ def test_collapses_and_non_finite_steps_are_signs_even_where_the_gap_is_small():
     s["cells"][-3]["first_nonfinite_step"] = 12  # seed 5 recovered from a non-finite step
     result = claims.evaluate_claim(O3, s)
     assert (result["verdict"], result["verdict_text"]) == ("holds", (
-        "holds (apex O3 did not train as FP32 does here (a collapse, a non-finite loss or a worse final held-out "
-        "loss)): stdlib_gpt: collapsed in seed(s) 6, 7; a non-finite loss in seed(s) 5, 6, 7"))
+        "holds (apex O3 did not train as FP32 does here, by a collapse, a non-finite loss or a worse final held-out "
+        "loss): stdlib_gpt: collapsed in seed(s) 6, 7; a non-finite loss in seed(s) 5, 6, 7"))
     assert result["measured_text"].startswith(
         "apex O3 over 8 seeds: collapsed in seed(s) 6, 7, a non-finite loss in seed(s) 5, 6, 7, 0 skipped steps in "
         "all; final held-out loss 1.5078 against FP32's 1.5050 (means over the 6 paired seeds)")

@@ -102,9 +102,19 @@ def model_verdict(claim: dict, summary: dict, model: str) -> dict:
             "why": f"{model}: {why_text(mine, margin)}"}
 
 
+def claimed_text(claim: dict) -> str:
+    """What the claim says in the terms it is judged by (the claims table's "claimed" column)."""
+    return (f"{precisions.label(claim['variant'])} unstable or unfit for training: a collapse, a non-finite loss or a "
+            f"final held-out loss above FP32's by more than {claim['stability']['margin'] * 100:g} %")
+
+
 def judge_claim(claim: dict, summary: dict) -> dict:
     """The claim's verdict over its `stability.models` that ran: verdict, verdict_text, reason, measured_text,
-    by_baseline (for the report's claims table)."""
+    by_baseline (for the report's claims table) and claimed_text."""
+    return {**judged(claim, summary), "claimed_text": claimed_text(claim)}
+
+
+def judged(claim: dict, summary: dict) -> dict:
     from amprepro.report.claims import run_context
 
     wanted = claim["stability"]["models"]
