@@ -155,3 +155,11 @@ def test_the_report_lines_give_mean_sd_and_the_paired_verdict_per_precision():
     assert lines[1] == "  fp32: 1.5000 ± 0.0200 (min–max 1.4700–1.5300, 8 seeds); baseline"
     assert lines[2].startswith("  apex_o1: 1.5474 ± 0.0214 (min–max 1.5170–1.5805, 8 seeds); over: final held-out "
                                "loss 1.5474 against FP32's 1.5000")
+
+
+def test_a_seed_without_an_fp32_pair_is_named_as_left_out():
+    fp32 = dict(enumerate(FP32))
+    del fp32[3]
+    result = convergence.compare(fp32, shifted(SAME))
+    assert result["stats"]["n"] == 7 and result["reason"].endswith(
+        "; seed(s) 3 left out: no finite FP32 loss of the same seed")

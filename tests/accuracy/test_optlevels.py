@@ -33,14 +33,15 @@ def summary(precision, gaps, o1=SAME, model="stdlib_gpt", **extra):
 
 
 def test_o2_as_stable_as_fp32_falls_short_with_the_numbers_and_o1_beside_it():
-    result = claims.evaluate_claim(O2, summary("apex_o2", SAME, skipped_steps=5))
+    result = claims.evaluate_claim(O2, summary("apex_o2", SAME, skipped_steps=5, loss_scale_final=8192.0))
     assert result["verdict"] == "falls_short"
     assert result["verdict_text"] == (
         "falls short (apex O2 trained as stably as FP32 here, no collapse or non-finite step and its final held-out "
         "loss not worse by the margin): stdlib_gpt: no collapse or non-finite step in 8 seeds, final held-out loss "
         "+0.16 % against FP32's (one-sided 95 % upper bound +0.34 % < 1 %)")
     assert result["measured_text"] == (
-        f"apex O2 over 8 seeds: no collapse, no non-finite step, 40 skipped steps in all; {SAME_TEXT} | beside it apex "
+        f"apex O2 over 8 seeds: no collapse, no non-finite step, 40 skipped steps in all, lowest final loss scale "
+        f"8192; {SAME_TEXT} | beside it apex "
         f"O1 over 8 seeds: no collapse, no non-finite step, 24 skipped steps in all; {SAME_TEXT}")
     assert result["by_baseline"]["fp32"]["models"]["stdlib_gpt"]["verdict"] == "falls_short"
     assert result["stability_models"] == ["stdlib_gpt"]

@@ -79,10 +79,13 @@ def compare(baseline: dict, variant: dict, collapsed: list | tuple = (), margin:
                          f"paired interval needs at least {MIN_SEEDS}")
         return out
     out["verdict"] = stats["verdict"]
+    unpaired = sorted(set(variant) - set(gaps))
+    left_out = (f"; seed(s) {', '.join(map(str, unpaired))} left out: no finite FP32 loss of the same seed"
+                if unpaired else "")
     out["reason"] = (f"final held-out loss {fmt_loss(out['variant']['mean'])} against FP32's "
                      f"{fmt_loss(out['baseline']['mean'])} (means over the {stats['n']} paired seeds); paired gap "
                      f"{paired.interval_text(stats, both=True)}: {verdict_words(stats['verdict'], margin)}; lower "
-                     f"than FP32: {paired.ZERO_WORDS[stats['zero']]}")
+                     f"than FP32: {paired.ZERO_WORDS[stats['zero']]}{left_out}")
     return out
 
 

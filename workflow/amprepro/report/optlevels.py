@@ -4,7 +4,8 @@
 From the accuracy preset's cells of a model trained on real text (config/claims.yaml `stability.models`: stdlib_gpt),
 the claim's apex level against FP32 over the preset's seeds, by three signs, per seed:
 
-- **collapsed**: the cell's loss ended non-finite or its loss scale fell below 1 (train.py's status "collapsed");
+- **collapsed**: the cell's loss ended non-finite or its loss scale fell below 1 (train.py's status "collapsed"; the
+  lowest final loss scale over the seeds is given beside it);
 - **non-finite steps**: a step's loss was non-finite even if the run recovered (summary first_nonfinite_step);
 - **worse beyond the margin**: the paired final held-out loss gap against FP32 (amprepro.report.convergence.compare,
   amprepro.report.paired) has its one-sided 95 % lower bound above the claim's margin.
@@ -45,6 +46,8 @@ def signs(summary: dict, model: str, precision: str, margin: float) -> dict:
             "collapsed": sorted(mine["collapsed"]),
             "nonfinite": [int(c["seed"]) for c in trained if c.get("first_nonfinite_step") is not None],
             "skipped_steps": sum(int(c.get("skipped_steps") or 0) for c in trained),
+            "loss_scale_final_min": min((c["loss_scale_final"] for c in trained
+                                         if c.get("loss_scale_final") is not None), default=None),
             "gap": convergence.compare(fp32, mine["values"], (), margin)}
 
 
@@ -56,10 +59,11 @@ def signs_text(s: dict) -> str:
     collapsed = (f"collapsed in seed(s) {', '.join(map(str, s['collapsed']))}" if s["collapsed"] else "no collapse")
     nonfinite = (f"a non-finite loss in seed(s) {', '.join(map(str, s['nonfinite']))}" if s["nonfinite"]
                  else "no non-finite step")
-    gap = s["gap"]
+    gap, scale = s["gap"], s.get("loss_scale_final_min")
     gap_text = gap["reason"] if gap.get("stats") else f"no paired gap: {gap['reason']}"
-    return (f"{label} over {s['trained']} seeds: {collapsed}, {nonfinite}, {s['skipped_steps']} skipped steps in all; "
-            f"{gap_text}")
+    scale_text = f", lowest final loss scale {scale:g}" if scale is not None else ""
+    return (f"{label} over {s['trained']} seeds: {collapsed}, {nonfinite}, {s['skipped_steps']} skipped steps in all"
+            f"{scale_text}; {gap_text}")
 
 
 def why_text(s: dict, margin: float) -> str:
