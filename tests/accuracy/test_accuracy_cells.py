@@ -3,14 +3,17 @@ and the report section drawn from the cells' own files."""
 
 import json
 import pickle
+import re
 
 import numpy as np
 import pytest
 import torch
 
+from amprepro.cellspec import CellSpec
 from amprepro.files import write_csv, write_json
 from amprepro.report import convergencereport
-from amprepro.train import imagedata, models, train
+from amprepro.train import distributed, imagedata, models, train
+from amprepro.train import precision as precision_mod
 
 NO_APEX = {"status": "skipped", "reason": "no apex source configured"}
 
@@ -142,8 +145,87 @@ def test_the_report_section_draws_the_cells_files(tmp_path):
                           "heldout_loss_final": final})
     html = convergencereport.section({"cells": cells}, str(runs))
     assert html.count("<img") == 2 and "Python 3.11.7 standard library" in html
-    assert "worse" in html and "within noise" in html and "not ImageNet" in html
+    cells_shown = re.findall(r"<td [^>]*>([^<]*)</td>", html)
+    assert cells_shown[10:18] == ["amp_fp16", "3 ok", "1.7100 ± 0.0100", "1.7000–1.7200",
+                                  "+13.25 % (+13.03 % to +13.46 %, 3 seeds)", "+13.10 % / +13.39 %", "over", "higher"]
+    assert cells_shown[20:28] == ["amp_bf16", "3 ok", "1.5200 ± 0.0100", "1.5100–1.5300",
+                                  "+0.66 % (+0.65 % to +0.67 %, 3 seeds)", "+0.65 % / +0.67 %", "under", "higher"]
+    assert "not ImageNet" in html and "vs the 1 % margin" in html
     empty = convergencereport.section({"cells": [{"model": "cnn", "precision": "fp32", "seed": 0, "status": "ok"}]},
                                       str(runs))
     assert "nothing to show" in empty and "<img" not in empty
     assert json.loads((runs / "stdlib_gpt/fp32/seed0/metrics.json").read_text())["heldout_curve"]
+
+
+# --- paired seeds (issue 39) ---
+# Every precision of a seed starts from the same initial weights and draws the same batches,
+# so the paired gap of two cells of one seed is the precision's effect, not two draws of the seed noise. Checked on the
+# CPU through train.train_cell itself, for each precision of the accuracy preset (those this CPU cannot train get a
+# stand-in trainer: nothing the precision does happens before the weights and the batch order are fixed).
+
+PAIRED_PRECISIONS = ["fp32", "tf32", "amp_fp16", "amp_bf16", "apex_o1", "apex_o2", "apex_o3"]
+
+
+class StandIn:
+    """A Trainer that does nothing: apex and CUDA are not here, and the weights are taken before any step."""
+
+    def __init__(self, name, model, optimizer, *args, **kwargs):
+        self.model, self.optimizer, self.apex_cast_cache = model, optimizer, None
+
+
+def start_of(spec_dict, monkeypatch, stand_in: bool):
+    """The cell's initial weights and its first three batches, as train_cell hands them to the loop."""
+    seen = {}
+
+    def loop(spec, dist, device, base, model, batches, trainer, breakdown, settings):
+        seen["weights"] = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        seen["batches"] = [batches.next() for _ in range(3)]
+        return {}, []
+
+    monkeypatch.setattr(train, "train_loop", loop)
+    if stand_in:
+        monkeypatch.setattr(precision_mod, "Trainer", StandIn)
+    spec = CellSpec.of(spec_dict)
+    device = torch.device("cpu")
+    dist = distributed.Dist()
+    flags = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    try:
+        train.train_cell(spec, NO_APEX, dist, device, train.base_record(spec, NO_APEX, device, dist))
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = flags
+    return seen
+
+
+def same(a, b) -> bool:
+    return a["weights"].keys() == b["weights"].keys() and all(
+        torch.equal(a["weights"][k], b["weights"][k]) for k in a["weights"]) and all(
+        torch.equal(x, y) for pa, pb in zip(a["batches"], b["batches"]) for x, y in zip(pa, pb))
+
+
+@pytest.mark.parametrize("seed", [0, 3])
+def test_every_precision_of_a_seed_starts_from_the_same_weights_and_batches(seed, monkeypatch):
+    fp32 = start_of(text_spec("fp32", seed), monkeypatch, stand_in=False)
+    for name in PAIRED_PRECISIONS[1:]:
+        assert same(start_of(text_spec(name, seed), monkeypatch, stand_in=True), fp32), name
+    # the real bf16 AMP Trainer (it runs on the CPU) changes nothing before the loop either
+    monkeypatch.undo()
+    assert same(start_of(text_spec("amp_bf16", seed), monkeypatch, stand_in=False), fp32)
+
+
+def test_another_seed_starts_elsewhere(monkeypatch):
+    zero = start_of(text_spec("fp32", 0), monkeypatch, stand_in=False)
+    one = start_of(text_spec("fp32", 1), monkeypatch, stand_in=False)
+    assert not same(zero, one)
+    assert not torch.equal(zero["batches"][0][0], one["batches"][0][0])
+
+
+def test_two_real_cells_of_one_seed_start_from_the_same_loss():
+    """fp32 and bf16 AMP cells trained for real: step 0's loss is the same model on the same batch (bf16 rounding
+    apart), and the held-out loss at step 0 too."""
+    fp32, rows32 = train.run(text_spec("fp32", 2, steps=3), NO_APEX, threads=1)
+    bf16, rows16 = train.run(text_spec("amp_bf16", 2, steps=3), NO_APEX, threads=1)
+    assert fp32["status"] == bf16["status"] == "ok"
+    assert rows16[0]["loss"] == pytest.approx(rows32[0]["loss"], rel=0.01)
+    assert bf16["heldout_curve"][0]["loss"] == pytest.approx(fp32["heldout_curve"][0]["loss"], rel=0.01)
+    _, rows = train.run(text_spec("fp32", 5, steps=3), NO_APEX, threads=1)
+    assert rows[0]["loss"] != rows32[0]["loss"]

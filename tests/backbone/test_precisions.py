@@ -50,8 +50,8 @@ def test_a_new_entry_needs_no_other_edit(fp8):
 
 
 def test_apex_precisions_are_the_ones_with_an_opt_level():
-    assert [p.name for p in precisions.REGISTRY.values() if p.needs_apex] == ["apex_o1", "apex_o2"]
-    assert {p.apex_opt_level for p in precisions.REGISTRY.values() if p.needs_apex} == {"O1", "O2"}
+    assert [p.name for p in precisions.REGISTRY.values() if p.needs_apex] == ["apex_o1", "apex_o2", "apex_o3"]
+    assert {p.apex_opt_level for p in precisions.REGISTRY.values() if p.needs_apex} == {"O1", "O2", "O3"}
 
 
 def test_the_registry_imports_no_torch():

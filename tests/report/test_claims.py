@@ -689,7 +689,7 @@ def test_convergence_and_regimes_are_wired_into_the_result(monkeypatch):
 
     monkeypatch.setattr(convergence, "judge_claim", judge)
     c = claim(models=["llama7b"], metric="accuracy_delta", claimed={"at_least": 0}, tolerance=0, baseline=["fp32"],
-              convergence={"models": ["stdlib_gpt"], "note": "n"})
+              convergence={"models": ["stdlib_gpt"], "margin": 0.01, "note": "n"})
     verdicts = [{"verdict": "holds", "verdict_text": "holds (x)", "reason": "r", "measured_text": "m",
                  "by_baseline": {"fp32": {}}},
                 {"verdict": "not_measurable", "reason": "held-out loss cells: none"}, None]

@@ -3,14 +3,14 @@
 # `make run` with preset=accuracy in its own working directory ($ACCURACY_DIR, default /tmp/amprepro-accuracy), so a
 # paper run's results/ in this checkout are never touched; then the convergence verdicts and the claims, and the
 # results packed under $OUT. Same box setup as tools/gpu/make_run.sh: the venv from the carried wheels in .whl/
-# (tools/gpu/venv.sh), apex from the local export vendor/apex-25.05 (apex_o1 is the accuracy claim's variant).
+# (tools/gpu/venv.sh), apex from the local export vendor/apex-25.05 (apex_o1 is the accuracy claim's variant, apex_o2 and apex_o3 the opt-level claims').
 # A call cut short by its budget is resumed by calling the script again (make run continues where it stopped).
 #
 #   bash tools/gpu/wheels.sh                                  # here, once: the wheels (.whl/)
 #   OUT=/path/to/outdir tools/gpu/accuracy_run.sh [seconds]  # there, carrying .whl and vendor/apex-25.05
 #
 # Writes $OUT/make-run.log, $OUT/convergence.txt (each precision's final held-out loss, mean ± sd over seeds, and
-# its verdict), $OUT/claims.txt, $OUT/timing.txt and $OUT/accuracy-results.tgz (summary, runs, logs, report.html).
+# its paired gap against FP32 with the verdicts), $OUT/claims.txt, $OUT/timing.txt and $OUT/accuracy-results.tgz (summary, runs, logs, report.html).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:?set OUT to a directory for the results}
@@ -37,7 +37,7 @@ if [ -f "$results/summary/summary.json" ]; then
   PYTHONPATH=$repo/workflow "$venv/bin/python" -m amprepro.report.claims --claims "$repo/config/claims.yaml" \
     --summary "$results/summary/summary.json" --sanity "$results/sanity/sanity.json" --runs-dir "$results/runs" \
     > "$OUT/claims.txt" 2>&1
-  grep -E "^vit-apex-o1-accuracy" "$OUT/claims.txt"
+  grep -E "^(vit-apex-o1-accuracy|apex-o2-may-be-unstable|apex-o3-not-for-training):" "$OUT/claims.txt"
 else
   echo "no summary yet (rc=$rc): call the script again to continue"
 fi

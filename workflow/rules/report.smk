@@ -44,6 +44,8 @@ rule report:
             "report.claims",
             "report.convergence",
             "report.convergencereport",
+            "report.optlevels",
+            "report.paired",
             "report.verify",
             "report.fp8",
             files=["report/templates"],

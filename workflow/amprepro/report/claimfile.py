@@ -14,6 +14,8 @@ from amprepro.train import precisions
 
 _NUMBER = {"type": "number"}
 _MODEL_NAME = {"type": "string", "pattern": "^[A-Za-z0-9_]{1,64}$"}
+_MARGIN = {"type": "number", "exclusiveMinimum": 0, "maximum": 0.5,
+           "description": "the relative final held-out loss gap (0.01 = 1 %) the paired bounds are judged against"}
 SCHEMA = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "description": "config/claims.yaml: the claims the report evaluates (docs/report.md describes every field)",
@@ -86,11 +88,31 @@ SCHEMA = {
                 "convergence": {
                     "type": "object",
                     "additionalProperties": False,
-                    "required": ["models"],
+                    "required": ["models", "margin"],
                     "description": ("models whose final held-out loss judges an accuracy claim where its own "
-                                    "models cannot (amprepro.report.convergence)"),
+                                    "models cannot: the paired gap against FP32 over seeds against margin "
+                                    "(amprepro.report.convergence)"),
                     "properties": {
                         "models": {"type": "array", "minItems": 1, "items": {"type": "string"}},
+                        "margin": _MARGIN,
+                        "note": {"type": "string"},
+                    },
+                },
+                "stability": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "required": ["models", "margin", "verdict_words"],
+                    "description": ("an apex opt level's stability on real text over seeds: collapses, non-finite "
+                                    "steps and the paired held-out loss gap against margin "
+                                    "(amprepro.report.optlevels)"),
+                    "properties": {
+                        "models": {"type": "array", "minItems": 1, "items": {"type": "string"}},
+                        "margin": _MARGIN,
+                        "verdict_words": {
+                            "type": "object", "additionalProperties": False, "required": ["holds", "falls_short"],
+                            "properties": {"holds": {"type": "string", "minLength": 1},
+                                           "falls_short": {"type": "string", "minLength": 1}},
+                        },
                         "note": {"type": "string"},
                     },
                 },
@@ -183,6 +205,12 @@ def validate(data, where: str = "config/claims.yaml") -> list[dict]:
                               "lower than FP32\"). Fix: remove convergence or write the claim that way.")
         if claim.get("risk"):
             check_risk(claim, f"{where}: claim field {field}")
+        if claim.get("stability") and (claim["metric"] != "accuracy_delta" or claim["baseline"] != ["fp32"]
+                                       or not precisions.get(claim["variant"]).needs_apex
+                                       or claim.get("convergence")):
+            raise ClaimsError(f"{where}: claim field {field}.stability: stability judges only an apex opt level "
+                              "(variant apex_o1/apex_o2/apex_o3) against baseline fp32 in an accuracy_delta claim "
+                              "without convergence. Fix: remove stability or write the claim that way.")
         if (claim["metric"] == "lora_parameters") != bool(claim.get("lora")) or (
                 claim.get("lora") and ("at_least" not in claim["claimed"] or claim["variant"] != "amp_bf16")):
             raise ClaimsError(f"{where}: claim field {field}.lora: the metric lora_parameters and the lora field go "

@@ -230,12 +230,18 @@ def evaluate_claim(claim: dict, summary: dict, sanity: dict | None = None, archs
                    use_override: bool = True, data: dict | None = None, records: dict | None = None) -> dict:
     """The verdict of one claim on this run, with every number behind it; where this run cannot judge it, the proxy
     models (if the claim names some) are judged as context, and a claim with `convergence:` models takes its verdict
-    from their held-out losses (amprepro.report.convergence; records: model -> its cells' data record)."""
+    from their held-out losses (amprepro.report.convergence; records: model -> its cells' data record); a claim with
+    `stability:` takes its verdict from amprepro.report.optlevels alone."""
     if claim.get("risk"):  # AMP's risk points and their remedies (amprepro.report.riskclaims)
         from amprepro.report import riskclaims
 
         return riskclaims.evaluate_claim(claim, summary)
     result = _judge(claim, summary, sanity, archs or {}, use_override, data)
+    if claim.get("stability"):  # an opt level's stability over seeds, not a metric per seed (amprepro.report.optlevels)
+        from amprepro.report import optlevels
+
+        result.update(optlevels.judge_claim(claim, summary), stability_models=claim["stability"]["models"])
+        return result
     if result["verdict"] == "not_measurable" and claim.get("convergence"):
         from amprepro.report import convergence
 

@@ -1,7 +1,8 @@
 """The report's "Does AMP change what the model learns?" section: for each model whose cells record a held-out loss
 curve (model_config eval_every), the train and held-out loss curves per precision overlaid (mean over seeds, min–max
-band), the loss scale and skipped steps of the loss-scaled precisions, and each precision's final held-out loss
-against FP32's noise band, with the verdicts of amprepro.report.convergence in a table.
+band), the loss scale and skipped steps of the loss-scaled precisions, each precision's final held-out loss beside
+FP32's (FP32's mean ± the margin shaded), and the paired gaps against FP32 with the verdicts of
+amprepro.report.convergence in a table.
 
 Collapsed cells are shown too (their curves until the loss went non-finite): a precision that breaks is the point of
 the fragile cell (HalfEpsNorm, naive_norm_eps).
@@ -16,7 +17,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from amprepro.report import convergence
+from amprepro.report import convergence, paired
 from amprepro.report.reportlib import read_steps
 from amprepro.train import precisions
 
@@ -124,27 +125,30 @@ def curves_chart(model: str, data: dict):
 
 
 def finals_chart(model: str, summary: dict, judged: dict):
-    """Each precision's final held-out loss (every seed, and the mean) against FP32's noise band."""
+    """Each precision's final held-out loss (every seed, and the mean) beside FP32's mean ± the margin."""
     losses = convergence.final_losses(summary, model)
     shown = [p for p in precisions.names() if p in losses and losses[p]["values"]]
     fig, ax = plt.subplots(figsize=(7.5, 0.45 * len(shown) + 1.4))
-    band = judged["precisions"] and next((r.get("band") for r in judged["precisions"].values() if r.get("band")),
-                                         None)
+    base, margin = judged["baseline"], judged["margin"]
+    band = [base["mean"] * (1 - margin), base["mean"] * (1 + margin)] if base else None
     if band:
-        ax.axvspan(band[0], band[1], color="#c9d3e6", alpha=0.6, label=convergence.BAND_TEXT)
+        ax.axvspan(band[0], band[1], color="#c9d3e6", alpha=0.6,
+                   label=f"FP32 mean ± {margin * 100:g} % (the margin; verdicts are on the paired gaps)")
     for y, precision in enumerate(shown):
         values = list(losses[precision]["values"].values())
         color = precisions.color(precision, "#888")
         ax.scatter(values, [y] * len(values), color=color, s=16, alpha=0.7)
         mean = sum(values) / len(values)
         ax.scatter([mean], [y], color=color, marker="D", s=40, edgecolor="black", zorder=3)
-        verdict = (judged["precisions"].get(precision) or {}).get("verdict") or ("baseline" if precision == "fp32"
-                                                                               else "not judged")
+        result = judged["precisions"].get(precision) or {}
+        verdict = result.get("verdict") or ("baseline" if precision == "fp32" else "not judged")
+        if result.get("stats"):
+            verdict = f"gap {paired.pct(result['stats']['mean'], True)}: {verdict}"
         ax.annotate(verdict, (mean, y), textcoords="offset points", xytext=(8, 4), fontsize=7.5)
     ax.set_yticks(range(len(shown)), shown)
     ax.invert_yaxis()
     ax.set_xlabel("final held-out loss (nats per byte; lower is better); dots: seeds, diamond: mean")
-    ax.set_title(f"{model}: final held-out loss per precision against FP32's band")
+    ax.set_title(f"{model}: final held-out loss per precision beside FP32's")
     if band:
         ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
@@ -158,6 +162,7 @@ def verdict_table(model: str, summary: dict, judged: dict, data: dict) -> pd.Dat
         entry, values = losses[precision], list(losses[precision]["values"].values())
         stats = convergence.spread(values) if values else None
         result = judged["precisions"].get(precision) or {}
+        gap = result.get("stats")
         skipped = sum(len(v) for v in (data.get(precision) or {}).get("skipped", {}).values())
         rows.append({
             "precision": precision,
@@ -166,10 +171,14 @@ def verdict_table(model: str, summary: dict, judged: dict, data: dict) -> pd.Dat
             "final held-out loss mean ± sd": (f"{stats['mean']:.4f} ± {stats['sd']:.4f}" if stats and stats["sd"]
                                               is not None else f"{stats['mean']:.4f}" if stats else "—"),
             "min–max": f"{stats['min']:.4f}–{stats['max']:.4f}" if stats else "—",
-            "Δ vs FP32 mean": f"{result['delta']:+.4f}" if result.get("delta") is not None else "—",
-            "FP32 noise band": (f"±{result['noise']:.4f}" if result.get("noise") is not None else "—"),
-            "verdict": "baseline" if precision == "fp32" else (result.get("verdict") or "not judged")
-                       + (" (near the band's edge)" if result.get("near_edge") else ""),
+            "paired gap vs FP32 (mean, 95 % interval)": (
+                f"{paired.pct(gap['mean'], True)} ({paired.pct(gap['low'], True)} to {paired.pct(gap['high'], True)},"
+                f" {gap['n']} seeds)" if gap else "—"),
+            "one-sided 95 % bounds": f"{paired.pct(gap['lower'], True)} / {paired.pct(gap['upper'], True)}" if gap
+                                     else "—",
+            f"vs the {judged['margin'] * 100:g} % margin": "baseline" if precision == "fp32" else (
+                result.get("verdict") or "not judged"),
+            "lower than FP32?": paired.ZERO_WORDS[gap["zero"]] if gap else "—",
             "skipped steps": str(skipped) if (data.get(precision) or {}).get("scale") is not None else "",
             "why": "" if result.get("verdict") else result.get("reason", ""),
         })
@@ -177,9 +186,12 @@ def verdict_table(model: str, summary: dict, judged: dict, data: dict) -> pd.Dat
 
 
 def intro(records: list[dict]) -> str:
-    parts = [f"Each precision's final held-out loss is compared with FP32's: within noise when the difference of the "
-             f"means is at most {convergence.NOISE_SDS:g} × FP32's seed-to-seed sd (sample sd), better or worse "
-             f"beyond it (amprepro.report.convergence says why this band, and what 3 seeds can and cannot show)."]
+    parts = [f"Each precision's final held-out loss against FP32's, paired by seed (every precision of a seed starts "
+             f"from the same initial weights and draws the same batches): the relative gap per seed, its mean over "
+             f"the seeds with the Student-t 95 % interval and one-sided 95 % bounds, judged against a "
+             f"{convergence.MARGIN * 100:g} % margin (under: the upper bound below it; over: the lower bound above "
+             f"it; else not settled; a collapsed seed: collapsed) and against 0 (lower or higher than FP32, or no "
+             f"difference shown). amprepro.report.convergence and amprepro.report.paired say why."]
     for record in records:
         if record.get("kind") == "python_stdlib":
             parts.append(f"Text: the {record['files']} .py files of the Python {record['python']} standard library "

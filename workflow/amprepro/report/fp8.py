@@ -16,7 +16,8 @@ precision with a small batch end a few percent apart), so where a model's pairs 
 also gives the mean of the paired final gaps (held-out and training loss), their sample sd, the two-sided 95 %
 Student-t interval of the mean and the one-sided 95 % upper bound, and judges it against GAP_LIMIT: under when the
 upper bound is below it (the cell's final loss is, at 95 %, not more than GAP_LIMIT above its baseline's), over when
-the one-sided lower bound is above it, otherwise not settled by that many seeds.
+the one-sided lower bound is above it, otherwise not settled by that many seeds. The statistics are
+amprepro.report.paired's, which the accuracy claim uses too.
 """
 
 from __future__ import annotations
@@ -24,9 +25,10 @@ from __future__ import annotations
 import csv
 import html
 import math
-import statistics
 from pathlib import Path
 
+from amprepro.report import paired
+from amprepro.report.paired import T_ONE_SIDED_95, T_TWO_SIDED_95, t_quantile  # noqa: F401 (the FP8 tests' names)
 from amprepro.train import precisions
 
 COLUMNS = ["baseline_precision", "speedup_vs_baseline", "memory_ratio_vs_baseline", "loss_gap_final_vs_baseline",
@@ -36,14 +38,6 @@ COLUMNS = ["baseline_precision", "speedup_vs_baseline", "memory_ratio_vs_baselin
 PAYS = 1.0  # speedup over compiled bf16 above which FP8 "pays" in the section's verdict
 MEMORISED = 0.01  # the baseline's last loss below this share of its first: the fixed batch was memorised
 GAP_LIMIT = 0.01  # issue 26's acceptance: the final loss within 1 % of the baseline's (seed_gaps' verdict)
-# Student's t quantiles for 1-30 degrees of freedom, rounded up at the third decimal (a slightly wider interval, never a
-# narrower one); beyond 30 the 30th, again wider than the exact value. Two-sided 95 % (t 0.975) and one-sided 95 %.
-T_TWO_SIDED_95 = (12.707, 4.303, 3.183, 2.777, 2.571, 2.447, 2.365, 2.307, 2.263, 2.229, 2.201, 2.179, 2.161, 2.145,
-                  2.132, 2.120, 2.110, 2.101, 2.094, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.049,
-                  2.046, 2.043)
-T_ONE_SIDED_95 = (6.314, 2.920, 2.354, 2.132, 2.016, 1.944, 1.895, 1.860, 1.834, 1.813, 1.796, 1.783, 1.771, 1.762,
-                  1.754, 1.746, 1.740, 1.735, 1.730, 1.725, 1.721, 1.718, 1.714, 1.711, 1.709, 1.706, 1.704, 1.702,
-                  1.700, 1.698)
 SEED_GAPS = (("heldout_gap_final_vs_baseline", "final held-out loss"),
              ("loss_gap_final_vs_baseline", "final training loss"))
 
@@ -159,22 +153,11 @@ def add_baseline(rows: list[dict], metrics: list[dict], metric_files: list[str])
     return rows
 
 
-def t_quantile(table: tuple, df: int) -> float:
-    return table[min(df, len(table)) - 1]
-
-
 def seed_interval(values: list[float]) -> dict | None:
-    """The mean of some seeds' paired gaps with its sample sd, two-sided 95 % interval (low, high), one-sided 95 % upper
-    bound and the verdict against GAP_LIMIT (module docstring); None for fewer than two values."""
-    n = len(values)
-    if n < 2:
-        return None
-    mean, sd = statistics.fmean(values), statistics.stdev(values)
-    se = sd / math.sqrt(n)
-    two, one = t_quantile(T_TWO_SIDED_95, n - 1) * se, t_quantile(T_ONE_SIDED_95, n - 1) * se
-    verdict = "under" if mean + one < GAP_LIMIT else "over" if mean - one > GAP_LIMIT else "not settled"
-    return {"n": n, "mean": mean, "sd": sd, "low": mean - two, "high": mean + two, "upper": mean + one,
-            "verdict": verdict}
+    """The mean of some seeds' paired gaps with its sample sd, two-sided 95 % interval (low, high), one-sided 95 %
+    bounds (lower, upper) and the verdict against GAP_LIMIT (amprepro.report.paired.interval); None for fewer than
+    two."""
+    return paired.interval(values, GAP_LIMIT)
 
 
 def seed_gaps(rows: list[dict]) -> list[dict]:
@@ -207,9 +190,7 @@ def seed_gap_text(entry: dict) -> str:
     for key, what in SEED_GAPS:
         s = entry[key]
         if s:
-            parts.append(f"{what} {_pct(s['mean'], True)} over {s['n']} seeds (sd {_pct(s['sd'])}, 95 % interval "
-                         f"{_pct(s['low'], True)} to {_pct(s['high'], True)}, one-sided 95 % upper bound "
-                         f"{_pct(s['upper'], True)}): {VERDICT_WORDS[s['verdict']]}")
+            parts.append(f"{what} {paired.interval_text(s)}: {VERDICT_WORDS[s['verdict']]}")
     collapsed = entry["collapsed_seeds"]
     left = f"; seeds {', '.join(map(str, collapsed))} collapsed (non-finite loss) and are left out" if collapsed else ""
     return (f"{entry['model']} {precisions.label(entry['precision'])} against {precisions.label(entry['baseline'])}, "
@@ -231,10 +212,7 @@ SEEDS_INTRO = (f"Over seeds: one run's final gap on real text is mostly where it
                f"and a verdict against {LIMIT_TEXT}: under when the one-sided 95 % upper bound is below it.")
 
 
-def _pct(value, signed: bool = False) -> str:
-    if value is None:
-        return ""
-    return f"{value * 100:+.2f} %" if signed else f"{value * 100:.2f} %"
+_pct = paired.pct
 
 
 def _num(value, fmt: str) -> str:

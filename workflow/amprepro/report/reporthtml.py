@@ -104,7 +104,9 @@ def claim_needs(result: dict, summary: dict) -> str:
         return reason
     if set(result.get("models") or []) & {"any", "benchmark"}:
         return "cells of the paper preset's benchmark models, on a GPU"
-    return f"{missing.group(1)} cells ({missing.group(2)}), on a GPU (paper preset)"
+    preset = ("accuracy preset" if result.get("stability_models")  # amprepro.report.optlevels
+              else "risk preset" if result.get("risk_preset") else "paper preset")  # amprepro.report.riskclaims
+    return f"{missing.group(1)} cells ({missing.group(2)}), on a GPU ({preset})"
 
 
 def claim_detail(result: dict) -> str:

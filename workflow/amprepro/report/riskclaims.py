@@ -257,7 +257,13 @@ def claimed_text(claim: dict) -> str:
 
 def evaluate_claim(claim: dict, summary: dict) -> dict:
     """The whole result of a claim with a `risk:` block, in the form amprepro.report.claims gives every claim."""
-    judged = judge_risk(claim, summary) if "models" in claim["risk"] else judge_remedies(claim, summary)
+    wanted = claim["risk"].get("models") or [m for item in claim["risk"]["remedies"]
+                                             for m in (item["risky"], item["remedy"])]
+    if not any(c["model"] in wanted for c in summary.get("cells", [])):  # a run without the risk preset's cells
+        judged = {**_not_measurable(f"no {'/'.join(dict.fromkeys(wanted))} cell ran (--config preset=risk)"),
+                  "risk_preset": True}
+    else:
+        judged = judge_risk(claim, summary) if "models" in claim["risk"] else judge_remedies(claim, summary)
     return {"id": claim["id"], "statement": claim["statement"], "model": claim["model"], "models": claim["models"],
             "metric": claim["metric"], "variant": claim["variant"], "baselines": claim["baseline"],
             "claimed": claim["claimed"], "tolerance": claim["tolerance"], "claimed_text": claimed_text(claim),

@@ -61,6 +61,11 @@ REGISTRY: dict[str, Precision] = {
                   bytes_per_parameter=(4, 4, 8, 0, 2), compute_bytes=2),
         Precision("apex_o2", "apex O2", "#30638e", "fp16", apex_opt_level="O2",
                   bytes_per_parameter=(2, 2 + 4, 8, 4, 0), compute_bytes=2, residual_bytes=2),
+        # apex O3: pure FP16 (the model cast to half, no master weights, no autocast lists, a static loss scale of 1),
+        # which apex's docs offer as a speed baseline; the first article: "O3：仅用于推理，不适合训练". The optimizer
+        # keeps its AdamW state in the parameters' dtype: 2 + 2 bytes.
+        Precision("apex_o3", "apex O3", "#6a4c93", "fp16", apex_opt_level="O3",
+                  bytes_per_parameter=(2, 2, 4, 0, 0), compute_bytes=2, residual_bytes=2),
         # FP8 (issue 26, docs/fp8.md): torchao float8 training on the qualifying nn.Linear layers, torch.compile on,
         # bf16 autocast for the rest; compared with bf16 AMP compiled the same way (compiled against compiled).
         # Memory figures as bf16 AMP's (FP32 weights and AdamW state, a 16-bit cast per matmul weight): an upper
