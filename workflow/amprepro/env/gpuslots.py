@@ -186,11 +186,14 @@ def environment_for(wanted: int, env: dict, shared: int = 0) -> tuple[dict, list
 
 
 def shared_environment(cells_per_gpu: int, env: dict) -> tuple[dict, list[int]]:
-    """A GPU shared with other untimed cells; the record says so (SHARED_ENV) wherever the GPU came from."""
-    env = {**env, SHARED_ENV: str(cells_per_gpu)}
+    """A GPU shared with other untimed cells; the record says so (SHARED_ENV), also where a scheduler chose the GPU.
+    Unchanged where there is no GPU to share."""
+    if env.get("CUDA_VISIBLE_DEVICES") is not None:
+        return {**env, SHARED_ENV: str(cells_per_gpu)}, []
     count = gpu_count()
-    if env.get("CUDA_VISIBLE_DEVICES") is not None or count == 0:
+    if count == 0:
         return env, []
+    env = {**env, SHARED_ENV: str(cells_per_gpu)}
     index, fds = share(cells_per_gpu, count, lock_dir())
     print(f"gpuslots: CUDA_VISIBLE_DEVICES={index} (shared by up to {cells_per_gpu} cells)", file=sys.stderr,
           flush=True)

@@ -21,6 +21,7 @@ COLUMNS = [
     "mem_master_weights_bytes", "mem_activations_bytes", "mem_estimate_total_bytes",
     "batch_size", "preset_batch_size", "shape", "shape_name", "parameters", "plan_note", "heldout_loss_final",
     "largest_batch", "largest_batch_bound", "largest_batch_failing", "largest_batch_grid",
+    "gpu_shared_cells_per_gpu",  # set where the cell shared its GPU (amprepro.plan.resources.shares_gpu)
     *fp8.COLUMNS,  # against the precision's own baseline (FP8 against compiled bf16): amprepro.report.fp8
 ]
 # Flat columns from metrics.json's nested memory records: (column, record, key).
@@ -61,6 +62,13 @@ def add_memory(rows: list[dict], metrics: list[dict]) -> list[dict]:
     for row, m in zip(rows, metrics):
         for column, record, key in MEMORY_COLUMNS:
             row[column] = (m.get(record) or {}).get(key)
+    return rows
+
+
+def add_sharing(rows: list[dict], metrics: list[dict]) -> list[dict]:
+    """K where the cell ran on a GPU shared with up to K-1 other untimed cells (its throughput was measured so)."""
+    for row, m in zip(rows, metrics):
+        row["gpu_shared_cells_per_gpu"] = (m.get("gpu_shared") or {}).get("cells_per_gpu")
     return rows
 
 
@@ -195,7 +203,7 @@ def summarize(metric_files: list[str], environment: dict, apex: dict, preset: di
     rows = add_relative([{c: m.get(c) for c in COLUMNS if c in m} | {"model": m["model"], "precision": m["precision"],
                                                                      "seed": m["seed"], "status": m["status"]}
                          for m in metrics])
-    rows = add_plan(add_memory(add_mfu(rows, metrics, peak or {}), metrics), metrics)
+    rows = add_sharing(add_plan(add_memory(add_mfu(rows, metrics, peak or {}), metrics), metrics), metrics)
     rows = fp8.add_baseline(rows, metrics, metric_files)
     searches = [read_json(path) for path in largest_batch_files]
     rows = add_largest_batch(rows, searches)
