@@ -91,9 +91,13 @@ def test_try_claim_holds_nothing_when_too_few_are_free(tmp_path):
               "--gpus 1 -- python -m amprepro.plan.launcher --per-node 1 --nodes 1 --device cuda --",
               "--gpus 1 -- python -m amprepro.env.apex_stage",
               "--gpus 1 -- python -m amprepro.plan.launcher --per-node 1 --nodes 1 --device cuda"
-              " --entry batchsearch --"]),
+              " --entry batchsearch --",
+              # the digits cells, whose speed no claim judges, share a GPU (amprepro.plan.resources.shares_gpu)
+              "--gpus 0 --shared 8 -- python -m amprepro.plan.launcher --per-node 1 --nodes 1 --device cuda --",
+              # Snakemake's side: a timed cell takes a GPU and a whole GPU's gpu_share, a shared cell one gpu_share
+              "gpu=1, gpu_share=8, gres=", "gpu=0, gpu_share=1, gres="]),
     ("false", ["--gpus 0 -- python -m amprepro.plan.launcher --per-node 1 --nodes 1 --device cpu --",
-               "--gpus 0 -- python -m amprepro.env.apex_stage"]),
+               "--gpus 0 -- python -m amprepro.env.apex_stage", "gpu=0, gpu_share=0, gres="]),
 ])
 def test_rules_run_gpu_jobs_through_gpuslots(tmp_path, gpu, expected):
     from workflow_testing import copy_workflow, snakemake
@@ -104,6 +108,7 @@ def test_rules_run_gpu_jobs_through_gpuslots(tmp_path, gpu, expected):
         assert command in result.stdout, command
     # the largest-batch search: one job per precision of the paper preset's three searched models, GPU runs only
     assert result.stdout.count("--entry batchsearch --") == (18 if gpu == "true" else 0)
+    assert "--shared" not in result.stdout or gpu == "true", "without a GPU nothing shares one"
 
 
 def share(cells, command, env):

@@ -122,7 +122,7 @@ def per_node_gres(wildcards):
 def shares_gpu(wildcards):
     """Whether this cell runs on a GPU shared with other untimed cells (amprepro.plan.resources.shares_gpu): on this
     machine only, where gpuslots hands out the GPUs (a cluster job gets its own; a gpu=0 job there would get none)."""
-    return bool(LOCAL_GPUS) and cell_resources.shares_gpu(spec_for_cell(wildcards))
+    return bool(LOCAL_GPUS) and cell_resources.shares_gpu(json.loads(spec_for_cell(wildcards)))
 
 
 def gpu_share_for_cell(wildcards):
