@@ -91,9 +91,13 @@ def test_try_claim_holds_nothing_when_too_few_are_free(tmp_path):
               "--gpus 1 -- python -m amprepro.plan.launcher --per-node 1 --nodes 1 --device cuda --",
               "--gpus 1 -- python -m amprepro.env.apex_stage",
               "--gpus 1 -- python -m amprepro.plan.launcher --per-node 1 --nodes 1 --device cuda"
-              " --entry batchsearch --"]),
+              " --entry batchsearch --",
+              # the digits cells, whose speed no claim judges, share a GPU (amprepro.plan.resources.shares_gpu)
+              "--gpus 0 --shared 8 -- python -m amprepro.plan.launcher --per-node 1 --nodes 1 --device cuda --",
+              # Snakemake's side: a timed cell takes a GPU and a whole GPU's gpu_share, a shared cell one gpu_share
+              "gpu=1, gpu_share=8, gres=", "gpu=0, gpu_share=1, gres="]),
     ("false", ["--gpus 0 -- python -m amprepro.plan.launcher --per-node 1 --nodes 1 --device cpu --",
-               "--gpus 0 -- python -m amprepro.env.apex_stage"]),
+               "--gpus 0 -- python -m amprepro.env.apex_stage", "gpu=0, gpu_share=0, gres="]),
 ])
 def test_rules_run_gpu_jobs_through_gpuslots(tmp_path, gpu, expected):
     from workflow_testing import copy_workflow, snakemake
@@ -104,3 +108,93 @@ def test_rules_run_gpu_jobs_through_gpuslots(tmp_path, gpu, expected):
         assert command in result.stdout, command
     # the largest-batch search: one job per precision of the paper preset's three searched models, GPU runs only
     assert result.stdout.count("--entry batchsearch --") == (18 if gpu == "true" else 0)
+    assert "--shared" not in result.stdout or gpu == "true", "without a GPU nothing shares one"
+
+
+def share(cells, command, env):
+    return subprocess.Popen([sys.executable, "-m", "amprepro.env.gpuslots", "--gpus", "0", "--shared", str(cells),
+                             "--", *command], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+SHARED_SCRIPT = ("import os, time; print(os.environ['CUDA_VISIBLE_DEVICES'], os.environ['AMPREPRO_GPU_SHARED'], "
+                 "flush=True); time.sleep(30)")
+
+
+def hold_shared(env, cells=8):
+    job = share(cells, [sys.executable, "-c", SHARED_SCRIPT], env)
+    return job, job.stdout.readline().split()
+
+
+def test_shared_cells_run_together_and_a_timed_job_waits_until_they_end(tmp_path):
+    env = env_for(tmp_path, 1)
+    first, first_said = hold_shared(env)
+    second, second_said = hold_shared(env)
+    assert first_said == second_said == ["0", "8"], "two shared cells on one GPU, each told it shares among 8"
+    timed = slots(1, SHOW, env)
+    time.sleep(1.5)
+    assert timed.poll() is None, "a timed job must wait while a shared cell holds the GPU"
+    first.kill()
+    time.sleep(1.5)
+    assert timed.poll() is None, "one shared cell still holds the GPU"
+    second.kill()  # a killed cell frees its lock: the lock dies with the process
+    out, err = timed.communicate(timeout=20)
+    assert out.strip() == "0" and "held (shared) by pid" in err
+
+
+def test_timed_jobs_and_shared_cells_keep_apart_on_several_gpus(tmp_path):
+    env = env_for(tmp_path, 2)
+    timed, timed_gpu = hold(env)
+    first, first_said = hold_shared(env)
+    second, second_said = hold_shared(env)
+    # a timed job takes the highest free GPU, shared cells pack onto the lowest: they meet as late as possible
+    assert (timed_gpu, first_said, second_said) == ("1", ["0", "8"], ["0", "8"])
+    waiting = slots(1, SHOW, env)
+    time.sleep(1.5)
+    assert waiting.poll() is None, "both GPUs are taken: one by a timed job, one by shared cells"
+    first.kill()
+    second.kill()
+    out, _ = waiting.communicate(timeout=20)
+    assert out.strip() == "0"
+    timed.kill()
+
+
+def test_no_more_than_k_cells_share_a_gpu(tmp_path):
+    env = env_for(tmp_path, 1)
+    first, _ = hold_shared(env, cells=2)
+    second, _ = hold_shared(env, cells=2)
+    third = share(2, SHOW, env)
+    time.sleep(1.5)
+    assert third.poll() is None, "a third cell must wait when K=2 already share the GPU"
+    second.kill()
+    out, _ = third.communicate(timeout=20)
+    assert out.strip() == "0"
+    first.kill()
+
+
+def test_a_shared_cell_waits_for_a_timed_job(tmp_path):
+    env = env_for(tmp_path, 1)
+    timed, _ = hold(env)
+    shared = share(8, SHOW, env)
+    time.sleep(1.5)
+    assert shared.poll() is None, "a cell that shares must not run beside a timed job"
+    timed.kill()
+    out, err = shared.communicate(timeout=20)
+    assert out.strip() == "0" and "that no timed job holds" in err
+
+
+@pytest.mark.parametrize("args, message", [(["--gpus", "1", "--shared", "8"], "give --gpus 0 with it"),
+                                           (["--gpus", "0", "--shared", "33"], "not a whole number from 1 to 32"),
+                                           (["--gpus", "0", "--shared", "8;x"], "not a whole number from 1 to 32")])
+def test_bad_shared_settings_are_refused(tmp_path, args, message):
+    job = subprocess.run([sys.executable, "-m", "amprepro.env.gpuslots", *args, "--", *SHOW],
+                         env=env_for(tmp_path, 1), capture_output=True, text=True, timeout=20)
+    assert job.returncode == 2 and message in job.stderr
+
+
+def test_a_shared_cell_with_a_scheduler_gpu_keeps_it_and_says_it_shares(tmp_path):
+    env = {**env_for(tmp_path, 4), "CUDA_VISIBLE_DEVICES": "3"}
+    script = "import os; print(os.environ.get('CUDA_VISIBLE_DEVICES'), os.environ.get('AMPREPRO_GPU_SHARED'))"
+    out, _ = share(8, [sys.executable, "-c", script], env).communicate(timeout=20)
+    assert out.split() == ["3", "8"]
+    out, _ = share(8, [sys.executable, "-c", script], env_for(tmp_path, 0)).communicate(timeout=20)
+    assert out.split() == ["None", "None"], "no GPU to share: the command runs unchanged"

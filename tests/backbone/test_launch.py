@@ -101,14 +101,28 @@ def test_amprepro_gpu_count_wins_over_nvidia_smi(env, tmp_path, monkeypatch):
 def test_the_users_gpu_resource_is_kept_and_other_resources_get_the_gpus(env, tmp_path):
     fake_nvidia_smi(tmp_path / "bin", gpus=2)
     command, said = launch.snakemake_command([], {**env, "SNAKEMAKE_ARGS": "--resources gpu=1 mem_mb=9000"})
-    assert {name: r.value for name, r in parsed(command).resources.items()} == {"gpu": 1, "mem_mb": 9000}
+    assert {name: r.value for name, r in parsed(command).resources.items()} == {"gpu": 1, "mem_mb": 9000,
+                                                                                "gpu_share": 8}
     assert "GPUs as SNAKEMAKE_ARGS sets" in said
     # Snakemake keeps only the last --resources: the GPUs must join the user's, not come as a second one.
     command, _ = launch.snakemake_command([], {**env, "SNAKEMAKE_ARGS": "--resources mem_mb=9000 -n"})
-    assert {name: r.value for name, r in parsed(command).resources.items()} == {"gpu": 2, "mem_mb": 9000}
+    assert {name: r.value for name, r in parsed(command).resources.items()} == {"gpu": 2, "gpu_share": 16,
+                                                                                "mem_mb": 9000}
     assert command.count("--resources") == 1
     with pytest.raises(launch.SettingError, match="with a space"):
         launch.snakemake_command([], {**env, "SNAKEMAKE_ARGS": "--resources=mem_mb=9000"})
+
+
+def test_cells_that_share_a_gpu_get_k_slots_per_gpu(env, tmp_path):
+    """gpu_share: CELLS_PER_SHARED_GPU per GPU (a timed cell takes a GPU's worth, a shared one 1), beside gpu."""
+    fake_nvidia_smi(tmp_path / "bin", gpus=2)
+    command, _ = launch.snakemake_command([], env)
+    resources = {name: r.value for name, r in parsed(command).resources.items()}
+    assert resources == {"gpu": 2, "gpu_share": 2 * launch.CELLS_PER_SHARED_GPU} and command.count("--resources") == 1
+    command, _ = launch.snakemake_command([], {**env, "SNAKEMAKE_ARGS": "--resources gpu_share=4"})
+    assert {name: r.value for name, r in parsed(command).resources.items()} == {"gpu": 2, "gpu_share": 4}
+    command, _ = launch.snakemake_command([], {**env, "SNAKEMAKE_ARGS": "--resources gpu=1 gpu_share=3"})
+    assert {name: r.value for name, r in parsed(command).resources.items()} == {"gpu": 1, "gpu_share": 3}
 
 
 def test_a_target_after_the_gpu_resource_stays_a_target(env, tmp_path):

@@ -42,6 +42,9 @@ CORES = max(1, workflow.resource_settings.cores or 1)  # None under `snakemake -
 # Jobs on this machine share its GPUs through `--resources gpu=N`; a cluster job gets its own node's.
 LOCAL_GPUS = len(GPUS) if workflow.local_exec else 0
 BUILD_THREADS = cell_resources.apex_build_threads(CORES, LOCAL_GPUS)
+# A job that takes a whole GPU here also takes a whole GPU's `gpu_share` (amprepro.env.launch: CELLS_PER_SHARED_GPU per
+# GPU), so that Snakemake starts no cell that would share its GPU while it runs (gpuslots would only make it wait).
+WHOLE_GPU_SHARE = cell_resources.CELLS_PER_SHARED_GPU if LOCAL_GPUS else 0
 RUNTIME_FACTOR = float(config["resources"]["runtime_factor"])  # nested --config values arrive as strings
 GPU_MEMORY_LIMIT = gpu_memory_limit(config)  # GiB of an emulated smaller card, or None
 LARGEST_BATCH = RUNS.get("largest_batch") or {}  # workflow/rules/largest_batch.smk
@@ -114,6 +117,37 @@ def per_node_gres(wildcards):
     """`gres` (--gres=gpu:N, per node): multi-node cells, whose GPUs Slurm must split evenly over the nodes."""
     multi_node = cell_resources.nodes(model_of(wildcards)) > 1 and gpus_for_cell(wildcards)
     return f"gpu:{gpus_for_cell(wildcards)}" if multi_node else ""
+
+
+def shares_gpu(wildcards):
+    """Whether this cell runs on a GPU shared with other untimed cells (amprepro.plan.resources.shares_gpu): on this
+    machine only, where gpuslots hands out the GPUs (a cluster job gets its own; a gpu=0 job there would get none)."""
+    return bool(LOCAL_GPUS) and cell_resources.shares_gpu(json.loads(spec_for_cell(wildcards)))
+
+
+def gpu_share_for_cell(wildcards):
+    """`gpu_share` (amprepro.env.launch sets its total to CELLS_PER_SHARED_GPU x GPUs): one for a cell that shares a
+    GPU, a whole GPU's worth for a timed one, so that nothing shares a GPU with it; none for a CPU job."""
+    if shares_gpu(wildcards):
+        return 1
+    return WHOLE_GPU_SHARE * single_node_gpus(wildcards)
+
+
+def gpus_for_train(wildcards):
+    """`gpu` of a train job: none for a cell that shares a GPU (gpu_share counts it)."""
+    return 0 if shares_gpu(wildcards) else single_node_gpus(wildcards)
+
+
+def threads_for_cell(wildcards):
+    if not GPUS:
+        return 1
+    return cell_resources.shared_threads() if shares_gpu(wildcards) else cell_resources.CPUS_PER_GPU
+
+
+def gpuslots_for_cell(wildcards):
+    """amprepro.env.gpuslots' options besides --gpus (one string, from a constant): --shared K for a cell that shares
+    a GPU, else none."""
+    return f" --shared {cell_resources.CELLS_PER_SHARED_GPU:d}" if shares_gpu(wildcards) else ""
 
 
 def cpus_per_gpu_for_cell(wildcards):

@@ -9,9 +9,10 @@ rule train:
         "results/logs/runs/{model}/{precision}/seed{seed}.log",
     conda:
         TRAIN_ENV
-    threads: 1 if not GPUS else cell_resources.CPUS_PER_GPU
+    threads: threads_for_cell
     resources:
-        gpu=single_node_gpus,
+        gpu=gpus_for_train,
+        gpu_share=gpu_share_for_cell,  # a cell whose speed no claim judges shares a GPU (plan.resources.shares_gpu)
         gres=per_node_gres,
         nodes=nodes_for_cell,
         tasks=nodes_for_cell,  # CPU jobs: --ntasks (1 task would shrink the allocation to 1 node)
@@ -22,10 +23,11 @@ rule train:
     params:
         spec=spec_for_cell,
         launch=launch_for_cell,
+        slots=gpuslots_for_cell,
         apex=lambda wildcards, input: ["--apex", input.apex] if "apex" in input.keys() else [],
         code=code_digest("train.train", "plan.launcher"),  # with what they import: cellspec, memory, cellserver
     shell:
-        "python -m amprepro.env.gpuslots --gpus {resources.gpu} --"
+        "python -m amprepro.env.gpuslots --gpus {resources.gpu}{params.slots} --"
         " python -m amprepro.plan.launcher {params.launch} -- --spec {params.spec:q} {params.apex:q}"
         " --plan {input.plan} --threads {threads} --metrics {output.metrics} --steps {output.steps} > {log} 2>&1"
 
@@ -42,6 +44,7 @@ rule peak:
         TRAIN_ENV
     resources:
         gpu=1 if GPUS else 0,
+        gpu_share=WHOLE_GPU_SHARE,
         cpus_per_gpu=4 if GPUS else 0,
         mem_mb=8000,
         runtime=20,

@@ -1,12 +1,20 @@
 """Give each GPU job its own GPU(s) on a machine with several, then run the job's command.
 
     python -m amprepro.env.gpuslots --gpus N -- COMMAND [ARGS...]
+    python -m amprepro.env.gpuslots --gpus 0 --shared K -- COMMAND [ARGS...]
 
 Snakemake's `--resources gpu=N` limits how many GPU jobs run at once but does not say which GPU each job gets:
 without this every job would land on GPU 0 and two timed runs would share it. A job claims free GPUs by locking
 one file per GPU (an fcntl lock dies with its process, so a killed job frees its GPU), sets CUDA_VISIBLE_DEVICES
 and execs the command, which keeps the locks until it exits. GPUs already chosen by a scheduler (Slurm sets
 CUDA_VISIBLE_DEVICES) are respected. Jobs of other amprepro pipelines on the same machine share the same locks.
+
+A cell whose speed no claim judges (amprepro.plan.resources.shares_gpu) runs with --shared K: it takes a shared lock
+(LOCK_SH) on one GPU's file, which any number of such cells may hold together and which keeps a timed job's exclusive
+lock (LOCK_EX) out, plus an exclusive lock on one of that GPU's K slot files (gpu<i>.share<j>.lock), so that at most K
+cells share a GPU whatever Snakemake's resources say. It prefers the lowest GPU that has a free slot, so shared cells
+pack onto few GPUs, and a timed job tries the GPUs from the highest down, so the two meet as late as possible. Every
+lock dies with its process, as above. The job's environment says it shares (SHARED_ENV=K, recorded in metrics.json).
 """
 
 from __future__ import annotations
@@ -21,6 +29,8 @@ import time
 from pathlib import Path
 
 POLL_SECONDS = 1.0
+SHARED_ENV = "AMPREPRO_GPU_SHARED"  # set to K in a cell that shares its GPU with up to K-1 others
+MAX_SHARED = 32  # the most cells one GPU may take (config schema and amprepro.plan.resources keep to it)
 
 
 def lock_dir() -> Path:
@@ -57,54 +67,100 @@ def gpu_count() -> int:
     return len(visible_gpus()[0])
 
 
+def open_lock(path: Path) -> int:
+    try:
+        return os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    except PermissionError:  # another user's lock file (umask): a read-only fd locks just as well
+        return os.open(path, os.O_RDONLY)
+
+
+def lock_nb(fd: int, operation: int) -> bool:
+    try:
+        fcntl.flock(fd, operation | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
+def sign(fd: int) -> None:
+    """Write who holds the lock into its file, for whoever looks (holders)."""
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, f"pid {os.getpid()}\n".encode())
+    except OSError:
+        pass
+
+
 def try_claim(wanted: int, count: int, locks: Path) -> list[tuple[int, int]] | None:
-    """Lock `wanted` free GPUs among `count`; (index, fd) pairs, or None (nothing held) when too few are free."""
+    """Lock `wanted` free GPUs among `count`, highest first; (index, fd) pairs, or None (nothing held) when too few
+    are free. A GPU is free when nothing holds its lock, shared or exclusive."""
     held = []
-    for index in range(count):
-        path = locks / f"gpu{index}.lock"
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
-        except PermissionError:  # another user's lock file (umask): a read-only fd locks just as well
-            fd = os.open(path, os.O_RDONLY)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+    for index in reversed(range(count)):
+        fd = open_lock(locks / f"gpu{index}.lock")
+        if not lock_nb(fd, fcntl.LOCK_EX):
             os.close(fd)
             continue
-        try:
-            os.ftruncate(fd, 0)
-            os.write(fd, f"pid {os.getpid()}\n".encode())  # who holds it, for whoever looks
-        except OSError:
-            pass
+        sign(fd)
         held.append((index, fd))
         if len(held) == wanted:
-            return held
+            return sorted(held)
     for _, fd in held:
         os.close(fd)
     return None
 
 
+def try_share(cells_per_gpu: int, count: int, locks: Path) -> tuple[int, list[int]] | None:
+    """One GPU shared with other such cells: (index, [shared lock fd, slot fd]) for the lowest GPU that no timed job
+    holds and that has one of its `cells_per_gpu` slots free, or None (nothing held)."""
+    for index in range(count):
+        fd = open_lock(locks / f"gpu{index}.lock")
+        if not lock_nb(fd, fcntl.LOCK_SH):  # a timed job holds it
+            os.close(fd)
+            continue
+        for slot in range(cells_per_gpu):
+            slot_fd = open_lock(locks / f"gpu{index}.share{slot}.lock")
+            if lock_nb(slot_fd, fcntl.LOCK_EX):
+                sign(slot_fd)
+                return index, [fd, slot_fd]
+            os.close(slot_fd)
+        os.close(fd)
+    return None
+
+
 def holders(count: int, locks: Path) -> list[str]:
-    """'GPU i held by pid P (command)' for each GPU whose lock names a live process."""
+    """'GPU i held by pid P (command)' for each GPU whose lock (or shared slot) names a live process."""
     found = []
     for index in range(count):
-        try:
-            pid = int((locks / f"gpu{index}.lock").read_text().split()[1])
-            command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except (OSError, IndexError, ValueError):
-            continue
-        command = command.strip()
-        found.append(f"GPU {index} held by pid {pid} ({command[:150]}{'…' if len(command) > 150 else ''})")
+        for path in [locks / f"gpu{index}.lock", *sorted(locks.glob(f"gpu{index}.share*.lock"))]:
+            try:
+                pid = int(path.read_text().split()[1])
+                command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except (OSError, IndexError, ValueError):
+                continue
+            command = command.strip()
+            shown = f"{command[:150]}{'…' if len(command) > 150 else ''}"
+            how = " (shared)" if ".share" in path.name else ""
+            found.append(f"GPU {index} held{how} by pid {pid} ({shown})")
     return found
 
 
 def claim(wanted: int, count: int, locks: Path) -> list[tuple[int, int]]:
+    return wait_for(lambda: try_claim(wanted, count, locks), f"{wanted} of {count} GPUs to be free", count, locks)
+
+
+def share(cells_per_gpu: int, count: int, locks: Path) -> tuple[int, list[int]]:
+    return wait_for(lambda: try_share(cells_per_gpu, count, locks),
+                    f"a GPU of {count} that no timed job holds and fewer than {cells_per_gpu} cells share",
+                    count, locks)
+
+
+def wait_for(attempt, what: str, count: int, locks: Path):
     waited = False
-    while (held := try_claim(wanted, count, locks)) is None:
+    while (held := attempt()) is None:
         if not waited:
             # A job whose Snakemake was killed can outlive it and keep its GPU: name the holders so it can be found.
             who = "; ".join(holders(count, locks))
-            print(f"gpuslots: waiting for {wanted} of {count} GPUs to be free (locks in {locks})"
+            print(f"gpuslots: waiting for {what} (locks in {locks})"
                   + (f": {who}. A job left running by a killed run keeps its GPU until it ends (kill PID)"
                      if who else ""), file=sys.stderr, flush=True)
             waited = True
@@ -112,8 +168,11 @@ def claim(wanted: int, count: int, locks: Path) -> list[tuple[int, int]]:
     return held
 
 
-def environment_for(wanted: int, env: dict) -> tuple[dict, list[int]]:
-    """The job's environment and the lock fds it must keep; unchanged when nothing is to be assigned."""
+def environment_for(wanted: int, env: dict, shared: int = 0) -> tuple[dict, list[int]]:
+    """The job's environment and the lock fds it must keep; unchanged when nothing is to be assigned. shared=K: a cell
+    that shares one GPU with up to K-1 others (wanted is then 0: Snakemake counts it in gpu_share, not gpu)."""
+    if shared:
+        return shared_environment(shared, env)
     if wanted <= 0 or env.get("CUDA_VISIBLE_DEVICES") is not None:
         return env, []
     count = gpu_count()
@@ -126,15 +185,40 @@ def environment_for(wanted: int, env: dict) -> tuple[dict, list[int]]:
     return {**env, "CUDA_VISIBLE_DEVICES": indices}, [fd for _, fd in held]
 
 
+def shared_environment(cells_per_gpu: int, env: dict) -> tuple[dict, list[int]]:
+    """A GPU shared with other untimed cells; the record says so (SHARED_ENV), also where a scheduler chose the GPU.
+    Unchanged where there is no GPU to share."""
+    if env.get("CUDA_VISIBLE_DEVICES") is not None:
+        return {**env, SHARED_ENV: str(cells_per_gpu)}, []
+    count = gpu_count()
+    if count == 0:
+        return env, []
+    env = {**env, SHARED_ENV: str(cells_per_gpu)}
+    index, fds = share(cells_per_gpu, count, lock_dir())
+    print(f"gpuslots: CUDA_VISIBLE_DEVICES={index} (shared by up to {cells_per_gpu} cells)", file=sys.stderr,
+          flush=True)
+    return {**env, "CUDA_VISIBLE_DEVICES": str(index)}, fds
+
+
+def cells_per_gpu(text: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= MAX_SHARED:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number from 1 to {MAX_SHARED}")
+    return int(text)
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--gpus", type=int, required=True, help="GPUs this job needs (0: run as is)")
+    parser.add_argument("--shared", type=cells_per_gpu, default=0, metavar="K",
+                        help="share one GPU with up to K-1 other such cells (--gpus 0)")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command")
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("give the command after --")
-    env, fds = environment_for(args.gpus, dict(os.environ))
+    if args.shared and args.gpus:
+        parser.error("--shared K runs a cell on a GPU it shares: give --gpus 0 with it")
+    env, fds = environment_for(args.gpus, dict(os.environ), args.shared)
     for fd in fds:
         os.set_inheritable(fd, True)  # the exec'd command holds the locks until it exits
     os.execvpe(command[0], command, env)

@@ -4,7 +4,8 @@
 
 Settings come from the environment (the Makefile exports them): CORES (default: every core this process may use),
 SNAKEMAKE_ARGS (split like a shell would split it, but never run through one) and AMPREPRO_GPU_COUNT (GPUs to share
-out; default: what `nvidia-smi -L` lists, as amprepro.env.gpuslots does).
+out; default: what `nvidia-smi -L` lists, as amprepro.env.gpuslots does). With the GPUs it sets `gpu_share`, the
+cells that share a GPU (amprepro.plan.resources.shares_gpu): CELLS_PER_SHARED_GPU per GPU.
 
 A run killed with SIGKILL, or cut by a power loss, leaves Snakemake's lock and its incomplete markers behind, and the
 next plain `snakemake` stops with LockException or IncompleteFilesException. The launcher removes the lock only once
@@ -33,6 +34,7 @@ from pathlib import Path
 
 from amprepro.env.gpuslots import gpu_count
 from amprepro.plan import cellserver
+from amprepro.plan.resources import CELLS_PER_SHARED_GPU
 
 ANOTHER_RUN_ACTIVE = 75  # EX_TEMPFAIL: try again when the other run has ended
 BAD_SETTING = 2
@@ -136,20 +138,44 @@ def resource_values(args: list[str], index: int) -> list[str]:
     return values
 
 
-def user_sets_gpu(extra: list[str]) -> bool:
+def user_resource(extra: list[str], name: str) -> str | None:
+    """The value SNAKEMAKE_ARGS' --resources gives `name`, or None."""
     index = option_index(extra, RESOURCES_OPTIONS)
-    return index is not None and any(value.startswith("gpu=") for value in resource_values(extra, index))
+    values = resource_values(extra, index) if index is not None else []
+    return next((value.partition("=")[2] for value in values if value.startswith(f"{name}=")), None)
+
+
+def user_sets_gpu(extra: list[str]) -> bool:
+    return user_resource(extra, "gpu") is not None
+
+
+def with_resources(extra: list[str], added: list[str]) -> tuple[list[str], list[str]]:
+    """(arguments to add, user arguments) so that the NAME=VALUE words `added` are among the resources. Snakemake
+    keeps only the last --resources, so a user's own --resources (mem_mb=...) gets them added rather than a second
+    --resources."""
+    if any(arg.startswith(("--resources=", "--res=")) for arg in extra):
+        raise SettingError("SNAKEMAKE_ARGS: write --resources NAME=VALUE ... with a space, not --resources=...")
+    if not added:
+        return [], extra
+    index = option_index(extra, RESOURCES_OPTIONS)
+    if index is None:
+        return ["--resources", *added], extra
+    return [], [*extra[:index + 1], *added, *extra[index + 1:]]
 
 
 def with_gpu_resource(extra: list[str], gpus: int) -> tuple[list[str], list[str]]:
-    """(arguments to add, user arguments) so that gpu=<gpus> is among the resources. Snakemake keeps only the last
-    --resources, so a user's own --resources (mem_mb=...) gets gpu added rather than a second --resources."""
-    if any(arg.startswith(("--resources=", "--res=")) for arg in extra):
-        raise SettingError("SNAKEMAKE_ARGS: write --resources NAME=VALUE ... with a space, not --resources=...")
-    index = option_index(extra, RESOURCES_OPTIONS)
-    if index is None:
-        return ["--resources", f"gpu={gpus}"], extra
-    return [], [*extra[:index + 1], f"gpu={gpus}", *extra[index + 1:]]
+    """with_resources for gpu=<gpus> and, unless the user sets it, gpu_share: CELLS_PER_SHARED_GPU per GPU (a timed
+    job takes a GPU's worth, a cell that shares a GPU one: amprepro.plan.resources.shares_gpu)."""
+    share = [] if user_resource(extra, "gpu_share") is not None else [f"gpu_share={CELLS_PER_SHARED_GPU * gpus}"]
+    return with_resources(extra, [f"gpu={gpus}", *share])
+
+
+def gpu_share_for_users_gpus(extra: list[str]) -> tuple[list[str], list[str]]:
+    """The user sets gpu=M: gpu_share follows M (unless set too), so that the cells that share a GPU are counted."""
+    gpus = user_resource(extra, "gpu")
+    if user_resource(extra, "gpu_share") is not None or not COUNT_PATTERN.fullmatch(gpus or ""):
+        return with_resources(extra, [])  # Snakemake itself refuses a gpu that is not a number
+    return with_resources(extra, [f"gpu_share={CELLS_PER_SHARED_GPU * int(gpus)}"])
 
 
 def snakemake_command(targets: list[str], env: dict) -> tuple[list[str], str]:
@@ -166,6 +192,8 @@ def snakemake_command(targets: list[str], env: dict) -> tuple[list[str], str]:
     else:
         said.append("cores as SNAKEMAKE_ARGS sets")
     if user_sets_gpu(extra):
+        added, extra = gpu_share_for_users_gpus(extra)
+        command += added
         said.append("GPUs as SNAKEMAKE_ARGS sets")
     elif (found := gpus_to_share(env))[0]:
         added, extra = with_gpu_resource(extra, found[0])

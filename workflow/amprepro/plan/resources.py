@@ -9,6 +9,8 @@ No torch import: the rules evaluate this when Snakemake builds the DAG, on a log
   materialised on the GPU (amprepro.train.models.place): their 6.7 B parameters never touch host memory. Their GPU
   memory
   (amprepro.memory's estimate) is a property of the GPU type, which the site chooses (gpu_model, partition).
+- Sharing a GPU: a cell whose speed no claim judges (shares_gpu) runs beside up to CELLS_PER_SHARED_GPU - 1 others
+  on one GPU, on this machine only (below).
 - Time limit: a start-up allowance (imports, apex, torch.compile, materialising 7B weights) plus the cell's steps
   times a per-item budget, both times runtime_factor (config `resources: runtime_factor`) for slower GPUs.
 """
@@ -17,9 +19,17 @@ from __future__ import annotations
 
 import math
 
-from amprepro import archs
+from amprepro import archs, memory
+from amprepro.cellspec import CellSpec
 
 CPUS_PER_GPU = 8
+# Untimed cells that may run on one GPU together (amprepro.env.gpuslots --shared, Snakemake's gpu_share resource).
+# The accuracy and risk cells (< 1 M parameters) take 8-17 s each on an H200, nearly all of it start-up and kernel
+# launches, one after another; eight at once keep the GPU busier without any of them near its memory.
+CELLS_PER_SHARED_GPU = 8
+# A model that shares must be small: its predicted peak (amprepro.memory.estimate) under this. Eight such cells then
+# take at most 32 GiB of an 80 GiB card; the real ones take well under 1 GiB each.
+SHARED_CELL_MAX_GIB = 4.0
 HOST_MB_PER_PROCESS = 8000
 HOST_MB_CPU_CELL = 4000
 STARTUP_MINUTES = 10
@@ -73,3 +83,27 @@ def apex_build_threads(cores: int, local_gpus: int) -> int:
     (else it takes them all and runs alone). A cluster job (local_gpus 0) gets all it asks for."""
     free = cores - CPUS_PER_GPU * local_gpus
     return free if local_gpus and free >= max(1, cores // 2) else cores
+
+
+def shares_gpu(spec) -> bool:
+    """Whether this cell runs on a GPU it shares with other such cells (the one place this is decided; not part of
+    the cell's spec, so its results path, digest and reference entry are those of a cell on a GPU of its own).
+
+    Yes for a small model on real data on one GPU: no claim judges its throughput (config/claims.yaml: the speed
+    claims read the benchmark models, on synthetic data, or name synthetic ones; [benchmark] excludes real data,
+    amprepro.report.claims.matching_models), while its loss, accuracy and allocator peak do not depend on who else
+    runs on the GPU (max_memory_allocated is per process). No for synthetic data (the models measured for speed),
+    for a cell of several GPUs or nodes, for the LLaMA family (7B shapes, LoRA fine-tuning on real text) and for any
+    model whose predicted peak is SHARED_CELL_MAX_GIB or more."""
+    cell = CellSpec.of(spec)
+    model = cell.model_config
+    if str(model["data"]).startswith("synthetic_") or nodes(model) != 1 or processes_per_node(model) != 1:
+        return False
+    if memory.is_llama(model) or "lora" in model:
+        return False
+    return memory.estimate(model, cell.precision, cell.optimizer).total < SHARED_CELL_MAX_GIB * memory.GIB
+
+
+def shared_threads() -> int:
+    """CPU threads of a cell on a shared GPU: its share of the GPU's CPUS_PER_GPU."""
+    return max(1, CPUS_PER_GPU // CELLS_PER_SHARED_GPU)

@@ -124,6 +124,12 @@ def describe_failure(key: str, check: dict) -> str:
     return text + f"; allowed {check['allowed']}"
 
 
+# Measured while the cell shared its GPU with other untimed cells (amprepro.plan.resources.shares_gpu): they depend on
+# what else ran then, so they are not compared; the loss, accuracy and allocator peak (per process) still are.
+SHARING_METRICS = ("throughput_per_s", "step_time_median_s", "energy_j_per_item")
+SHARED_NOTE = "not compared: measured on a GPU shared with other untimed cells"
+
+
 def _machine_skip(row: dict | None) -> bool:
     return bool(row) and row.get("status") == "skipped" and row.get("skip_cause") == "machine"
 
@@ -180,6 +186,10 @@ def compare_cell(name: str, row_here: dict | None, row_ref: dict | None, rules: 
         cell["note"] = "the reference runs disagree on this cell's status: " + ", ".join(
             f"{n} {status}" for status, n in statuses.items())
     for metric, rule in rules.items():
+        if metric in SHARING_METRICS and row_here.get("gpu_shared_cells_per_gpu"):
+            cell["checks"].append({"metric": metric, "here": row_here.get(metric), "reference": None, "ratio": None,
+                                   "ok": None, "allowed": "", "note": SHARED_NOTE, "reference_runs": 0})
+            continue
         check = check_metric(metric, rule, row_here.get(metric), row_ref.get("metrics", {}).get(metric))
         cell["checks"].append(check)
         if check["ok"] is False:

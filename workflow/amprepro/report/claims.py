@@ -137,6 +137,11 @@ def evaluate_model(claim: dict, cells: dict, model: str, baseline: str) -> dict:
             bad = rows[0]
             out["reason"] = f"{model}/{name} {bad['status']}: {bad.get('reason') or 'no reason recorded'}"
             return out
+    shared = [r for r in var_rows + base_rows if r.get("gpu_shared_cells_per_gpu")]
+    if metric == "speedup" and shared:  # amprepro.plan.resources.shares_gpu keeps every judged speed off these
+        out["reason"] = (f"{shared[0]['model']}/{shared[0]['precision']} ran on a GPU shared with other untimed cells: "
+                         "its throughput is not a speed measurement")
+        return out
     why = ""
     for seed in seeds:
         v, b = var.get(seed), base.get(seed)

@@ -117,9 +117,19 @@ def timing_note(row) -> str:
     return f"uneven step times: p90 is {spread:.0%} above the median, so this throughput is less certain"
 
 
+def sharing_note(row) -> str:
+    """The Results table's mark on a throughput measured while the cell shared its GPU."""
+    shared = row.get("gpu_shared_cells_per_gpu")
+    if row.get("status") != "ok" or not pd.notna(shared) or not shared:
+        return ""
+    return (f"throughput measured on a GPU shared with up to {int(shared) - 1} other untimed cells (no claim reads "
+            "it; verify does not compare it)")
+
+
 def results_table(summary: dict) -> pd.DataFrame:
     frame = cells_frame(summary)
-    reasons = ["; ".join(part for part in (row["reason"] if isinstance(row["reason"], str) else "", timing_note(row))
+    reasons = ["; ".join(part for part in (row["reason"] if isinstance(row["reason"], str) else "", timing_note(row),
+                                           sharing_note(row))
                          if part) for _, row in frame.iterrows()]
     return pd.DataFrame({
         "model": frame["model"], "precision": frame["precision"].astype(str), "seed": frame["seed"],

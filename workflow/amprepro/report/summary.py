@@ -24,6 +24,7 @@ COLUMNS = [
     # LoRA cells (amprepro.train.lora; the LoRA claim, amprepro.report.loraclaim) and the allocator limit of a cap
     "lora_base", "lora_shape", "lora_rank", "trainable_parameters", "initial_loss", "heldout_loss_initial",
     "memory_limit_bytes",
+    "gpu_shared_cells_per_gpu",  # set where the cell shared its GPU (amprepro.plan.resources.shares_gpu)
     *fp8.COLUMNS,  # against the precision's own baseline (FP8 against compiled bf16): amprepro.report.fp8
 ]
 # Flat columns from metrics.json's nested memory records: (column, record, key).
@@ -64,6 +65,13 @@ def add_memory(rows: list[dict], metrics: list[dict]) -> list[dict]:
     for row, m in zip(rows, metrics):
         for column, record, key in MEMORY_COLUMNS:
             row[column] = (m.get(record) or {}).get(key)
+    return rows
+
+
+def add_sharing(rows: list[dict], metrics: list[dict]) -> list[dict]:
+    """K where the cell ran on a GPU shared with up to K-1 other untimed cells (its throughput was measured so)."""
+    for row, m in zip(rows, metrics):
+        row["gpu_shared_cells_per_gpu"] = (m.get("gpu_shared") or {}).get("cells_per_gpu")
     return rows
 
 
@@ -202,7 +210,7 @@ def summarize(metric_files: list[str], environment: dict, apex: dict, preset: di
     rows = add_relative([{c: m.get(c) for c in COLUMNS if c in m} | {"model": m["model"], "precision": m["precision"],
                                                                      "seed": m["seed"], "status": m["status"]}
                          for m in metrics])
-    rows = add_plan(add_memory(add_mfu(rows, metrics, peak or {}), metrics), metrics)
+    rows = add_sharing(add_plan(add_memory(add_mfu(rows, metrics, peak or {}), metrics), metrics), metrics)
     rows = fp8.add_baseline(rows, metrics, metric_files)
     searches = [read_json(path) for path in largest_batch_files]
     rows = add_largest_batch(rows, searches)

@@ -213,7 +213,17 @@ def base_record(spec: CellSpec, apex: dict, device, dist, plan: dict | None = No
             "plan": plan,
             "hardware": measure.hardware(device), "software": measure.software(apex), "world_size": dist.world,
             "nodes": dist.nodes, "gpus_used": dist.world if device.type == "cuda" else 0, "rank_nodes": dist.hosts,
-            "process": os.environ.get("AMPREPRO_CELL_PROCESS", "a fresh interpreter")}
+            "process": os.environ.get("AMPREPRO_CELL_PROCESS", "a fresh interpreter"), **gpu_sharing(os.environ)}
+
+
+def gpu_sharing(env) -> dict:
+    """{"gpu_shared": {"cells_per_gpu": K}} for a cell that ran on a GPU shared with up to K-1 other untimed cells
+    (amprepro.env.gpuslots --shared sets the variable): its throughput was measured while sharing, so the report marks
+    it and verify does not compare it. {} for a cell that had its GPU to itself."""
+    from amprepro.env.gpuslots import SHARED_ENV
+
+    value = env.get(SHARED_ENV, "")
+    return {"gpu_shared": {"cells_per_gpu": int(value)}} if value.isdigit() and int(value) > 0 else {}
 
 
 def not_run_record(spec: CellSpec, apex: dict, cause: str, needs: str, reason: str, plan: dict | None = None) -> dict:
