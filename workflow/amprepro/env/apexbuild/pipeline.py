@@ -54,7 +54,9 @@ class Located:
 def locate(settings: dict, jobs: int, results: Path, env: dict, echo, shell: bool = False) -> Located:
     """Source check -> key -> the cache entry, built here on a miss (compiling needs no GPU: only nvcc and the arch)."""
     store = Store(results / "build", settings.get("cache_dir"))
-    source = resolve(settings.get("source") or {}, git_cache=store.build_root / ".git-sources")
+    # the shell's own clone of a url source: its job may fetch while the full build's does (no shared git lock)
+    source = resolve(settings.get("source") or {},
+                     git_cache=store.build_root / (".git-sources-shell" if shell else ".git-sources"))
     for note in source.notes:
         echo(f"[apex] note: {note}", flush=True)
     setup = read_setup(source)
