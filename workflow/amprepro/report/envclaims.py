@@ -20,7 +20,7 @@ metrics.json (`specs`: model -> its spec, claims.evaluate_run reads them).
 from __future__ import annotations
 
 from amprepro.cellspec import CellSpec
-from amprepro.report.claimmetrics import claimed_text, fmt_value, verdict_for
+from amprepro.report.claimmetrics import claimed_band, claimed_text, fmt_value, verdict_for
 
 # model_config keys and precision pairs that are environment, not algorithm: the same model and numerics target, set
 # up differently. The value names the setting in the report.
@@ -234,7 +234,7 @@ def judge_environment(claim: dict, summary: dict, specs: dict) -> dict:
                     "metric": "memory_reduction"}
     speed_claim = {**claim, "metric": "speedup"}
     result = _base(claim, variant="cells that differ only in environment settings", baselines=[],
-                   claimed_text=f"memory {claimed_text(memory_claim)}; speed {claimed_text(speed_claim)}")
+                   claimed_text=f"memory {gap_text(memory_claim)}; speed {claimed_text(speed_claim)}")
     groups = _arch_models(claim, summary, specs)
     result["matched_models"] = [m for models in groups.values() for m in models]
     if not groups:
@@ -268,6 +268,15 @@ def judge_environment(claim: dict, summary: dict, specs: dict) -> dict:
     verdict = _worst(r["verdict"] for r in judged)
     return {**result, "verdict": verdict, "verdict_text": VERDICT_TEXT[verdict], "reason": reason,
             "measured_text": "; ".join(f"{r['model']}: {r['measured_text']}" for r in judged)}
+
+
+def gap_text(memory_claim: dict) -> str:
+    """The memory band as a difference ('at least 40 % (accepted from 36 %)'): claimed_text would write a saving."""
+    low, high = claimed_band(memory_claim)
+    (kind, value), = memory_claim["claimed"].items()
+    if kind != "at_least":
+        return f"{kind} {value} (accepted {low:.0%} to {high:.0%})"
+    return f"at least {value * 100:.0f} % (accepted from {low * 100:.0f} %)"
 
 
 def _memory_gap(a: dict, b: dict) -> float:
