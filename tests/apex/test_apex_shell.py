@@ -33,7 +33,7 @@ def shell(fake_repo, tmp_path_factory):
 
 
 def test_the_shell_is_built_cached_and_recorded_as_a_shell(shell):
-    settings, record, results, _ = shell
+    _, record, results, _ = shell
     manifest = record["manifest"]
     assert record["status"] == "built" and record["shell"] is True
     assert record["missing_extensions"] == MISSING  # each with the import error apex's code would meet
@@ -96,12 +96,12 @@ def test_the_rule_commands_write_the_shell_records(fake_repo, tmp_path):
     settings = json.dumps(settings_for(repo, commit))
     env = {**os.environ, "PYTHONPATH": str(REPO / "workflow")}
     base = [sys.executable, "-m", "amprepro.env.apex_stage", "--shell", "--settings", settings, "--jobs", "1"]
-    done = subprocess.run(base + ["--build-only", "--out", "results/apex/shell-build.json"], cwd=tmp_path,
+    done = subprocess.run([*base, "--build-only", "--out", "results/apex/shell-build.json"], cwd=tmp_path,
                           capture_output=True, text=True, env=env)
     assert done.returncode == 0, done.stderr
     build = json.loads((tmp_path / "results/apex/shell-build.json").read_text())
     assert build["status"] == "built" and build["shell"] is True and build["cache"] == "miss (built)"
-    done = subprocess.run(base + ["--built", "results/apex/shell-build.json", "--out", "results/apex/shell.json"],
+    done = subprocess.run([*base, "--built", "results/apex/shell-build.json", "--out", "results/apex/shell.json"],
                           cwd=tmp_path, capture_output=True, text=True, env=env)
     assert done.returncode == 0, done.stderr
     record = json.loads((tmp_path / "results/apex/shell.json").read_text())

@@ -110,7 +110,8 @@ def test_a_shell_that_gives_no_speedup_holds_and_a_missing_baseline_is_named():
 def test_the_environment_names_the_setting_of_the_largest_gaps():
     result = claims.evaluate_claim(repository_claim("environment-decides"), summary(CELLS), specs=SPECS)
     assert (result["verdict"], result["verdict_text"]) == ("falls_short", "falls short")
-    assert result["claimed_text"] == "memory at least 40 % (accepted from 36 %); speed at least 2.00× (accepted from 1.80×)"
+    assert result["claimed_text"] == ("memory at least 40 % (accepted from 36 %); speed at least 2.00× (accepted "
+                                      "from 1.80×)")
     assert result["measured_text"] == (
         "vit_b_16: memory differs by up to 30.0 % (torch.compile vs eager: vit_b_16/amp_bf16 over "
         "vit_b_16_compile/amp_bf16), speed by up to 2.50× (TF32 on vs off: vit_b_16/tf32 over vit_b_16/fp32); 6 pairs")
@@ -121,7 +122,8 @@ def test_the_environment_names_the_setting_of_the_largest_gaps():
 
 
 def test_the_environment_holds_with_both_gaps_and_counts_only_gpu_cells_of_one_batch():
-    big = CELLS + [cell("vit_b_16_compile", "amp_bf16", 4000, 4, seed=1), cell("vit_b_16", "amp_bf16", 3000, 6, seed=1)]
+    big = [*CELLS, cell("vit_b_16_compile", "amp_bf16", 4000, 4, seed=1),
+           cell("vit_b_16", "amp_bf16", 3000, 6, seed=1)]
     result = claims.evaluate_claim(repository_claim("environment-decides"), summary(big), specs=SPECS)
     assert result["verdict"] == "holds" and "memory differs by up to 50.0 % (torch.compile vs eager" in result[
         "measured_text"]
@@ -147,7 +149,8 @@ def test_on_the_cpu_smoke_preset_the_new_claims_are_not_measurable_with_the_reas
                                                          f"cell ran (vit_b_16/resnet50): {here}"),
         "apex-o2-faster-than-o1": ("not measurable here", "no ResNet-50, ViT-B/16, GPT-2 124M and LLaMA cell ran "
                                                           f"(resnet50/vit_b_16/gpt124m/llama): {here}"),
-        "environment-decides": ("not measurable here", f"no ViT-B/16 and ResNet-50 cell ran (vit_b_16/resnet50): {here}"),
+        "environment-decides": ("not measurable here",
+                                f"no ViT-B/16 and ResNet-50 cell ran (vit_b_16/resnet50): {here}"),
     }
 
 

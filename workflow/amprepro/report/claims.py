@@ -338,7 +338,8 @@ def evaluate_run(claims_path: str | Path, summary: dict, sanity: dict | None,
                  runs_dir: str | Path | None) -> list[dict]:
     """The one evaluation of a run's claims: the CLI, verify and the report all call this, so they agree."""
     return evaluate(load_claims(claims_path), summary, sanity, model_archs(runs_dir), model_data(runs_dir),
-                    _model_config_field(runs_dir, "data_record", top=True), _model_config_field(runs_dir, "spec", top=True))
+                    _model_config_field(runs_dir, "data_record", top=True),
+                    _model_config_field(runs_dir, "spec", top=True))
 
 
 def counts(results: list[dict]) -> dict:

@@ -6,7 +6,8 @@ environment setting. config/claims.yaml marks them with `judge: {kind: ...}`; am
   TF32 cells (the claim's baselines): the speedup is judged against the claim's band; what the shell costs against the
   full build's cell of the same precision (speed and memory) is stated beside it. The shell's skipped cells (FusedAdam,
   FusedLayerNorm: apex's own error) are named.
-- ``environment``: "同样的模型，在不同开发环境中运行，显存占用可能相差 40%，训练速度波动可达两倍以上". Per architecture, among the
+- ``environment``: "同样的模型，在不同开发环境中运行，显存占用可能相差 40%，训练速度波动可达两倍以上" (the same
+  model in different environments: memory may differ by 40 %, speed by 2x or more). Per architecture, among the
   pairs of cells that differ only in environment settings (ENV_SETTINGS), the largest memory difference (larger peak
   over smaller, minus 1) and the largest speed ratio (faster over slower), each judged against its own band (the
   claim's `claimed`/`tolerance` for the speed, `judge.memory`/`judge.memory_tolerance` for the memory), naming the
@@ -25,7 +26,8 @@ from amprepro.report.claimmetrics import claimed_band, claimed_text, fmt_value, 
 # model_config keys and precision pairs that are environment, not algorithm: the same model and numerics target, set
 # up differently. The value names the setting in the report.
 ENV_SETTINGS = {"channels_last": "channels_last", "compile": "torch.compile vs eager",
-                "fused_layer_norm": "apex FusedLayerNorm vs nn.LayerNorm", "apex_build": "the apex shell vs the full build"}
+                "fused_layer_norm": "apex FusedLayerNorm vs nn.LayerNorm",
+                "apex_build": "the apex shell vs the full build"}
 ENV_PRECISIONS = {frozenset({"fp32", "tf32"}): "TF32 on vs off",
                   frozenset({"amp_bf16", "amp_bf16_compile"}): "torch.compile vs eager"}
 ENV_OPTIMIZERS = {"adamw", "adamw_fused", "apex_fused_adam"}  # the same AdamW update, fused or not

@@ -40,7 +40,8 @@ ENV = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATE_DIR), autoescap
                          lstrip_blocks=True, undefined=jinja2.StrictUndefined)
 ENV.globals.update(VERIFY_LABEL=VERIFY_LABEL)
 ENV.filters["blank"] = lambda value: "" if value is None else value
-ENV.filters["precision_label"] = lambda name: precisions.label(name) if name in precisions.REGISTRY else name  # envclaims
+# an environment claim's (amprepro.report.envclaims) variant and baseline are no precisions: their names as written
+ENV.filters["precision_label"] = lambda name: precisions.label(name) if name in precisions.REGISTRY else name
 
 
 def render(template: str, **context) -> str:

@@ -70,8 +70,7 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(device.type) if spec.grad_scaler else None
         self.amp, self.apex_cast_cache, self.apex_fused_kernels = None, None, None
         if spec.needs_apex:
-            from apex import amp
-            from apex.multi_tensor_apply import multi_tensor_applier
+            from apex import amp, multi_tensor_apply
 
             # O3 takes apex's own defaults (pure FP16, loss_scale 1.0), as O1 and O2 do: only the opt level is passed
             model, optimizer = amp.initialize(model, optimizer, opt_level=spec.apex_opt_level, verbosity=0)
@@ -79,7 +78,7 @@ class Trainer:
             self.apex_cast_cache = self._apex_cast_cache(recomputes)
             # False in the apex shell (no amp_C): loss scaling and O2's master-weight copies take apex's Python
             # fallback (apex/amp/scaler.py "Using Python fallback"); the cell records which ran
-            self.apex_fused_kernels = bool(multi_tensor_applier.available)
+            self.apex_fused_kernels = bool(multi_tensor_apply.multi_tensor_applier.available)
         # DDP wraps after amp.initialize, as apex requires.
         self.model, self.optimizer = (wrap(model) if wrap else model), optimizer
 

@@ -135,7 +135,8 @@ def check_amp(level):
     return moved > 0 and bool(torch.isfinite(loss)), detail
 
 
-CHECKS_BY_NAME = {"imports": check_imports, "absent": check_absent, "apex_C": check_apex_c, "fused_adam": check_fused_adam,
+CHECKS_BY_NAME = {"imports": check_imports, "absent": check_absent, "apex_C": check_apex_c,
+                  "fused_adam": check_fused_adam,
                   "fused_layer_norm": check_fused_layer_norm,
                   "amp_O1": lambda: check_amp("O1"), "amp_O2": lambda: check_amp("O2")}
 
