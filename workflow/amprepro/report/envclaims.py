@@ -153,7 +153,7 @@ def judge_shell(claim: dict, summary: dict, specs: dict) -> dict:
                 twin = full_twin(shell, groups[arch], specs)
                 for (model, precision, seed), row in sorted(cells.items()):
                     if model == shell and row["status"] == "ok":
-                        per_cell[f"{shell}/{precision}"] = shell_cell(claim, row, twin and cells.get(
+                        per_cell[f"{shell}/{precision}" + (f" seed {seed}" if seed else "")] = shell_cell(claim, row, twin and cells.get(
                             (twin, baseline, seed)), twin and cells.get((twin, precision, seed)), twin, baseline)
         judged = [r for r in per_cell.values() if r["verdict"] != "not_measurable"]
         reason = "; ".join(r["reason"] for r in per_cell.values()) or "no shell cell ran ok"
@@ -204,7 +204,9 @@ def shell_cell(claim: dict, row: dict, base: dict | None, full: dict | None, twi
     else:
         text += f"; the full build's {twin}/{row['precision']} did not run ok here"
     fused = row.get("apex_fused_kernels")
-    return {**out, "verdict": verdict, "value": speedup, "memory_change": memory, "measured_text": text,
+    # median/min/max of the one seed: the report's claims chart draws it against the band
+    return {**out, "verdict": verdict, "value": speedup, "median": speedup, "min": speedup, "max": speedup,
+            "n_seeds": 1, "memory_change": memory, "measured_text": text,
             "reason": f"{name}: {text}" + ("" if fused is None else f" (apex fused kernels: {fused})")}
 
 
