@@ -114,3 +114,22 @@ def test_the_rule_commands_write_the_shell_records(fake_repo, tmp_path):
     assert done.returncode == 0, done.stderr
     view = json.loads((tmp_path / "results/apex/shell-runs.json").read_text())
     assert view["shell"] is True and view["missing_extensions"] == MISSING and view["status"] == "built"
+
+
+def test_a_shell_of_a_setup_py_that_runs_nvcc_needs_one_and_says_so(tmp_path, bare_env):
+    """apex 25.05's setup.py runs `nvcc -V` at import: its shell is refused before building where no nvcc is found
+    (the message says why), instead of failing inside setup.py with a TypeError."""
+    from apex_fakes import FAKE_APEX, git, make_repo
+
+    repo = tmp_path / "src"
+    make_repo(FAKE_APEX, repo)
+    setup = repo / "setup.py"
+    setup.write_text(setup.read_text().replace(
+        "ext_modules = []", "ext_modules = []\n_, bare_metal_version = get_cuda_bare_metal_version(CUDA_HOME)"))
+    git(repo, "commit", "-qam", "nvcc at import")
+    settings = settings_for(repo, git(repo, "rev-parse", "HEAD"))
+    with pytest.raises(ApexError, match=r"setup.py runs `nvcc -V` even for a build without --cpp_ext/--cuda_ext "
+                                        r"\(get_cuda_bare_metal_version\(CUDA_HOME\) at import\), so the shell needs "
+                                        r"an nvcc too: "):
+        apexbuild.build_and_verify(settings, jobs=1, results_dir=tmp_path / "results", env=bare_env, echo=Echo(),
+                                   shell=True)

@@ -61,8 +61,14 @@ def locate(settings: dict, jobs: int, results: Path, env: dict, echo, shell: boo
         echo(f"[apex] note: {note}", flush=True)
     setup = read_setup(source)
     flags = [] if shell else setup.core_flags()
-    tools = survey(setup.needs_cuda(flags), env, settings.get("cuda_arch_list"), echo)
-    inputs = key_inputs(source, tools, flags)
+    # the shell still needs the nvcc the full build would use where setup.py runs it whatever the flags (25.05)
+    tools = survey(setup.needs_cuda(flags) or (shell and setup.nvcc_at_import), env, settings.get("cuda_arch_list"),
+                   echo)
+    if shell and setup.nvcc_at_import and tools.nvcc is None:
+        raise ApexError(f"{source.location}'s setup.py runs `nvcc -V` even for a build without --cpp_ext/--cuda_ext "
+                        f"(get_cuda_bare_metal_version(CUDA_HOME) at import), so the shell needs an nvcc too: "
+                        f"{tools.nvcc_problem}")
+    inputs = key_inputs(source, tools, flags, setup.needs_cuda(flags))
     key = cache_key(inputs)
     found = store.find(key)
     if found is None:
@@ -145,7 +151,8 @@ def read_setup(source: Source) -> SetupFacts:
     return setup
 
 
-def key_inputs(source: Source, tools: Toolchain, flags: list[str]) -> dict:
+def key_inputs(source: Source, tools: Toolchain, flags: list[str], compiles_cuda: bool = True) -> dict:
+    """compiles_cuda False (the shell): the architectures are not in the key, no kernel is compiled for them."""
     python = tools.python
     return {
         "apex_commit": source.commit,
@@ -154,7 +161,7 @@ def key_inputs(source: Source, tools: Toolchain, flags: list[str]) -> dict:
         "torch_cuda": python["torch_cuda"],
         "cuda": tools.nvcc.release if tools.nvcc else None,
         "python": python["soabi"] or python["python"],
-        "arch_list": tools.arch_list,
+        "arch_list": tools.arch_list if compiles_cuda else None,
         "flags": flags,
     }
 
