@@ -6,7 +6,6 @@ import json
 import shlex
 
 import pytest
-
 from apex_fakes import REPO
 
 from amprepro.env.apexbuild import patches

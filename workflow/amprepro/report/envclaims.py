@@ -153,8 +153,10 @@ def judge_shell(claim: dict, summary: dict, specs: dict) -> dict:
                 twin = full_twin(shell, groups[arch], specs)
                 for (model, precision, seed), row in sorted(cells.items()):
                     if model == shell and row["status"] == "ok":
-                        per_cell[f"{shell}/{precision}" + (f" seed {seed}" if seed else "")] = shell_cell(claim, row, twin and cells.get(
-                            (twin, baseline, seed)), twin and cells.get((twin, precision, seed)), twin, baseline)
+                        base = twin and cells.get((twin, baseline, seed))
+                        full = twin and cells.get((twin, precision, seed))
+                        name = f"{shell}/{precision}" + (f" seed {seed}" if seed else "")
+                        per_cell[name] = shell_cell(claim, row, base, full, twin, baseline)
         judged = [r for r in per_cell.values() if r["verdict"] != "not_measurable"]
         reason = "; ".join(r["reason"] for r in per_cell.values()) or "no shell cell ran ok"
         result["by_baseline"][baseline] = {"verdict": _worst(r["verdict"] for r in judged) if judged
