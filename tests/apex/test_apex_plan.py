@@ -6,6 +6,7 @@ import json
 import shlex
 
 import pytest
+from apex_fakes import REPO
 
 from amprepro.env.apexbuild import patches
 from amprepro.env.apexbuild.build import Progress, diagnose, pip_wheel_command, plan_build
@@ -20,6 +21,9 @@ import sys
 def check_cuda_torch_binary_vs_bare_metal(cuda_dir):
     if (bare_metal_version != torch_binary_version):
         raise RuntimeError("mismatch")
+def get_cuda_bare_metal_version(cuda_dir):
+    raw_output = subprocess.check_output([cuda_dir + "/bin/nvcc", "-V"], universal_newlines=True)
+_, bare_metal_version = get_cuda_bare_metal_version(CUDA_HOME)
 if "--cpp_ext" in sys.argv or "--cuda_ext" in sys.argv:
     if TORCH_MAJOR == 0:
         raise RuntimeError("--cpp_ext requires Pytorch 1.0 or later")
@@ -64,6 +68,13 @@ def test_25_05_flags_and_the_extensions_they_promise():
     assert setup.needs_cuda(["--cuda_ext"]) and not setup.needs_cuda(["--cpp_ext"])
     assert (setup.strict_cuda_check, setup.parallel_option, setup.compute_70_gencodes) == (True, True, 1)
     assert setup.env_vars == {} and not setup.parallel_env
+    assert setup.nvcc_at_import  # so its shell (no flags) needs an nvcc as well
+
+
+def test_a_setup_py_that_runs_nvcc_only_for_its_extensions_lets_the_shell_build_without_one():
+    text = SETUP_25_05.replace("_, bare_metal_version = get_cuda_bare_metal_version(CUDA_HOME)\n", "")
+    assert not inspect_setup(text, has_amp=True).nvcc_at_import
+    assert not inspect_setup((REPO / "tests/fixtures/fake_apex/setup.py").read_text(), has_amp=False).nvcc_at_import
 
 
 def test_25_09_also_takes_environment_variables():

@@ -88,3 +88,33 @@ def test_on_a_gpu_box_the_compile_takes_no_gpu_and_half_the_cores(workdir, tmp_p
     assert re.search(r"\bgpu=1\b", verify), verify
     assert "--out results/apex/build.json --jobs 8" in dry
     assert re.search(r"\bgpu=1\b", jobs["train"]) and re.search(r"threads: 8\b", jobs["train"])
+
+
+def test_the_shell_cells_wait_for_the_shell_build_and_the_others_never(workdir):
+    """Issue 38: a model with apex_build: shell reads results/apex/shell-runs.json, built by apex_shell_build and
+    verified by apex_shell; it never waits for the full compile, and no other cell waits for the shell."""
+    labels, waits_for = dag(workdir, "--config", "preset=paper")
+    cells = {node: label for node, label in labels.items() if rule_of(label) == "train"}
+    shell_cells = {node: label for node, label in cells.items() if "_apex_shell" in label}
+    assert sorted(re.search(r"model: (\w+)\\npr", label).group(1) + "/" + re.search(r"precision: (\w+)", label).group(1)
+                  for label in shell_cells.values()) == [
+        "resnet50_apex_shell/apex_o1", "resnet50_apex_shell/apex_o2", "vit_b_16_apex_shell/apex_o1",
+        "vit_b_16_apex_shell/apex_o2", "vit_b_16_apex_shell_fused_adam/amp_fp16",
+        "vit_b_16_apex_shell_fused_layer_norm/amp_bf16"]
+    for node, label in cells.items():
+        upstream = {rule_of(labels[parent]) for parent in waits_for[node]}
+        if node in shell_cells:
+            assert {"apex_shell", "apex_shell_build"} <= upstream and not {"apex", "apex_build"} & upstream, label
+        else:
+            assert not {"apex_shell", "apex_shell_build"} & upstream, f"{label} waits for the apex shell"
+
+
+def test_a_cell_reads_the_view_of_its_models_apex_build():
+    from amprepro.cellspec import CellSpec
+
+    spec = lambda precision, **config: CellSpec("m", precision, 0, {"arch": "vit_b_16", **config},  # noqa: E731
+                                                 {"optimizer": "adamw"})
+    assert spec("apex_o1").apex_view == "results/apex/runs.json"
+    assert spec("apex_o2", apex_build="shell").apex_view == "results/apex/shell-runs.json"
+    assert spec("amp_bf16", apex_build="shell", fused_layer_norm=True).apex_view == "results/apex/shell-runs.json"
+    assert spec("amp_bf16", apex_build="shell").apex_view is None  # uses no apex: waits for neither build

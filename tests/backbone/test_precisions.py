@@ -54,6 +54,15 @@ def test_apex_precisions_are_the_ones_with_an_opt_level():
     assert {p.apex_opt_level for p in precisions.REGISTRY.values() if p.needs_apex} == {"O1", "O2", "O3"}
 
 
+def test_apex_o3_is_pure_fp16():
+    """apex 25.05's O3: model.half(), no FP32 master weights, FP16 AdamW moments: 8 bytes per parameter against O2's
+    20 (FP16 + FP32 weights and gradients, FP32 moments), no autocast, no GradScaler (apex's loss_scale 1.0)."""
+    o3 = precisions.get("apex_o3")
+    assert (o3.bytes_per_parameter, sum(o3.bytes_per_parameter)) == ((2, 2, 4, 0, 0), 8)
+    assert sum(precisions.get("apex_o2").bytes_per_parameter) == 20
+    assert (o3.compute_bytes, o3.residual_bytes, o3.autocast_dtype, o3.grad_scaler) == (2, 2, None, False)
+
+
 def test_the_registry_imports_no_torch():
     source = (REPO / "workflow" / "amprepro" / "train" / "precisions.py").read_text()
     assert "import torch" not in source

@@ -244,12 +244,17 @@ def test_the_cells_read_the_views_and_sanity_is_the_checkpoint_that_re_judges_th
     blocks = rule_blocks()
     assert "unpack(train_inputs)" in blocks["train"]  # the views: tests/backbone/test_apex_overlap.py runs the DAG
     common = (RULES / "common.smk").read_text()
-    assert 'inputs["apex"] = "results/apex/runs.json"' in common
+    # the view of the cell's apex build (amprepro.cellspec.APEX_VIEWS): the full build's, or the shell's (issue 38)
+    from amprepro.cellspec import APEX_VIEWS
+
+    assert ".apex_view" in common and 'inputs["apex"] = view' in common
+    assert APEX_VIEWS == {"full": "results/apex/runs.json", "shell": "results/apex/shell-runs.json"}
     # each cell reads its own model's view of the memory plan, a checkpoint too
     plan_view = '"plan": f"results/plan/models/{wildcards.model}.json"'
     assert 'inputs = {"sanity": "results/sanity/verdicts.json", ' + plan_view + "}" in common
     assert re.search(r"^checkpoint plan:", (RULES / "plan.smk").read_text(), re.M)
     assert re.search(r"^checkpoint apex:", (RULES / "apex.smk").read_text(), re.M)
+    assert re.search(r"^checkpoint apex_shell:", (RULES / "apex.smk").read_text(), re.M)
     assert "results/sanity/verdicts.json" in blocks["peak"] and "results/sanity/verdicts.json" in blocks["summary"]
     assert re.search(r"^checkpoint sanity:", (RULES / "sanity.smk").read_text(), re.M)
     assert "ancient(" not in "".join(blocks.values()), "ancient() inputs hide a job's own changes (sanity.smk)"

@@ -741,17 +741,19 @@ def test_the_cells_arch_data_and_data_record_are_read_from_their_metrics(tmp_pat
 
 def test_evaluate_and_evaluate_run_pass_everything_on(tmp_path, monkeypatch):
     seen = []
-    monkeypatch.setattr(claims, "evaluate_claim", lambda c, s, sanity, archs, data=None, records=None: seen.append(
-        (c["id"], s, sanity, archs, data, records)) or {"id": c["id"]})
-    assert claims.evaluate([claim()], {"cells": []}, {"checks": []}, {"m": "resnet"}, {"m": "d"}, {"m": {}}) == [
-        {"id": "c"}]
-    assert seen == [("c", {"cells": []}, {"checks": []}, {"m": "resnet"}, {"m": "d"}, {"m": {}})]
+    monkeypatch.setattr(claims, "evaluate_claim", lambda c, s, sanity, archs, data=None, records=None, specs=None:
+                        seen.append((c["id"], s, sanity, archs, data, records, specs)) or {"id": c["id"]})
+    assert claims.evaluate([claim()], {"cells": []}, {"checks": []}, {"m": "resnet"}, {"m": "d"}, {"m": {}},
+                           {"m": {"model_config": {}}}) == [{"id": "c"}]
+    assert seen == [("c", {"cells": []}, {"checks": []}, {"m": "resnet"}, {"m": "d"}, {"m": {}},
+                     {"m": {"model_config": {}}})]
     runs = tmp_path / "runs"
-    metrics_file(runs, "m", "fp32", 0, spec={"model_config": {"arch": "resnet", "data": "d"}}, data_record={"k": 1})
+    spec = {"model_config": {"arch": "resnet", "data": "d"}}
+    metrics_file(runs, "m", "fp32", 0, spec=spec, data_record={"k": 1})
     seen.clear()
     claims.evaluate_run(CLAIMS, {"cells": []}, {"checks": []}, runs)
     assert {s[0] for s in seen} == {c["id"] for c in claimfile.load_claims(CLAIMS)}
-    assert seen[0][1:] == ({"cells": []}, {"checks": []}, {"m": "resnet"}, {"m": "d"}, {"m": {"k": 1}})
+    assert seen[0][1:] == ({"cells": []}, {"checks": []}, {"m": "resnet"}, {"m": "d"}, {"m": {"k": 1}}, {"m": spec})
 
 
 def test_the_command_line_prints_each_verdict_and_writes_the_json(tmp_path, monkeypatch, capsys):

@@ -16,6 +16,9 @@ from amprepro.train import precisions
 
 # Model settings the memory plan may change; everything else in model_config is the config's, as written.
 PLANNED_KEYS = ("batch_size", "shape")
+# The view of each apex build that the cells read (amprepro.runinputs; workflow/rules/apex.smk writes them): model
+# setting apex_build picks one. The shell is the same source built without --cpp_ext/--cuda_ext (issue 38).
+APEX_VIEWS = {"full": "results/apex/runs.json", "shell": "results/apex/shell-runs.json"}
 
 
 @dataclass(frozen=True)
@@ -67,6 +70,16 @@ class CellSpec:
         the apex build: its job does not depend on it (workflow/rules/runs.smk)."""
         return (precisions.get(self.precision).needs_apex or self.optimizer == "apex_fused_adam"
                 or bool(self.model_config.get("fused_layer_norm")))
+
+    @property
+    def apex_build(self) -> str:
+        """full (the default) or shell: which apex build the cell runs on (APEX_VIEWS)."""
+        return self.model_config.get("apex_build", "full")
+
+    @property
+    def apex_view(self) -> str | None:
+        """The apex view (runs.json) this cell's job reads and waits for; None for a cell that uses no apex."""
+        return APEX_VIEWS[self.apex_build] if self.needs_apex else None
 
     def planned(self, plan: dict | None) -> CellSpec:
         """This spec at the batch and shape the memory plan chose for its model (its per-model view)."""

@@ -16,12 +16,15 @@ import argparse
 from amprepro.files import read_json, write_json
 
 # Everything train.py, precision.py and measure.py read from apex.json. site_dir names the build's cache key (apex
-# commit, torch, CUDA, Python, architectures, flags), so a different build is a different view.
-APEX_KEYS = ("status", "required", "site_dir", "has_amp", "commit")
+# commit, torch, CUDA, Python, architectures, flags), so a different build is a different view. shell and
+# missing_extensions: the empty shell of issue 38 (results/apex/shell.json), which its cells say they ran on.
+APEX_KEYS = ("status", "required", "site_dir", "has_amp", "commit", "shell", "missing_extensions")
 
 
 def apex_for_runs(record: dict) -> dict:
     view = {key: record.get(key) for key in APEX_KEYS}
+    view["shell"] = bool(view["shell"])  # records written before the shell existed are full builds
+    view["missing_extensions"] = view["missing_extensions"] or {}
     if record.get("status") != "built":  # why not, which a skipped apex cell quotes; a built one's has timings
         view["reason"] = record.get("reason")
     return view

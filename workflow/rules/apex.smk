@@ -59,3 +59,58 @@ checkpoint apex:
         " --built {input.build} --settings {params.settings:q} --out {output.apex} --jobs {threads} > {log} 2>&1"
         " && python -m amprepro.runinputs apex --record {output.apex} --out {output.runs}"
         " >> {log} 2>&1"
+
+
+# The empty shell (issue 38; docs/apex.md): the same pinned source built without --cpp_ext/--cuda_ext, as the
+# articles warn a plain `pip install` does. Python only: it builds in seconds with no nvcc. Only the cells of a model
+# with `apex_build: shell` read it (amprepro.cellspec.APEX_VIEWS), so a preset without them never builds it. Its
+# record says "shell": true and names each missing extension with its import error.
+rule apex_shell_build:
+    """Build the apex shell (no --cpp_ext/--cuda_ext) from the pinned source into the build cache."""
+    input:
+        env="results/environment/environment.json",
+    output:
+        build="results/apex/shell-build.json",
+    log:
+        "results/logs/apex_shell_build.log",
+    conda:
+        TRAIN_ENV
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=30,
+    params:
+        settings=json.dumps({**config["apex"], "required": APEX_REQUIRED}, sort_keys=True),
+        code=code_digest("env.apex_stage"),
+    shell:
+        "python -m amprepro.env.apex_stage --shell --build-only --settings {params.settings:q} --out {output.build}"
+        " --jobs {threads} > {log} 2>&1"
+
+
+checkpoint apex_shell:
+    """Install the shell and verify it: apex imports from its site dir, none of the extensions does, apex.amp O1 and O2
+    take a step (on the Python fallback without amp_C)."""
+    input:
+        env="results/environment/environment.json",
+        build="results/apex/shell-build.json",
+    output:
+        apex="results/apex/shell.json",
+        runs="results/apex/shell-runs.json",
+    log:
+        "results/logs/apex_shell.log",
+    conda:
+        TRAIN_ENV
+    threads: min(4, CORES)
+    resources:
+        gpu=1 if GPUS else 0,
+        cpus_per_gpu=4 if GPUS else 0,
+        mem_mb=8000,
+        runtime=30,
+    params:
+        settings=json.dumps({**config["apex"], "required": APEX_REQUIRED}, sort_keys=True),
+        code=code_digest("env.apex_stage", "runinputs"),
+    shell:
+        "python -m amprepro.env.gpuslots --gpus {resources.gpu} -- python -m amprepro.env.apex_stage --shell"
+        " --built {input.build} --settings {params.settings:q} --out {output.apex} --jobs {threads} > {log} 2>&1"
+        " && python -m amprepro.runinputs apex --record {output.apex} --out {output.runs}"
+        " >> {log} 2>&1"

@@ -3,7 +3,7 @@ import json
 from pathlib import Path
 
 from amprepro.plan import resources as cell_resources  # noqa: E402
-from amprepro.train.cellsupport import needs_apex  # noqa: E402
+from amprepro.cellspec import CellSpec  # noqa: E402
 from amprepro.codedigest import code_digest, keep_trees_in  # noqa: E402
 from amprepro.config import (  # noqa: E402
     apex_required,
@@ -184,8 +184,9 @@ def train_inputs(wildcards):
     """The sanity gate (the cell never reads it), its model's view of the memory plan, and apex's view only for a cell
     that uses apex: the others start without waiting for the apex build."""
     inputs = {"sanity": "results/sanity/verdicts.json", "plan": f"results/plan/models/{wildcards.model}.json"}
-    if needs_apex(json.loads(spec_for_cell(wildcards))):
-        inputs["apex"] = "results/apex/runs.json"
+    view = CellSpec.from_json(spec_for_cell(wildcards)).apex_view  # the full build's, or the shell's (apex_build)
+    if view:
+        inputs["apex"] = view
     return inputs
 
 
@@ -199,8 +200,9 @@ def largest_batch_inputs(wildcards):
         "cell": f"results/runs/{wildcards.model}/{wildcards.precision}/seed{seed}/metrics.json",
         "plan": f"results/plan/models/{wildcards.model}.json",
     }
-    if needs_apex(json.loads(cell_spec_json(RUNS, wildcards.model, wildcards.precision, seed))):
-        inputs["apex"] = "results/apex/runs.json"
+    view = CellSpec.from_json(cell_spec_json(RUNS, wildcards.model, wildcards.precision, seed)).apex_view
+    if view:
+        inputs["apex"] = view
     return inputs
 
 

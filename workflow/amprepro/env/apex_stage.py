@@ -4,6 +4,7 @@ Two steps, two jobs: `--build-only` compiles (CPU only, beside the cells that ne
 and verifies that build on the GPU.
 
 The build itself (source fetch and checks, preflight, compile, cache, verification) lives in amprepro.env.apexbuild.
+--shell builds and verifies the same source without --cpp_ext/--cuda_ext: the "empty shell" of issue 38.
 """
 
 from __future__ import annotations
@@ -31,9 +32,10 @@ def source_configured(source: dict) -> bool:
     return bool(source.get("path") or source.get("tarball") or source.get("url"))
 
 
-def skipped(settings: dict, reason: str) -> dict:
+def skipped(settings: dict, reason: str, shell: bool = False) -> dict:
     return {
         "status": "skipped",
+        "shell": shell,
         "required": False,
         "reason": reason,
         "site_dir": None,
@@ -46,39 +48,41 @@ def skipped(settings: dict, reason: str) -> dict:
     }
 
 
-def decide(settings: dict) -> dict | None:
+def decide(settings: dict, shell: bool = False) -> dict | None:
     """A skipped record when apex is optional and cannot be built here; None when a build must be attempted."""
     if settings["required"]:
         return None
     possible, why = cuda_build_possible()
     if not source_configured(settings.get("source") or {}):
-        return skipped(settings, "apex is optional here (no CUDA GPU visible) and no apex source is configured")
+        return skipped(settings, "apex is optional here (no CUDA GPU visible) and no apex source is configured",
+                       shell)
     if not possible:
-        return skipped(settings, f"apex is optional here (no CUDA GPU visible) and cannot be compiled: {why}. "
-                                 "apex cells are skipped; native torch.amp cells still run")
+        what = "its shell would have no GPU to run on" if shell else "cannot be compiled"
+        return skipped(settings, f"apex is optional here (no CUDA GPU visible) and {what}: {why}. "
+                                 "apex cells are skipped; native torch.amp cells still run", shell)
     return None
 
 
-def provide(settings: dict, jobs: int, out: Path, build_record: dict | None) -> dict:
+def provide(settings: dict, jobs: int, out: Path, build_record: dict | None, shell: bool = False) -> dict:
     """build_record None: the compile only (the apex_build job). Else: install and verify what that job built."""
     if build_record is not None and build_record["status"] != "built":
         return build_record  # skipped or failed optionally: the build job already said why
-    record = decide(settings)
+    record = decide(settings, shell)
     if record is not None:
         return record
     from amprepro.env import apexbuild  # only now: its imports (packaging, ...) are build requirements
 
     try:
         if build_record is None:
-            return apexbuild.build_only(settings, jobs=jobs, results_dir=out.parent)
-        return apexbuild.build_and_verify(settings, jobs=jobs, results_dir=out.parent, built=build_record)
+            return apexbuild.build_only(settings, jobs=jobs, results_dir=out.parent, shell=shell)
+        return apexbuild.build_and_verify(settings, jobs=jobs, results_dir=out.parent, built=build_record, shell=shell)
     except apexbuild.ApexError as exc:
         if settings["required"]:
             print(f"ERROR (apex): {exc}", file=sys.stderr)
             sys.exit(1)
         # Optional apex that fails to build: the native torch.amp cells still run; apex cells say why not.
         print(f"WARNING (apex, optional): {exc}", file=sys.stderr)
-        return skipped(settings, f"apex is optional here and its build failed: {exc}")
+        return skipped(settings, f"apex is optional here and its build failed: {exc}", shell)
 
 
 def main(argv=None) -> None:
@@ -89,14 +93,16 @@ def main(argv=None) -> None:
     step = parser.add_mutually_exclusive_group()
     step.add_argument("--build-only", action="store_true", help="compile into the cache; write the build record")
     step.add_argument("--built", help="the build record (results/apex/build.json): install and verify that build")
+    parser.add_argument("--shell", action="store_true",
+                        help="build without --cpp_ext/--cuda_ext (Python only, the articles' 'empty shell')")
     args = parser.parse_args(argv)
     settings = json.loads(args.settings)
     out = Path(args.out)
     build_record = None if args.build_only or not args.built else json.loads(Path(args.built).read_text())
     if args.build_only or args.built:
-        record = provide(settings, args.jobs, out, build_record)
+        record = provide(settings, args.jobs, out, build_record, args.shell)
     else:  # both steps in one process (tests, and anyone calling the stage by hand)
-        record = provide(settings, args.jobs, out, provide(settings, args.jobs, out, None))
+        record = provide(settings, args.jobs, out, provide(settings, args.jobs, out, None, args.shell), args.shell)
     write_json(out, record)
     print(f"apex: {record['status']}: {record.get('reason') or record.get('cache')}")
 

@@ -30,8 +30,10 @@ SCHEMA = {
         "claim": {
             "type": "object",
             "additionalProperties": False,
-            "required": ["id", "source", "statement", "model", "models", "metric", "baseline", "variant", "claimed",
-                         "tolerance"],
+            "required": ["id", "source", "statement", "model", "models", "claimed", "tolerance"],
+            # a claim about the environment (judge:, amprepro.report.envclaims) has no single variant precision
+            "if": {"not": {"required": ["judge"]}},
+            "then": {"required": ["metric", "baseline", "variant"]},
             "properties": {
                 "id": {"type": "string", "pattern": "^[a-z0-9][a-z0-9_.-]*$",
                        "description": "unique, lower-case letters, digits, '-', '_', '.'"},
@@ -149,6 +151,20 @@ SCHEMA = {
                         "checkpointing": {"type": "boolean"},
                     },
                 },
+                "judge": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "required": ["kind"],
+                    "description": ("a claim about the environment, judged from pairs of cells by "
+                                    "amprepro.report.envclaims: apex_shell (the shell's cells against strict FP32 "
+                                    "and TF32 and the full build), environment (the largest memory and speed gaps "
+                                    "between cells that differ only in environment settings; memory: its band)"),
+                    "properties": {
+                        "kind": {"enum": ["apex_shell", "environment"]},
+                        "memory": {"$ref": "#/$defs/claim/properties/claimed"},
+                        "memory_tolerance": {"type": "number", "minimum": 0},
+                    },
+                },
                 "note": {"type": "string"},
                 "caveats": {"type": "array", "items": {"type": "string", "minLength": 1},
                             "description": "what a reader must know to read the verdict; the report lists them"},
@@ -195,8 +211,16 @@ def validate(data, where: str = "config/claims.yaml") -> list[dict]:
             raise ClaimsError(f"{where}: claim field {field}.id: duplicate id, "
                               f"also used by claims[{seen[claim['id']]}].")
         seen[claim["id"]] = index
-        claim["baseline"] = [claim["baseline"]] if isinstance(claim["baseline"], str) else list(claim["baseline"])
-        if claim["variant"] in claim["baseline"]:
+        baseline = claim.get("baseline", [])
+        claim["baseline"] = [baseline] if isinstance(baseline, str) else list(baseline)
+        judge = claim.get("judge", {}).get("kind")
+        if judge == "environment" and "memory" not in claim["judge"]:
+            raise ClaimsError(f"{where}: claim field {field}.judge.memory: an environment claim needs its memory "
+                              "band (e.g. {at_least: 0.40}) beside the speed band in claimed.")
+        if judge == "apex_shell" and (claim.get("metric") != "speedup" or not claim["baseline"]):
+            raise ClaimsError(f"{where}: claim field {field}.judge: an apex_shell claim is a speedup against its "
+                              "baselines. Fix: set metric: speedup and baseline: [fp32, tf32].")
+        if claim.get("variant") in claim["baseline"]:
             raise ClaimsError(f"{where}: claim field {field}.variant: {claim['variant']!r} is also a baseline.")
         if claim.get("convergence") and (claim["metric"] != "accuracy_delta" or claim["claimed"] != {"at_least": 0}
                                          or claim["baseline"] != ["fp32"]):

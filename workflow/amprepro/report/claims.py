@@ -232,15 +232,21 @@ def _aggregate(per_model: list[dict]) -> dict:
 
 
 def evaluate_claim(claim: dict, summary: dict, sanity: dict | None = None, archs: dict | None = None,
-                   use_override: bool = True, data: dict | None = None, records: dict | None = None) -> dict:
+                   use_override: bool = True, data: dict | None = None, records: dict | None = None,
+                   specs: dict | None = None) -> dict:
     """The verdict of one claim on this run, with every number behind it; where this run cannot judge it, the proxy
     models (if the claim names some) are judged as context, and a claim with `convergence:` models takes its verdict
-    from their held-out losses (amprepro.report.convergence; records: model -> its cells' data record); a claim with
-    `stability:` takes its verdict from amprepro.report.optlevels alone."""
+    from their held-out losses (amprepro.report.convergence; records: model -> its cells' data record). A `judge:`
+    claim (about the environment) is amprepro.report.envclaims' (specs: model -> its cells' spec); a `stability:`
+    claim takes its verdict from amprepro.report.optlevels alone, a `risk:` claim from amprepro.report.riskclaims."""
     if claim.get("risk"):  # AMP's risk points and their remedies (amprepro.report.riskclaims)
         from amprepro.report import riskclaims
 
         return riskclaims.evaluate_claim(claim, summary)
+    if claim.get("judge"):
+        from amprepro.report import envclaims
+
+        return envclaims.judge(claim, summary, specs)
     result = _judge(claim, summary, sanity, archs or {}, use_override, data)
     if claim.get("stability"):  # an opt level's stability over seeds, not a metric per seed (amprepro.report.optlevels)
         from amprepro.report import optlevels
@@ -344,15 +350,17 @@ def _judge(claim: dict, summary: dict, sanity: dict | None, archs: dict, use_ove
 
 
 def evaluate(claims: list[dict], summary: dict, sanity: dict | None = None, archs: dict | None = None,
-             data: dict | None = None, records: dict | None = None) -> list[dict]:
-    return [evaluate_claim(claim, summary, sanity, archs, data=data, records=records) for claim in claims]
+             data: dict | None = None, records: dict | None = None, specs: dict | None = None) -> list[dict]:
+    return [evaluate_claim(claim, summary, sanity, archs, data=data, records=records, specs=specs)
+            for claim in claims]
 
 
 def evaluate_run(claims_path: str | Path, summary: dict, sanity: dict | None,
                  runs_dir: str | Path | None) -> list[dict]:
     """The one evaluation of a run's claims: the CLI, verify and the report all call this, so they agree."""
     return evaluate(load_claims(claims_path), summary, sanity, model_archs(runs_dir), model_data(runs_dir),
-                    _model_config_field(runs_dir, "data_record", top=True))
+                    _model_config_field(runs_dir, "data_record", top=True),
+                    _model_config_field(runs_dir, "spec", top=True))
 
 
 def counts(results: list[dict]) -> dict:

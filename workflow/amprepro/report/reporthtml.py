@@ -40,7 +40,8 @@ ENV = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATE_DIR), autoescap
                          lstrip_blocks=True, undefined=jinja2.StrictUndefined)
 ENV.globals.update(VERIFY_LABEL=VERIFY_LABEL)
 ENV.filters["blank"] = lambda value: "" if value is None else value
-ENV.filters["precision_label"] = precisions.label
+# an environment claim's (amprepro.report.envclaims) variant and baseline are no precisions: their names as written
+ENV.filters["precision_label"] = lambda name: precisions.label(name) if name in precisions.REGISTRY else name
 
 
 def render(template: str, **context) -> str:
@@ -148,7 +149,7 @@ def measured_items(r: dict) -> list[dict]:
         items.append({"kind": "why", "text": r["reason"]})
     else:
         for baseline, b in r.get("by_baseline", {}).items():
-            label = precisions.label(baseline)
+            label = ENV.filters["precision_label"](baseline)  # an environment claim's "environment pairs" too
             if b["verdict"] == "not_measurable":
                 items.append({"kind": "baseline_not_measurable", "label": label, "reason": b["reason"]})
                 continue

@@ -23,6 +23,41 @@ def optimizer_unsupported(name: str, device, apex: dict) -> str | None:
     return None
 
 
+def apex_build_mismatch(spec: CellSpec, apex: dict) -> str | None:
+    """A cell given the other apex build than its model's apex_build asks for (the DAG wires the right one: only a
+    hand-run cell gets here). A shell must never stand in for the full build, which the articles' numbers need."""
+    if not spec.needs_apex or apex.get("status") != "built":
+        return None
+    given = "shell" if apex.get("shell") else "full"
+    if given == spec.apex_build:
+        return None
+    return (f"this cell asks for the {spec.apex_build} apex build (apex_build: {spec.apex_build}) but was given the "
+            f"{given} one; run it through Snakemake, or pass --apex {spec.apex_view}")
+
+
+def shell_refusal(spec: CellSpec, apex: dict) -> str | None:
+    """In the apex shell, what apex itself says when the cell's fused module is constructed: FusedAdam raises "apex.
+    optimizers.FusedAdam requires cuda extensions" (no amp_C), FusedLayerNorm "No module named 'fused_layer_norm_cuda'".
+    Tried for real, on the CPU before any CUDA work, so the skip quotes apex; None where apex builds it after all."""
+    if not apex.get("shell") or apex.get("status") != "built":
+        return None
+    try:
+        if spec.optimizer == "apex_fused_adam":
+            import torch
+            from apex.optimizers import FusedAdam
+
+            FusedAdam([torch.nn.Parameter(torch.zeros(1))])
+        if spec.model_config.get("fused_layer_norm"):
+            from apex.normalization import FusedLayerNorm
+
+            FusedLayerNorm(8)
+    except (ImportError, RuntimeError) as exc:
+        what = "FusedAdam" if spec.optimizer == "apex_fused_adam" else "FusedLayerNorm"
+        return (f"apex {what} cannot run in the apex shell (built without --cpp_ext/--cuda_ext): apex says "
+                f"{type(exc).__name__}: {exc}")
+    return None
+
+
 def variant_unsupported(model_config: dict, precision_name: str, device, apex: dict) -> tuple[str, str, str] | None:
     """(skip_cause, what is missing, reason) for a model variant this machine or build cannot run, or None."""
     from amprepro.train import imagedata
@@ -48,6 +83,9 @@ def skip_cause(spec: CellSpec | dict, device, apex: dict) -> tuple[str, str, str
 
     spec = CellSpec.of(spec)
     model_config = spec.model_config
+    reason = apex_build_mismatch(spec, apex)
+    if reason:
+        return "software", "the apex build its model asks for", reason
     reason = precision.unsupported_reason(spec.precision, device, apex)
     if reason:
         return "machine", precision_needs(spec.precision, device, apex), reason
@@ -60,7 +98,11 @@ def skip_cause(spec: CellSpec | dict, device, apex: dict) -> tuple[str, str, str
     reason = optimizer_unsupported(spec.optimizer, device, apex)
     if reason:
         return "machine", "a CUDA GPU and a built apex", reason
-    return variant_unsupported(model_config, spec.precision, device, apex)
+    reason = variant_unsupported(model_config, spec.precision, device, apex)
+    if reason:
+        return reason
+    reason = shell_refusal(spec, apex)  # the shell lacks the kernel on every machine: skipped in the reference too
+    return ("unsupported", "apex's CUDA extensions", reason) if reason else None
 
 
 def precision_needs(name: str, device, apex: dict) -> str:

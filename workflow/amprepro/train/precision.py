@@ -72,13 +72,17 @@ class Trainer:
         self.dtype = getattr(torch, spec.autocast_dtype) if spec.autocast_dtype else None
         scaler_args = {} if scaler_init_scale is None else {"init_scale": float(scaler_init_scale)}
         self.scaler = torch.amp.GradScaler(device.type, **scaler_args) if spec.grad_scaler else None
-        self.amp, self.apex_cast_cache = None, None
+        self.amp, self.apex_cast_cache, self.apex_fused_kernels = None, None, None
         if spec.needs_apex:
-            from apex import amp
+            from apex import amp, multi_tensor_apply
 
+            # O3 takes apex's own defaults (pure FP16, loss_scale 1.0), as O1 and O2 do: only the opt level is passed
             model, optimizer = amp.initialize(model, optimizer, opt_level=spec.apex_opt_level, verbosity=0)
             self.amp = amp
             self.apex_cast_cache = self._apex_cast_cache(recomputes)
+            # False in the apex shell (no amp_C): loss scaling and O2's master-weight copies take apex's Python
+            # fallback (apex/amp/scaler.py "Using Python fallback"); the cell records which ran
+            self.apex_fused_kernels = bool(multi_tensor_apply.multi_tensor_applier.available)
         # DDP wraps after amp.initialize, as apex requires.
         self.model, self.optimizer = (wrap(model) if wrap else model), optimizer
 

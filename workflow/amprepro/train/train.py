@@ -377,7 +377,8 @@ def train_cell(spec: CellSpec, apex: dict, dist, device, base: dict, plan: dict 
     batches = make_data(model_config, spec.seed, device, model)
     return train_loop(spec, dist, device, base, model, batches, trainer, breakdown,
                       {"tf32": tf32, "optimizer": optimizer_name, "apex_cast_cache": trainer.apex_cast_cache,
-                       "float8": fp8})
+                       "apex_build": spec.apex_build if spec.needs_apex else None,
+                       "apex_fused_kernels": trainer.apex_fused_kernels, "float8": fp8})
 
 
 def train_loop(spec, dist, device, base, model, batches, trainer, breakdown, settings) -> tuple[dict, list[dict]]:

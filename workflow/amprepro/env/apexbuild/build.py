@@ -78,13 +78,14 @@ def plan_build(setup: SetupFacts, flags: list[str], jobs: int, build_jobs: int |
 def pip_wheel_command(plan: BuildPlan, source_dir: Path, wheel_dir: Path) -> list[str]:
     return [sys.executable, "-m", "pip", "wheel", "-v", "--no-build-isolation", "--no-deps", "--no-cache-dir",
             "--disable-pip-version-check", "--wheel-dir", str(wheel_dir),
-            f"--config-settings=--build-option={' '.join(plan.options)}", str(source_dir)]
+            *([f"--config-settings=--build-option={' '.join(plan.options)}"] if plan.options else []), str(source_dir)]
 
 
 def run_build(plan: BuildPlan, source_dir: Path, wheel_dir: Path, log_path: Path, promised: list[str],
               env: dict, echo=print) -> Path:
     """Build the wheel into wheel_dir, logging everything to log_path; the wheel's path, or ApexError."""
-    command = pip_wheel_command(plan, source_dir, wheel_dir)
+    # absolute: pip runs in source_dir, where a relative results dir (the rule's, without apex.cache_dir) is not found
+    command = pip_wheel_command(plan, source_dir.resolve(), wheel_dir.resolve())
     start = time.monotonic()
     tail: collections.deque[str] = collections.deque(maxlen=40)
     with open(log_path, "w") as log:

@@ -1,6 +1,11 @@
 """build_and_verify: source check -> key -> cache or (preflight, patch, compile, publish) -> install -> verify.
 
 build_only stops after the cache: the compile, which needs no GPU.
+
+shell=True builds the same pinned source the way the articles warn against (issue 38): without --cpp_ext/--cuda_ext,
+Python only, "an empty shell". It is cached and recorded like the full build (its flags, [], are in the key, so it
+never shares an entry with it), and its record says "shell": true with each extension it lacks and apex's own import
+error for it. The full build refuses an entry that is a shell (require_full).
 """
 
 from __future__ import annotations
@@ -43,38 +48,48 @@ class Located:
     entry: Path
     cache: str
     tools: Toolchain
+    absent: list[str]  # what the full build would add and this one lacks: [] except for a shell
 
 
-def locate(settings: dict, jobs: int, results: Path, env: dict, echo) -> Located:
+def locate(settings: dict, jobs: int, results: Path, env: dict, echo, shell: bool = False) -> Located:
     """Source check -> key -> the cache entry, built here on a miss (compiling needs no GPU: only nvcc and the arch)."""
     store = Store(results / "build", settings.get("cache_dir"))
-    source = resolve(settings.get("source") or {}, git_cache=store.build_root / ".git-sources")
+    # the shell's own clone of a url source: its job may fetch while the full build's does (no shared git lock)
+    source = resolve(settings.get("source") or {},
+                     git_cache=store.build_root / (".git-sources-shell" if shell else ".git-sources"))
     for note in source.notes:
         echo(f"[apex] note: {note}", flush=True)
     setup = read_setup(source)
-    flags = setup.core_flags()
-    tools = survey(setup.needs_cuda(flags), env, settings.get("cuda_arch_list"), echo)
-    inputs = key_inputs(source, tools, flags)
+    flags = [] if shell else setup.core_flags()
+    # the shell still needs the nvcc the full build would use where setup.py runs it whatever the flags (25.05)
+    tools = survey(setup.needs_cuda(flags) or (shell and setup.nvcc_at_import), env, settings.get("cuda_arch_list"),
+                   echo)
+    if shell and setup.nvcc_at_import and tools.nvcc is None:
+        raise ApexError(f"{source.location}'s setup.py runs `nvcc -V` even for a build without --cpp_ext/--cuda_ext "
+                        f"(get_cuda_bare_metal_version(CUDA_HOME) at import), so the shell needs an nvcc too: "
+                        f"{tools.nvcc_problem}")
+    inputs = key_inputs(source, tools, flags, setup.needs_cuda(flags))
     key = cache_key(inputs)
     found = store.find(key)
     if found is None:
         context = BuildContext(store, key, inputs, source, setup, flags, tools, settings, jobs, env, results, echo)
         found = build_entry(context)
-    return Located(store, source, setup, list(setup.promised(flags)), key, found[0], found[1], tools)
+    absent = list(setup.promised(setup.core_flags())) if shell else []
+    return Located(store, source, setup, list(setup.promised(flags)), key, found[0], found[1], tools, absent)
 
 
 def build_only(settings: dict, jobs: int, results_dir: str | Path = RESULTS_DIR, env: dict | None = None,
-               echo=print) -> dict:
+               echo=print, shell: bool = False) -> dict:
     """The compile, without installing or verifying: the record for results/apex/build.json. It runs beside the cells
     that need no apex (workflow/rules/apex.smk); build_and_verify then finds the entry in the cache."""
     start = time.monotonic()
-    found = locate(settings, jobs, Path(results_dir), dict(os.environ if env is None else env), echo)
+    found = locate(settings, jobs, Path(results_dir), dict(os.environ if env is None else env), echo, shell)
     seconds = time.monotonic() - start
     echo(f"[apex] {found.cache}: {found.key} in {seconds:.1f} s", flush=True)
     built_with = json.loads((found.entry / "manifest.json").read_text()).get("cuda")
     return {"status": "built", "key": found.key, "cache": found.cache, "commit": found.source.commit,
             "entry": str(found.entry), "seconds": round(seconds, 2), "jobs": jobs,
-            "nvcc": toolkit_record(found.tools), "built_with": built_with}
+            "nvcc": toolkit_record(found.tools), "built_with": built_with, "shell": shell}
 
 
 def toolkit_record(tools: Toolchain) -> dict:
@@ -86,27 +101,30 @@ def toolkit_record(tools: Toolchain) -> dict:
 
 
 def build_and_verify(settings: dict, jobs: int, results_dir: str | Path = RESULTS_DIR, env: dict | None = None,
-                     echo=print, built: dict | None = None) -> dict:
+                     echo=print, built: dict | None = None, shell: bool = False) -> dict:
     """Provide apex as configured, verified, in a site dir under results_dir; the record for apex.json. built: the
     build job's record, when one ran first (its cache status and time are this run's, not the cache hit's here)."""
     start = time.monotonic()
     env = dict(os.environ if env is None else env)
     results = Path(results_dir)
-    found = locate(settings, jobs, results, env, echo)
+    found = locate(settings, jobs, results, env, echo, shell)
     cache = found.cache
     if built and built.get("key") == found.key and found.cache.startswith("hit"):
         cache = f"{built['cache']} by the apex_build job in {built['seconds']:.1f} s"
     manifest = json.loads((found.entry / "manifest.json").read_text())
+    require_kind(manifest, found, shell)
     site = install(found.entry / manifest["wheel"]["file"], manifest["wheel"]["sha256"], results / "site" / found.key)
     verification = verify(site, found.promised, manifest["extensions_built"], found.setup.has_amp,
-                          manifest["wheel"]["sha256"], gpu_identity(env), env)
+                          manifest["wheel"]["sha256"], gpu_identity(env), env, absent=found.absent)
     require_ok(verification, site)
     seconds = time.monotonic() - start
     echo(f"[apex] {cache}: {found.key} verified in {seconds:.1f} s; site dir {site}", flush=True)
     return {
         "status": "built",
         "required": bool(settings.get("required")),
-        "reason": summary(found.source, cache, verification, seconds),
+        "reason": summary(found.source, cache, verification, seconds, shell),
+        "shell": shell,
+        "missing_extensions": missing_extensions(verification) if shell else {},
         "site_dir": str(site),
         "has_amp": found.setup.has_amp,
         "commit": found.source.commit,
@@ -133,7 +151,8 @@ def read_setup(source: Source) -> SetupFacts:
     return setup
 
 
-def key_inputs(source: Source, tools: Toolchain, flags: list[str]) -> dict:
+def key_inputs(source: Source, tools: Toolchain, flags: list[str], compiles_cuda: bool = True) -> dict:
+    """compiles_cuda False (the shell): the architectures are not in the key, no kernel is compiled for them."""
     python = tools.python
     return {
         "apex_commit": source.commit,
@@ -142,7 +161,7 @@ def key_inputs(source: Source, tools: Toolchain, flags: list[str]) -> dict:
         "torch_cuda": python["torch_cuda"],
         "cuda": tools.nvcc.release if tools.nvcc else None,
         "python": python["soabi"] or python["python"],
-        "arch_list": tools.arch_list,
+        "arch_list": tools.arch_list if compiles_cuda else None,
         "flags": flags,
     }
 
@@ -228,6 +247,7 @@ def manifest(ctx: BuildContext, plan, applied, promised, built, wheel: Path, sec
             "host": platform.node(),
             "finished_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         },
+        "shell": not ctx.flags,
         "patches": applied,
         "extensions_promised": promised,
         "extensions_built": built,
@@ -236,13 +256,37 @@ def manifest(ctx: BuildContext, plan, applied, promised, built, wheel: Path, sec
     }
 
 
-def summary(source: Source, cache: str, verification: dict, seconds: float) -> str:
+def require_kind(manifest: dict, found: Located, shell: bool) -> None:
+    """The entry is what was asked for: a full build never runs from a shell's entry (nor the other way round). The
+    key holds the flags, so only a copied or edited entry gets here; checked anyway, since a shell passes every
+    import of a build that promises nothing."""
+    flags = list(manifest.get("flags") or [])
+    is_shell = bool(manifest.get("shell")) or not flags
+    if is_shell == shell:
+        return
+    wanted = "a shell (Python only)" if shell else f"the full build ({' '.join(found.setup.core_flags())})"
+    raise ApexError(f"the apex cache entry {found.entry} was built with flags {flags or 'none'}"
+                    f"{' (an empty shell: no compiled extension)' if is_shell else ''}, but {wanted} was asked for. "
+                    f"Fix: delete {found.entry} so that it is rebuilt.")
+
+
+def missing_extensions(verification: dict) -> dict:
+    """Each extension a shell lacks, with apex's own import error for it (verify_probe's "absent" check)."""
+    return {name: info.get("error") for name, info in verification["checks"].get("absent", {}).get(
+        "extensions", {}).items()}
+
+
+def summary(source: Source, cache: str, verification: dict, seconds: float, shell: bool = False) -> str:
     extensions = verification["extensions"]
     importable = sum(info["importable"] for info in extensions.values())
     passed = [name for name, result in verification["checks"].items() if result.get("ok")]
     skipped = [name for name, result in verification["checks"].items() if result.get("ok") is None]
     text = (f"apex {source.ref or source.kind} ({source.commit[:12]}) {cache} in {seconds:.1f} s: "
             f"{importable}/{len(extensions)} extensions importable; checks passed: {', '.join(passed)}")
+    if shell:
+        absent = missing_extensions(verification)
+        text = (f"an empty shell, built without --cpp_ext/--cuda_ext (Python only; {len(absent)} extensions missing: "
+                f"{', '.join(absent)}): " + text)
     if verification["gpu"]:
         text += f" on {verification['gpu']}"
     if skipped:

@@ -16,6 +16,9 @@ CORE_FLAGS = ("--cpp_ext", "--cuda_ext")
 EXTENSION_CLASSES = {"CppExtension": "cpp", "CUDAExtension": "cuda"}
 # 25.05 compares the nvcc release with torch.version.cuda for equality (check_cuda_torch_binary_vs_bare_metal).
 STRICT_CUDA_CHECK = "bare_metal_version != torch_binary_version"
+# 25.05 runs `nvcc -V` at module level (`_, bare_metal_version = get_cuda_bare_metal_version(CUDA_HOME)`), so even a
+# build without --cpp_ext/--cuda_ext (the shell) needs an nvcc: without CUDA_HOME it stops with a TypeError.
+NVCC_AT_IMPORT = re.compile(r"^\S.*get_cuda_bare_metal_version\(CUDA_HOME\)", re.MULTILINE)
 COMPUTE_70_GENCODE = re.compile(
     r'^[ \t]*cc_flag\.append\("-gencode"\)\n[ \t]*cc_flag\.append\("arch=compute_70,code=sm_70"\)\n', re.MULTILINE)
 
@@ -29,6 +32,7 @@ class SetupFacts:
     strict_cuda_check: bool
     compute_70_gencodes: int
     has_amp: bool
+    nvcc_at_import: bool = False  # setup.py runs nvcc whatever the flags (NVCC_AT_IMPORT)
 
     def core_flags(self) -> list[str]:
         return [flag for flag in CORE_FLAGS if self.extensions.get(flag)]
@@ -50,6 +54,7 @@ def inspect_setup(text: str, has_amp: bool) -> SetupFacts:
         strict_cuda_check=STRICT_CUDA_CHECK in text,
         compute_70_gencodes=len(COMPUTE_70_GENCODE.findall(text)),
         has_amp=has_amp,
+        nvcc_at_import=bool(NVCC_AT_IMPORT.search(text)),
     )
 
 

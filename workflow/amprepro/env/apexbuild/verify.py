@@ -25,9 +25,10 @@ REVERIFY = "AMPREPRO_APEX_REVERIFY"
 GPU_CHECKS = {"fused_adam", "fused_layer_norm", "amp_O1", "amp_O2"}  # as in verify_probe.py
 
 
-def plan_checks(promised: list[str], has_amp: bool) -> list[list[str]]:
-    """Groups of checks, one interpreter per group."""
-    first = ["imports"]
+def plan_checks(promised: list[str], has_amp: bool, absent: list[str] = ()) -> list[list[str]]:
+    """Groups of checks, one interpreter per group. absent: the extensions a shell lacks, whose import errors the
+    "absent" check records (apex.amp O1/O2 are still checked: they fall back to Python without amp_C)."""
+    first = ["imports"] + (["absent"] if absent else [])
     first += ["apex_C"] if "apex_C" in promised else []
     first += ["fused_adam"] if "amp_C" in promised else []
     first += ["fused_layer_norm"] if "fused_layer_norm_cuda" in promised else []
@@ -35,12 +36,12 @@ def plan_checks(promised: list[str], has_amp: bool) -> list[list[str]]:
 
 
 def verify(site: Path, promised: list[str], built: list[str], has_amp: bool, wheel_sha256: str, gpu: str,
-           env: dict) -> dict:
-    groups = plan_checks(promised, has_amp)
+           env: dict, absent: list[str] = ()) -> dict:
+    groups = plan_checks(promised, has_amp, absent)
     earlier = reusable_gpu_checks(site, wheel_sha256, gpu, env)
     if earlier:
         groups = [[name for name in groups[0] if name not in GPU_CHECKS]]
-    checks, gpu_name = run_groups(groups, site, promised, env)
+    checks, gpu_name = run_groups(groups, site, promised, env, absent)
     if earlier:
         checks.update(earlier["checks"])
         gpu_name = earlier["gpu"]
@@ -67,9 +68,11 @@ def reusable_gpu_checks(site: Path, wheel_sha256: str, gpu: str, env: dict) -> d
     return {**earlier, "checks": {name: {**result, "reused": True} for name, result in earlier["checks"].items()}}
 
 
-def run_groups(groups: list[list[str]], site: Path, promised: list[str], env: dict) -> tuple[dict, str | None]:
+def run_groups(groups: list[list[str]], site: Path, promised: list[str], env: dict, absent: list[str] = ()
+               ) -> tuple[dict, str | None]:
     site_abs = os.path.abspath(site)
-    processes = [subprocess.Popen([sys.executable, str(PROBE), site_abs, ",".join(group), ",".join(promised)],
+    processes = [subprocess.Popen([sys.executable, str(PROBE), site_abs, ",".join(group), ",".join(promised),
+                                   ",".join(absent)],
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
                  for group in groups]
     checks, gpu_name = {}, None
@@ -91,7 +94,10 @@ def require_ok(verification: dict, site: Path) -> None:
     reasons = []
     for name in verification["failed"]:
         result = verification["checks"][name]
-        if name == "imports":
+        if name == "absent":
+            found = [ext for ext, info in result.get("extensions", {}).items() if info.get("importable")]
+            reasons.append(f"a shell was asked for, but these extensions import: {found}")
+        elif name == "imports":
             bad = {ext: info["error"] for ext, info in result.get("extensions", {}).items() if not info["importable"]}
             reasons.append(f"not importable: {bad}" if bad else f"apex imported from {result.get('apex_file')}, "
                                                                f"not from {site}")

@@ -1,6 +1,6 @@
 """Run in a fresh interpreter: put the apex site dir first, import torch, then exercise what the build promised.
 
-Usage: python verify_probe.py SITE_DIR CHECKS EXTENSIONS   (comma-separated lists)
+Usage: python verify_probe.py SITE_DIR CHECKS EXTENSIONS [ABSENT]   (comma-separated lists; ABSENT: what a shell lacks)
 Prints one JSON object as its last line. Standalone on purpose: nothing here may import before torch.
 """
 
@@ -12,6 +12,7 @@ import time
 import traceback
 
 SITE_DIR, CHECKS, EXTENSIONS = sys.argv[1], sys.argv[2].split(","), [e for e in sys.argv[3].split(",") if e]
+ABSENT = [e for e in sys.argv[4].split(",") if e] if len(sys.argv) > 4 else []
 sys.path.insert(0, SITE_DIR)
 
 import torch  # noqa: E402  (extensions link libc10: torch first)
@@ -24,13 +25,7 @@ def max_diff(a, b):
 
 
 def check_imports():
-    modules = {}
-    for name in EXTENSIONS:
-        try:
-            module = importlib.import_module(name)
-            modules[name] = {"importable": True, "error": None, "file": getattr(module, "__file__", None)}
-        except Exception as exc:
-            modules[name] = {"importable": False, "error": f"{type(exc).__name__}: {exc}"}
+    modules = import_each(EXTENSIONS)
     try:
         import apex
 
@@ -39,6 +34,23 @@ def check_imports():
         where = f"apex not importable: {type(exc).__name__}: {exc}"
     ok = where.startswith(SITE_DIR) and all(m["importable"] for m in modules.values())
     return ok, {"apex_file": where, "extensions": modules}
+
+
+def import_each(names):
+    modules = {}
+    for name in names:
+        try:
+            module = importlib.import_module(name)
+            modules[name] = {"importable": True, "error": None, "file": getattr(module, "__file__", None)}
+        except Exception as exc:
+            modules[name] = {"importable": False, "error": f"{type(exc).__name__}: {exc}"}
+    return modules
+
+
+def check_absent():
+    """A shell: each extension the full build has must fail to import; apex's own error is kept for the record."""
+    modules = import_each(ABSENT)
+    return not any(m["importable"] for m in modules.values()), {"extensions": modules}
 
 
 def check_apex_c():
@@ -114,13 +126,17 @@ def check_amp(level):
         moved = max(max_diff(a, b) for a, b in zip(start, model.parameters()))
         if moved > 0:
             break
+    from apex.multi_tensor_apply import multi_tensor_applier
+
     detail = {"steps": attempt, "loss": float(loss), "logits_dtype": str(logits.dtype),
+              "fused_kernels": bool(multi_tensor_applier.available),  # False in a shell: Python fallback
               "weight_dtype": str(next(model.parameters()).dtype),
               "loss_scale": float(amp._amp_state.loss_scalers[0].loss_scale()), "max_update": moved}
     return moved > 0 and bool(torch.isfinite(loss)), detail
 
 
-CHECKS_BY_NAME = {"imports": check_imports, "apex_C": check_apex_c, "fused_adam": check_fused_adam,
+CHECKS_BY_NAME = {"imports": check_imports, "absent": check_absent, "apex_C": check_apex_c,
+                  "fused_adam": check_fused_adam,
                   "fused_layer_norm": check_fused_layer_norm,
                   "amp_O1": lambda: check_amp("O1"), "amp_O2": lambda: check_amp("O2")}
 
