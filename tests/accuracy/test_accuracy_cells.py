@@ -170,7 +170,7 @@ class StandIn:
     """A Trainer that does nothing: apex and CUDA are not here, and the weights are taken before any step."""
 
     def __init__(self, name, model, optimizer, *args, **kwargs):
-        self.model, self.optimizer, self.apex_cast_cache = model, optimizer, None
+        self.model, self.optimizer, self.apex_cast_cache, self.apex_fused_kernels = model, optimizer, None, None
 
 
 def start_of(spec_dict, monkeypatch, stand_in: bool):

@@ -127,7 +127,7 @@ def test_the_risk_preset_is_three_risks_in_four_precisions_and_six_remedies_over
             changed = {k for k in set(runs["models"][risk]) | set(runs["models"][f"{risk}_{remedy}"])
                        if runs["models"][risk].get(k) != runs["models"][f"{risk}_{remedy}"].get(k)}
             assert changed == {"precisions", "risky_layer_fp32" if remedy == "autocast_off" else "train"}
-    spec = cfg.cell_spec(runs, "risk_gumbel_init_scale", "amp_fp16", 3)
+    spec = cfg.cell_spec_dict(runs, "risk_gumbel_init_scale", "amp_fp16", 3)
     assert spec["train"]["grad_scaler_init_scale"] == 16384 and spec["model_config"]["gumbel_tau"] == 0.001
 
 

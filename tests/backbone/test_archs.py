@@ -87,7 +87,7 @@ def test_a_new_arch_is_one_entry_and_its_builder(toy_archs):
     assert cfg.load_schema()["$defs"]["model"]["properties"]["arch"]["enum"][-2:] == ["toy_gpt", "toy_mlp"]
     runs = resolved({"toy": {"arch": "toy_gpt", "data": "python_stdlib", "batch_size": 4, "seq_len": 32,
                              "naive_norm_eps": 1e-5, "precisions": ["fp32"]}})
-    spec = cfg.cell_record(runs, "toy", "fp32", 0)
+    spec = cfg.cell_spec(runs, "toy", "fp32", 0)
     spec = dataclasses.replace(spec, train={**spec.train, "steps": 4, "warmup_steps": 1})
     metrics, rows = train.run(spec, NO_APEX, threads=1)
     assert metrics["status"] == "ok", metrics.get("reason")
@@ -105,10 +105,11 @@ def test_a_new_arch_is_one_entry_and_its_builder(toy_archs):
 
 def test_a_new_family_is_one_entry_its_builder_and_its_memory_formulas(toy_archs):
     runs = resolved({"toy": {"arch": "toy_mlp", "data": "digits", "batch_size": 16, "precisions": ["fp32"]}})
-    spec = cfg.cell_record(runs, "toy", "fp32", 0)
+    spec = cfg.cell_spec(runs, "toy", "fp32", 0)
     spec = dataclasses.replace(spec, train={**spec.train, "steps": 6, "warmup_steps": 1})
-    metrics, _rows = train.run(spec, NO_APEX, threads=1)
+    metrics, rows = train.run(spec, NO_APEX, threads=1)
     assert metrics["status"] == "ok", metrics.get("reason")
+    assert len(rows) == 6 and metrics["throughput_unit"] == "samples/s"
     assert metrics["parameters"] == memory.parameters(spec.model_config)[0] == 64 * 24 + 24 + 24 * 10 + 10
     assert 0.0 <= metrics["eval_accuracy"] <= 1.0
 

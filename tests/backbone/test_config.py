@@ -96,7 +96,7 @@ def test_model_overrides_restrict_precisions_seeds_and_train():
     cnn_cells = [c for c in cfg.cells(runs) if c["model"] == "cnn"]
     assert cnn_cells == [{"model": "cnn", "precision": "fp32", "seed": 3},
                          {"model": "cnn", "precision": "fp32", "seed": 4}]
-    spec = cfg.cell_spec(runs, "cnn", "fp32", 3)
+    spec = cfg.cell_spec_dict(runs, "cnn", "fp32", 3)
     assert spec["train"]["steps"] == 19 and spec["train"]["lr"] == runs["train"]["lr"]
     assert "precisions" not in spec["model_config"] and "train" not in spec["model_config"]
 
@@ -167,7 +167,7 @@ def test_numbers_written_as_text_or_floats_become_the_type_the_schema_asks_for(w
     got = config["runs"][section] if key is None else config["runs"][section][key]
     assert got == value and type(got) is type(value), (got, type(got))
     runs, _ = cfg.resolve_runs(config, PRESETS, [], "test probe")
-    spec = cfg.cell_spec(runs, "cnn", "fp32", runs["seeds"][0])
+    spec = cfg.cell_spec_dict(runs, "cnn", "fp32", runs["seeds"][0])
     if section == "train":
         assert type(spec["train"][key]) is type(value)  # what the cell gets: range(steps) needs an int
 

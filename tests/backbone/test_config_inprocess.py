@@ -225,11 +225,11 @@ def test_the_smoke_matrix_and_its_cells():
 
 def test_a_cell_spec_holds_its_model_and_its_merged_train_settings():
     runs = smoke_runs(models={"cnn": {"train": {"steps": 20}, "precisions": ["fp32"], "seeds": [3]}})
-    spec = cfg.cell_spec(runs, "cnn", "fp32", "3")
+    spec = cfg.cell_spec_dict(runs, "cnn", "fp32", "3")
     assert spec["model"] == "cnn" and spec["precision"] == "fp32" and spec["seed"] == 3
     assert spec["model_config"] == {"arch": "small_cnn", "data": "digits", "batch_size": 64}
     assert spec["train"] == {**runs["train"], "steps": 20} and runs["train"]["steps"] == 40
-    assert cfg.cell_spec_json(runs, "cnn", "fp32", 3) == cfg.cell_record(runs, "cnn", "fp32", 3).to_json()
+    assert cfg.cell_spec_json(runs, "cnn", "fp32", 3) == cfg.cell_spec(runs, "cnn", "fp32", 3).to_json()
 
 
 def test_the_plan_knows_which_batches_the_user_wrote():
@@ -237,7 +237,7 @@ def test_the_plan_knows_which_batches_the_user_wrote():
     written = {"runs": {"models": {"cnn": {"batch_size": 64}, "transformer": {"seeds": [0]}, "other": None}}}
     plan = cfg.plan_cells(runs, written)
     assert {(p["spec"]["model"], p["batch_source"]) for p in plan} == {("cnn", "config"), ("transformer", "preset")}
-    assert len(plan) == len(cfg.cells(runs)) and plan[0]["spec"] == cfg.cell_spec(runs, "cnn", "fp32", 0)
+    assert len(plan) == len(cfg.cells(runs)) and plan[0]["spec"] == cfg.cell_spec_dict(runs, "cnn", "fp32", 0)
     assert {p["batch_source"] for p in cfg.plan_cells(runs, {"runs": None})} == {"preset"}
 
 

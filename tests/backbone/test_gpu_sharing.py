@@ -8,6 +8,7 @@ import yaml
 
 from amprepro import config as cfg
 from amprepro import presets
+from amprepro.cellid import CellId
 from amprepro.plan import resources
 from amprepro.report import cellcompare, claims, reportlib
 from amprepro.train.train import gpu_sharing
@@ -114,7 +115,7 @@ def test_the_results_table_marks_a_throughput_measured_while_sharing():
 
 def test_a_speed_claim_refuses_a_cell_that_shared():
     claim = {"variant": "amp_fp16", "metric": "speedup", "claimed": {"at_least": 1.0}}
-    cells = {("risk_lstm", "fp32", 0): row(precision="fp32"),
-             ("risk_lstm", "amp_fp16", 0): row(gpu_shared_cells_per_gpu=8)}
+    cells = {CellId("risk_lstm", "fp32", 0): row(precision="fp32"),
+             CellId("risk_lstm", "amp_fp16", 0): row(gpu_shared_cells_per_gpu=8)}
     out = claims.evaluate_model(claim, cells, "risk_lstm", "fp32")
     assert out["verdict"] == "not_measurable" and "shared" in out["reason"]

@@ -194,7 +194,7 @@ def test_the_estimate_is_within_15_percent_on_the_capped_card_runs_too(run, ok):
     rows = [r for r in csv.DictReader((CAPPED / run / "summary.csv").open()) if r["status"] == "ok"]
     assert len(rows) == ok
     for row in rows:
-        spec = cfg.cell_record(runs, row["model"], row["precision"], int(row["seed"])).planned(views[row["model"]])
+        spec = cfg.cell_spec(runs, row["model"], row["precision"], int(row["seed"])).planned(views[row["model"]])
         assert str(spec.batch_size) == row["batch_size"] and (spec.model_config.get("shape") or "") == row["shape"]
         error = memory.estimate(spec.model_config, spec.precision, spec.optimizer).total / float(
             row["peak_allocated_bytes"]) - 1

@@ -33,7 +33,7 @@ SETTING_NEEDS = {
     "data": None,  # DATA_NEEDS
     "batch_size": None, "image_size": None, "seq_len": None, "channels_last": None,
     "compile": None,  # torch.compile is part of torch
-    "fused_layer_norm": "apex",
+    "fused_layer_norm": "apex", "apex_build": "apex",  # the full build or the shell: apex either way
     "gpus": None, "nodes": None, "sync_batchnorm": None,  # torch.distributed (nodes: srun, from Slurm, not a package)
     "activation_checkpointing": None, "epoch_tokens": None, "shape": None,  # torch.utils.checkpoint; a number
     "precisions": None, "seeds": None, "train": None,  # PRECISION_NEEDS, OPTIMIZER_NEEDS

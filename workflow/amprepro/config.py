@@ -545,21 +545,22 @@ def cells(runs: dict) -> list[dict]:
     ]
 
 
-def cell_record(runs: dict, model: str, precision: str, seed: int) -> CellSpec:
+def cell_spec(runs: dict, model: str, precision: str, seed: int) -> CellSpec:
     """Everything a single run needs: the settings of this cell only, so other cells' edits don't rerun it. Built
-    once here, at DAG build time; every later stage reads this record (amprepro.cellspec)."""
+    once here, at DAG build time; every later stage reads this record (amprepro.cellspec). cell_spec_dict and
+    cell_spec_json are its JSON forms."""
     settings = runs["models"][model]
     return CellSpec(model=model, precision=precision, seed=int(seed),
                     model_config={k: v for k, v in settings.items() if k not in ("precisions", "seeds", "train")},
                     train=deep_merge(runs["train"], settings.get("train", {})))
 
 
-def cell_spec(runs: dict, model: str, precision: str, seed: int) -> dict:
-    return cell_record(runs, model, precision, seed).as_dict()
+def cell_spec_dict(runs: dict, model: str, precision: str, seed: int) -> dict:
+    return cell_spec(runs, model, precision, seed).as_dict()
 
 
 def cell_spec_json(runs: dict, model: str, precision: str, seed: int) -> str:
-    return cell_record(runs, model, precision, seed).to_json()
+    return cell_spec(runs, model, precision, seed).to_json()
 
 
 def plan_cells(runs: dict, config: dict) -> list[dict]:
@@ -567,7 +568,7 @@ def plan_cells(runs: dict, config: dict) -> list[dict]:
     bound the plan may lower) or written in the user's config (kept as written)."""
     written = {name for name, settings in ((config.get("runs") or {}).get("models") or {}).items()
                if isinstance(settings, dict) and "batch_size" in settings}
-    return [{"spec": cell_spec(runs, c["model"], c["precision"], c["seed"]),
+    return [{"spec": cell_spec_dict(runs, c["model"], c["precision"], c["seed"]),
              "batch_source": "config" if c["model"] in written else "preset"} for c in cells(runs)]
 
 

@@ -4,6 +4,7 @@ from pathlib import Path
 
 from amprepro.plan import resources as cell_resources  # noqa: E402
 from amprepro.cellspec import CellSpec  # noqa: E402
+from amprepro.cellid import CellId  # noqa: E402
 from amprepro.codedigest import code_digest, keep_trees_in  # noqa: E402
 from amprepro.config import (  # noqa: E402
     apex_required,
@@ -93,7 +94,7 @@ def largest_batch_outputs():
 
 def run_outputs(name):
     """Paths of one output file for every cell of the matrix."""
-    return [f"results/runs/{c['model']}/{c['precision']}/seed{c['seed']}/{name}" for c in CELLS]
+    return [str(CellId.of(c).path / name) for c in CELLS]
 
 
 def model_of(wildcards):
@@ -197,7 +198,7 @@ def spec_for_cell(wildcards):
 def largest_batch_inputs(wildcards):
     seed = next(c["seed"] for c in SEARCHES if c["model"] == wildcards.model)
     inputs = {
-        "cell": f"results/runs/{wildcards.model}/{wildcards.precision}/seed{seed}/metrics.json",
+        "cell": str(CellId(wildcards.model, wildcards.precision, seed).path / "metrics.json"),
         "plan": f"results/plan/models/{wildcards.model}.json",
     }
     view = CellSpec.from_json(cell_spec_json(RUNS, wildcards.model, wildcards.precision, seed)).apex_view

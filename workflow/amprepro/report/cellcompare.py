@@ -3,8 +3,8 @@ counts and warnings over all cells (amprepro.report.verify runs the whole check 
 
 from __future__ import annotations
 
+from amprepro.cellid import CellId
 from amprepro.cellspec import PLANNED_KEYS  # what the memory plan may change
-from amprepro.report import reference as ref_mod
 from amprepro.report.reference import band, band_for
 
 METRIC_LABEL = {"throughput_per_s": "throughput", "peak_allocated_bytes": "peak GPU memory",
@@ -201,13 +201,14 @@ def compare(summary: dict, aggregate: dict, tolerances: dict, specs_here: dict |
             plans_here: dict | None = None) -> dict:
     """Per-cell comparison with the aggregate. Returns cells, failures (the cells out of tolerance) and warnings."""
     specs_here, plans_here = specs_here or {}, plans_here or {}
-    here = {ref_mod.cell_key(c["model"], c["precision"], c["seed"]): c for c in summary.get("cells", [])}
+    # keyed as the reference's files key cells (CellId.reference_key), which the aggregate and the specs are
+    here = {CellId.of(c).reference_key: c for c in summary.get("cells", [])}
     ref = aggregate.get("cells", {})
     cells, failures = [], []
     for key in list(here) + [k for k in ref if k not in here]:
-        model, precision, seed = key.split("/")
-        name = f"{model}/{precision}/seed{seed}"
-        rules = band_for(tolerances, {"model": model, "precision": precision, "seed": int(seed)})
+        cell_id = CellId.from_key(key)
+        name = cell_id.key
+        rules = band_for(tolerances, {"model": cell_id.model, "precision": cell_id.precision, "seed": cell_id.seed})
         cell = compare_cell(name, here.get(key), ref.get(key), rules, specs_here.get(key),
                             (ref.get(key) or {}).get("spec"), plans_here.get(key))
         cells.append(cell)

@@ -235,7 +235,7 @@ def validate(data, where: str = "config/claims.yaml") -> list[dict]:
             raise ClaimsError(f"{where}: claim field {field}.stability: stability judges only an apex opt level "
                               "(variant apex_o1/apex_o2/apex_o3) against baseline fp32 in an accuracy_delta claim "
                               "without convergence. Fix: remove stability or write the claim that way.")
-        if (claim["metric"] == "lora_parameters") != bool(claim.get("lora")) or (
+        if (claim.get("metric") == "lora_parameters") != bool(claim.get("lora")) or (
                 claim.get("lora") and ("at_least" not in claim["claimed"] or claim["variant"] != "amp_bf16")):
             raise ClaimsError(f"{where}: claim field {field}.lora: the metric lora_parameters and the lora field go "
                               "together, with claimed {at_least: parameters} and variant amp_bf16 (the bf16 base "

@@ -25,6 +25,7 @@ import json
 import statistics
 from pathlib import Path
 
+from amprepro.cellid import CellId
 from amprepro.report import regimes as regimes_mod
 from amprepro.report.claimfile import load_claims
 from amprepro.report.claimmetrics import (
@@ -103,7 +104,12 @@ def matching_models(claim_models: list[str], present: list[str], archs: dict, da
 
 
 def _index(summary: dict) -> dict:
-    return {(c["model"], c["precision"], int(c["seed"])): c for c in summary.get("cells", [])}
+    return {CellId.of(c): c for c in summary.get("cells", [])}
+
+
+def _has(cells: dict, model: str, precision: str) -> bool:
+    """The summary has a row (of any status) of this model at this precision."""
+    return any(c.model == model and c.precision == precision for c in cells)
 
 
 def _stats(values: list[float]) -> dict:
@@ -113,11 +119,11 @@ def _stats(values: list[float]) -> dict:
 def evaluate_model(claim: dict, cells: dict, model: str, baseline: str) -> dict:
     """One model against one baseline: the per-seed values, their median and spread, and the verdict."""
     variant, metric = claim["variant"], claim["metric"]
-    seeds = sorted({s for (m, p, s) in cells if m == model and p in (variant, baseline)})
+    seeds = sorted({c.seed for c in cells if c.model == model and c.precision in (variant, baseline)})
     out = {"model": model, "baseline": baseline, "variant": variant, "values": {}, "verdict": "not_measurable",
            "reason": ""}
-    var = {s: cells.get((model, variant, s)) for s in seeds}
-    base = {s: cells.get((model, baseline, s)) for s in seeds}
+    var = {s: cells.get(CellId(model, variant, s)) for s in seeds}
+    base = {s: cells.get(CellId(model, baseline, s)) for s in seeds}
     var_rows = [r for r in var.values() if r]
     base_rows = [r for r in base.values() if r]
     if not var_rows:
@@ -303,7 +309,7 @@ def _judge(claim: dict, summary: dict, sanity: dict | None, archs: dict, use_ove
     models = matching_models(claim["models"], present, archs, data)
     named = {m.lower() for m in claim["models"]}
     # A variant of the architecture (e.g. vit_b_16_compile) counts only where it ran the claim's variant precision.
-    models = [m for m in models if m.lower() in named or any(k[:2] == (m, claim["variant"]) for k in cells)]
+    models = [m for m in models if m.lower() in named or _has(cells, m, claim["variant"])]
     result["matched_models"] = models
     generic = bool(named & {"any", "benchmark"})
     # a missing named model is the first thing to say; a generic claim needs the hardware
@@ -318,7 +324,7 @@ def _judge(claim: dict, summary: dict, sanity: dict | None, archs: dict, use_ove
                               f"{run_context(summary)} (models here: {here})")
     for baseline in claim["baseline"]:
         # Only models whose preset has this baseline (a cell that failed or was skipped still has a row).
-        scoped = [m for m in models if m.lower() in named or any(k[:2] == (m, baseline) for k in cells)]
+        scoped = [m for m in models if m.lower() in named or _has(cells, m, baseline)]
         per_model = [evaluate_model(claim, cells, model, baseline) for model in scoped]
         agg = _aggregate(per_model)
         result["by_baseline"][baseline] = {**agg, "models": {r["model"]: r for r in per_model}}

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 
 import matplotlib.pyplot as plt
 import pandas as pd
 
+from amprepro.cellid import CellId
 from amprepro.report import convergence, paired
 from amprepro.report.reportlib import read_steps
 from amprepro.train import precisions
@@ -26,7 +26,7 @@ TAIL = 0.25  # the flattening figure: the held-out loss change over the last qua
 
 
 def read_metrics(runs_dir: str, model: str, precision: str, seed: int) -> dict | None:
-    path = Path(runs_dir) / model / precision / f"seed{seed}" / "metrics.json"
+    path = CellId(model, precision, seed).under(runs_dir) / "metrics.json"
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError):

@@ -27,6 +27,7 @@ import html
 import math
 from pathlib import Path
 
+from amprepro.cellid import CellId
 from amprepro.report import paired
 from amprepro.report.paired import T_ONE_SIDED_95, T_TWO_SIDED_95, t_quantile  # noqa: F401 (the FP8 tests' names)
 from amprepro.train import precisions
@@ -112,8 +113,7 @@ def floor_text(row: dict, rows: list[dict], base: str) -> str:
     """The same gaps between the baseline and its own baseline (compiled against eager bf16: one precision, two
     kernels' rounding): how far apart two runs that should agree drift over the same steps."""
     spec = precisions.get(row["precision"])
-    found = next((r for r in rows if (r["model"], r["seed"], r["precision"]) == (row["model"], row["seed"],
-                                                                                 spec.baseline)), None)
+    found = next((r for r in rows if CellId.of(r) == CellId.of(row).at(spec.baseline)), None)
     if not found or found.get("loss_gap_final_vs_baseline") is None:
         return ""
     own = precisions.label(found["baseline_precision"])
@@ -130,7 +130,7 @@ def floor_text(row: dict, rows: list[dict], base: str) -> str:
 
 def add_baseline(rows: list[dict], metrics: list[dict], metric_files: list[str]) -> list[dict]:
     """Fill COLUMNS for every row (None where the precision has no baseline or the baseline did not run)."""
-    ok = {(r["model"], r["seed"], r["precision"]): (r, Path(path).with_name("steps.csv"))
+    ok = {CellId.of(r): (r, Path(path).with_name("steps.csv"))
           for r, path in zip(rows, metric_files) if r["status"] == "ok"}
     for row, m, path in zip(rows, metrics, metric_files):
         base_name = precisions.get(row["precision"]).baseline if row["precision"] in precisions.REGISTRY else None
@@ -139,7 +139,7 @@ def add_baseline(rows: list[dict], metrics: list[dict], metric_files: list[str])
         row["nonfinite_steps"] = m.get("nonfinite_steps")
         row["fp8_weight_fraction"] = (m.get("float8") or {}).get("fp8_weight_fraction")
         row["loss_gap_steps"] = 0
-        found = ok.get((row["model"], row["seed"], base_name))
+        found = ok.get(CellId.of(row).at(base_name)) if base_name else None
         if base_name is None or found is None or row["status"] not in ("ok", "collapsed"):
             continue
         base, base_steps = found

@@ -13,9 +13,10 @@ import json
 import tarfile
 from pathlib import Path
 
+from amprepro.cellid import CellId
 from amprepro.files import read_json, write_json
 from amprepro.gitinfo import head_commit
-from amprepro.report.reference import ReferenceError, cell_key, gpu_slug, read_runs, rebuild
+from amprepro.report.reference import ReferenceError, gpu_slug, read_runs, rebuild
 
 
 def results_file(results: Path, name: str) -> Path:
@@ -104,7 +105,7 @@ def add_run(results: str | Path, reference_dir: str | Path, note: str) -> tuple[
                                   "they were made at; the note should say it if it differs)",
         "created_utc": now.strftime("%Y-%m-%dT%H:%M:%SZ"), "summary_csv_sha256": digest, "note": note,
         "steps": {"kept": kept > 0, "file": "steps.tar.gz", "cells": kept},
-        "specs": {cell_key(m["model"], m["precision"], m["seed"]): m["spec"] for m in metrics if m.get("spec")},
+        "specs": {CellId.of(m).reference_key: m["spec"] for m in metrics if m.get("spec")},
     }
     folder = reference / "runs" / run_id
     staging = reference / f".adding-{run_id}"  # outside runs/: a run appears whole or not at all

@@ -27,6 +27,7 @@ from pathlib import Path
 import jsonschema
 import yaml
 
+from amprepro.cellid import CellId
 from amprepro.files import read_json, write_json
 from amprepro.schemaerrors import bounded_message, field_name, first_error
 
@@ -52,10 +53,6 @@ class ReferenceError(ValueError):
 
 def gpu_slug(name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
-
-
-def cell_key(model: str, precision: str, seed) -> str:
-    return f"{model}/{precision}/{int(seed)}"
 
 
 def _num(value):
@@ -201,7 +198,7 @@ def read_run(folder: Path) -> Run:
     text = (folder / "summary.csv").read_text()
     rows = parse_summary_csv(text, str(folder / "summary.csv"))
     return Run(folder.name, read_json(folder / "provenance.json"),
-               {cell_key(r["model"], r["precision"], r["seed"]): r for r in rows})
+               {CellId.of(r).reference_key: r for r in rows})  # as aggregate.json keys its cells
 
 
 def read_runs(reference: Path) -> list[Run]:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from amprepro.cellid import CellId
 from amprepro.files import read_json
 from amprepro.gitinfo import describe_commit
 from amprepro.report import claims as claims_mod
@@ -177,7 +178,7 @@ def _epoch_tokens(row, runs_dir: str | None):
     """The token count a cell's derived epoch time is for: summary.csv's epoch_tokens, else the cell's metrics.json."""
     if pd.notna(row.get("epoch_tokens")):
         return int(row["epoch_tokens"])
-    path = Path(runs_dir or "") / str(row["model"]) / str(row["precision"]) / f"seed{int(row['seed'])}" / "metrics.json"
+    path = CellId(str(row["model"]), str(row["precision"]), int(row["seed"])).under(runs_dir or "") / "metrics.json"
     if runs_dir and path.exists():
         value = read_json(str(path)).get("epoch_tokens")
         return int(value) if value else None
@@ -251,7 +252,7 @@ def fixed_share_text(sub: pd.DataFrame) -> str:
 
 
 def read_steps(runs_dir: str, model: str, precision: str, seed: int) -> pd.DataFrame | None:
-    path = Path(runs_dir) / model / precision / f"seed{seed}" / "steps.csv"
+    path = CellId(model, precision, seed).under(runs_dir) / "steps.csv"
     if not path.exists() or path.stat().st_size == 0:
         return None
     frame = pd.read_csv(path)

@@ -260,7 +260,7 @@ def evaluate_claim(claim: dict, summary: dict) -> dict:
     wanted = claim["risk"].get("models") or [m for item in claim["risk"]["remedies"]
                                              for m in (item["risky"], item["remedy"])]
     if not any(c["model"] in wanted for c in summary.get("cells", [])):  # a run without the risk preset's cells
-        judged = {**_not_measurable(f"no {'/'.join(dict.fromkeys(wanted))} cell ran (--config preset=risk)"),
+        judged = {**_not_measurable(f"no {', '.join(dict.fromkeys(wanted))} cell ran (--config preset=risk)"),
                   "risk_preset": True}
     else:
         judged = judge_risk(claim, summary) if "models" in claim["risk"] else judge_remedies(claim, summary)

@@ -7,6 +7,7 @@ import json
 import os
 import sys
 
+from amprepro.cellid import CellId
 from amprepro.files import read_json, write_csv, write_json
 from amprepro.report import claimmetrics, fp8
 from amprepro.train import precisions
@@ -49,10 +50,10 @@ def peak_memory(row: dict):
 
 
 def add_relative(rows: list[dict]) -> list[dict]:
-    baseline = {(r["model"], r["seed"], r["precision"]): r for r in rows if r["status"] == "ok"}
+    baseline = {CellId.of(r): r for r in rows if r["status"] == "ok"}
     for row in rows:
-        fp32 = baseline.get((row["model"], row["seed"], "fp32"))
-        tf32 = baseline.get((row["model"], row["seed"], "tf32"))
+        fp32 = baseline.get(CellId.of(row).at("fp32"))
+        tf32 = baseline.get(CellId.of(row).at("tf32"))
         ok = row["status"] == "ok"
         row["speedup_vs_fp32"] = ratio(row.get("throughput_per_s"), fp32 and fp32["throughput_per_s"]) if ok else None
         row["speedup_vs_tf32"] = ratio(row.get("throughput_per_s"), tf32 and tf32["throughput_per_s"]) if ok else None
@@ -118,9 +119,9 @@ def largest_batch(asked: dict, records: list[dict]) -> dict:
 
 def add_largest_batch(rows: list[dict], records: list[dict]) -> list[dict]:
     """Each search's answer on the row of the cell it started from (that model, precision and seed)."""
-    found = {(r["model"], r["precision"], r["seed"]): r for r in records if r.get("status") == "ok"}
+    found = {CellId.of(r): r for r in records if r.get("status") == "ok"}
     for row in rows:
-        record = found.get((row["model"], row["precision"], row["seed"]))
+        record = found.get(CellId.of(row))
         row.update(claimmetrics.largest_batch_fields(record))
     return rows
 
@@ -196,7 +197,7 @@ def check_environment(environment: dict, metrics: list[dict], env_path: str = "e
         cell = interpreter_of_cell(m)
         if differences(recorded, cell):
             raise EnvironmentMismatch(
-                f"{env_path} describes {describe(recorded)}, but cell {m['model']}/{m['precision']}/seed{m['seed']} "
+                f"{env_path} describes {describe(recorded)}, but cell {CellId.of(m)} "
                 f"ran in {describe(cell)}. The record was made by another Python than the cells' (a run started "
                 "with another `python` first on PATH). Fix: run `make run` again, or `snakemake --forcerun "
                 "environment` from the shell the cells run in (venv active), to record the cells' interpreter.")

@@ -28,6 +28,7 @@ import json
 import sys
 from pathlib import Path
 
+from amprepro.cellid import CellId
 from amprepro.files import read_json, write_csv, write_json
 from amprepro.report import promote
 from amprepro.report import reference as ref_mod
@@ -52,7 +53,8 @@ def reference_inputs(reference_dir: str | Path = "reference") -> list[str]:
 
 
 def cell_specs(runs_dir: str | Path | None, field: str = "spec") -> dict:
-    """'model/precision/seed' -> the cell's full settings (or its memory plan: field "plan"), from its metrics.json."""
+    """CellId.reference_key ('model/precision/N', as the reference's files key cells) -> the cell's full settings (or
+    its memory plan: field "plan"), from its metrics.json."""
     specs = {}
     if runs_dir and Path(runs_dir).is_dir():
         for path in sorted(Path(runs_dir).glob("*/*/seed*/metrics.json")):
@@ -61,7 +63,7 @@ def cell_specs(runs_dir: str | Path | None, field: str = "spec") -> dict:
             except (OSError, ValueError):
                 continue
             if metrics.get(field):
-                specs[ref_mod.cell_key(metrics["model"], metrics["precision"], metrics["seed"])] = metrics[field]
+                specs[CellId.of(metrics).reference_key] = metrics[field]
     return specs
 
 

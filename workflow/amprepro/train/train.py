@@ -14,6 +14,7 @@ import sys
 import time
 
 from amprepro import archs
+from amprepro.cellid import CellId
 from amprepro.cellspec import CellSpec
 from amprepro.train.cellsupport import skip_cause
 
@@ -504,7 +505,7 @@ def write_results(args: argparse.Namespace, metrics: dict, rows: list[dict]) -> 
 
     write_csv(args.steps, rows, STEP_FIELDS)
     write_json(args.metrics, metrics)
-    print(f"{metrics['model']}/{metrics['precision']}/seed{metrics['seed']}: {metrics['status']} "
+    print(f"{CellId.of(metrics)}: {metrics['status']} "
           f"{metrics.get('reason', '')}")
 
 
