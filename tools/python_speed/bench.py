@@ -76,7 +76,7 @@ def run_cell(cell: str, steps: int, warmup: int, seed: int = 0) -> dict:
     return {"cell": cell, "kind": kind, "model_config": model_config, "optimizer": "adamw", "precision": "fp32",
             "steps": steps, "warmup_steps": warmup, "median_step_s": statistics.median(times),
             "mean_step_s": statistics.fmean(times), "min_step_s": min(times),
-            "p10_step_s": statistics.quantiles(times, n=10)[0],
+            "p10_step_s": statistics.quantiles(times, n=10, method="inclusive")[0],
             "first_loss": losses[0], "last_loss": losses[-1],
             "torch": torch.__version__, "torch_cuda": torch.version.cuda, "torch_threads": torch.get_num_threads(),
             "python": interpreter(), "loadavg_1m": os.getloadavg()[0]}

@@ -27,8 +27,12 @@ SCHEMA = {
         "claim": {
             "type": "object",
             "additionalProperties": False,
-            "required": ["id", "source", "statement", "model", "models", "metric", "baseline", "variant", "claimed",
-                         "tolerance"],
+            "required": ["id", "source", "statement", "model", "models", "metric", "claimed", "tolerance"],
+            # A python_speedup claim compares interpreters, not precisions: its runs are in a committed evidence file
+            # (amprepro.report.pythonclaim) and it has no baseline or variant precision; every other claim has both.
+            "if": {"properties": {"metric": {"const": "python_speedup"}}, "required": ["metric"]},
+            "then": {"required": ["evidence"]},
+            "else": {"required": ["baseline", "variant"]},
             "properties": {
                 "id": {"type": "string", "pattern": "^[a-z0-9][a-z0-9_.-]*$",
                        "description": "unique, lower-case letters, digits, '-', '_', '.'"},
@@ -93,6 +97,9 @@ SCHEMA = {
                         "note": {"type": "string"},
                     },
                 },
+                "evidence": {"type": "string", "pattern": "^results-reference/python/[A-Za-z0-9_.-]+\\.json$",
+                             "description": ("python_speedup only: the committed evidence file, relative to the "
+                                             "repository (tools/python_speed/ makes it)")},
                 "note": {"type": "string"},
                 "caveats": {"type": "array", "items": {"type": "string", "minLength": 1},
                             "description": "what a reader must know to read the verdict; the report lists them"},
@@ -100,6 +107,10 @@ SCHEMA = {
         },
     },
 }
+
+
+# What a python_speedup claim has no use for: each is about a precision, or the run's cells.
+PRECISION_FIELDS = ("baseline", "variant", "requires", "proxy", "convergence", "not_measurable")
 
 
 def schema() -> dict:
@@ -139,6 +150,18 @@ def validate(data, where: str = "config/claims.yaml") -> list[dict]:
             raise ClaimsError(f"{where}: claim field {field}.id: duplicate id, "
                               f"also used by claims[{seen[claim['id']]}].")
         seen[claim["id"]] = index
+        between = claim["claimed"].get("between")
+        if between and between[0] > between[1]:
+            raise ClaimsError(f"{where}: claim field {field}.claimed.between: {between} is not [low, high].")
+        if claim["metric"] == "python_speedup":  # judged from its evidence file: no precisions (the schema's if)
+            extra = next((key for key in PRECISION_FIELDS if key in claim), None)
+            if extra:
+                raise ClaimsError(f"{where}: claim field {field}.{extra}: a python_speedup claim is judged from its "
+                                  "evidence file (interpreters, not precisions, are compared); remove the field.")
+            continue
+        if "evidence" in claim:
+            raise ClaimsError(f"{where}: claim field {field}.evidence: only a python_speedup claim reads an evidence "
+                              f"file, this one is {claim['metric']}; remove the field.")
         claim["baseline"] = [claim["baseline"]] if isinstance(claim["baseline"], str) else list(claim["baseline"])
         if claim["variant"] in claim["baseline"]:
             raise ClaimsError(f"{where}: claim field {field}.variant: {claim['variant']!r} is also a baseline.")
@@ -147,9 +170,6 @@ def validate(data, where: str = "config/claims.yaml") -> list[dict]:
             raise ClaimsError(f"{where}: claim field {field}.convergence: held-out losses judge only an "
                               "accuracy_delta claim of the form claimed {at_least: 0} against baseline fp32 (\"not "
                               "lower than FP32\"). Fix: remove convergence or write the claim that way.")
-        between = claim["claimed"].get("between")
-        if between and between[0] > between[1]:
-            raise ClaimsError(f"{where}: claim field {field}.claimed.between: {between} is not [low, high].")
     return claims
 
 

@@ -230,7 +230,12 @@ def evaluate_claim(claim: dict, summary: dict, sanity: dict | None = None, archs
                    use_override: bool = True, data: dict | None = None, records: dict | None = None) -> dict:
     """The verdict of one claim on this run, with every number behind it; where this run cannot judge it, the proxy
     models (if the claim names some) are judged as context, and a claim with `convergence:` models takes its verdict
-    from their held-out losses (amprepro.report.convergence; records: model -> its cells' data record)."""
+    from their held-out losses (amprepro.report.convergence; records: model -> its cells' data record). A
+    python_speedup claim is judged from its committed evidence file instead (amprepro.report.pythonclaim)."""
+    if claim["metric"] == "python_speedup":
+        from amprepro.report import pythonclaim
+
+        return pythonclaim.evaluate_claim(claim)
     result = _judge(claim, summary, sanity, archs or {}, use_override, data)
     if result["verdict"] == "not_measurable" and claim.get("convergence"):
         from amprepro.report import convergence
