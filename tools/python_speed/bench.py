@@ -10,9 +10,10 @@ interpreter is the only thing that changes between two runs of this file with th
 Two kinds of cell (CELLS): launch-bound (the digits transformer at batch 8: hundreds of tiny ops a step, where
 Python and the dispatcher dominate) and compute-bound (the byte-level GPT at batch 8 x 128 tokens: matmuls
 dominate). torch runs on one thread (torch.set_num_threads(1)) so a step does not compete with itself for the
-machine's cores. The first `warmup` steps are not timed; each timed step is timed on its own (time.perf_counter)
-and the line carries their median, their fastest and their 10th percentile (the
-last two are the least disturbed by other work on a shared machine).
+machine's cores. The first `warmup` steps are not timed; each timed step is timed on its own, in wall time
+(time.perf_counter) and in the process's CPU time (time.process_time: every thread of the process, on a CPU only
+while it runs), and the line carries their medians and 10th percentiles. On a machine shared with other work the
+wall time counts the neighbours too (a step waits while they run); the CPU time counts the step's own work.
 
 Run with PYTHONPATH=<repo>/workflow: python bench.py --cell launch_tiny_transformer --steps 300 --warmup 30
 """
@@ -61,15 +62,16 @@ def run_cell(cell: str, steps: int, warmup: int, seed: int = 0) -> dict:
     optimizer = train.make_optimizer("adamw", model.parameters(), LR, 0.0, device)
     trainer = precision.Trainer("fp32", model, optimizer, train.cross_entropy, device)
     batches = train.make_data(model_config, seed, device, model)
-    times, losses = [], []
+    times, cpu_times, losses = [], [], []
     for step in range(warmup + steps):
         x, y = batches.next()
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         result = trainer.step(x, y)
         loss = float(result.loss)  # the step's value is read, so the timed step is the whole step
-        elapsed = time.perf_counter() - start
+        elapsed, elapsed_cpu = time.perf_counter() - start, time.process_time() - start_cpu
         if step >= warmup:
             times.append(elapsed)
+            cpu_times.append(elapsed_cpu)
             losses.append(loss)
     if not all(map(lambda v: v == v and abs(v) != float("inf"), losses)):
         raise SystemExit(f"{cell}: a non-finite loss; the timing of a broken step is not evidence")
@@ -77,6 +79,8 @@ def run_cell(cell: str, steps: int, warmup: int, seed: int = 0) -> dict:
             "steps": steps, "warmup_steps": warmup, "median_step_s": statistics.median(times),
             "mean_step_s": statistics.fmean(times), "min_step_s": min(times),
             "p10_step_s": statistics.quantiles(times, n=10, method="inclusive")[0],
+            "median_step_cpu_s": statistics.median(cpu_times),
+            "p10_step_cpu_s": statistics.quantiles(cpu_times, n=10, method="inclusive")[0],
             "first_loss": losses[0], "last_loss": losses[-1],
             "torch": torch.__version__, "torch_cuda": torch.version.cuda, "torch_threads": torch.get_num_threads(),
             "python": interpreter(), "loadavg_1m": os.getloadavg()[0]}
