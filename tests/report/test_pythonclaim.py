@@ -88,6 +88,22 @@ def test_the_verdict_names_each_kind_and_is_the_worst_of_them(tmp_path):
     assert result["evidence"] == "results-reference/python/e.json" and result["by_baseline"] == {}
 
 
+def test_the_control_is_shown_beside_the_verdict_and_never_enters_it(tmp_path):
+    control = [{**run(r, label, "control_pure_python", t), "kind": "pure-Python control"}
+               for r, label, t in ((1, "py310", 2.0), (1, "py311", 1.0))]
+    write_evidence(tmp_path, [*(r for r in RUNS if r["cell"] == "launch_x"), *control])
+    result = pythonclaim.evaluate_claim(CLAIM, tmp_path)
+    assert (result["verdict"], result["verdict_text"]) == ("holds", "holds")  # +100 % would exceed the band
+    assert result["measured_text"].endswith(
+        "[pure-Python control, not judged: +100.0 % (1 rounds); Python 3.11.7 vs 3.10.13, torch 2.13.0+cu130, CPU "
+        "time per step, on the CPU (results-reference/python/e.json)]")
+    elsewhere = tmp_path / "only-control"
+    write_evidence(elsewhere, control)
+    only = pythonclaim.evaluate_claim(CLAIM, elsewhere)
+    assert only["verdict"] == "not_measurable" and only["reason"] == (
+        "results-reference/python/e.json: no training-step cell, only the control; re-run tools/python_speed/run.sh")
+
+
 def test_every_kind_in_the_band_holds(tmp_path):
     write_evidence(tmp_path, [r for r in RUNS if r["cell"] == "launch_x"])
     result = pythonclaim.evaluate_claim(CLAIM, tmp_path)
@@ -175,10 +191,12 @@ def test_the_benchmark_times_the_pipelines_step_on_the_cpu(monkeypatch):
     threads = torch.get_num_threads()
     try:
         out = bench.run_cell("launch_tiny_transformer", steps=5, warmup=1)
+        control = bench.run_control(steps=5, warmup=1)
     finally:
         torch.set_num_threads(threads)  # the benchmark's one thread is not the rest of the session's
     assert out["kind"] == "launch-bound" and out["torch_threads"] == 1 and out["steps"] == 5
     assert 0 < out["min_step_s"] <= out["p10_step_s"] <= out["median_step_s"]
     assert 0 < out["p10_step_cpu_s"] <= out["median_step_cpu_s"]
+    assert control["kind"] == pythonclaim.CONTROL_KIND and 0 < control["p10_step_cpu_s"] <= control["median_step_cpu_s"]
     assert out["python"]["version"] == ".".join(map(str, sys.version_info[:3]))
     assert 0 < out["last_loss"] < 5 and out["model_config"]["arch"] == "tiny_transformer"

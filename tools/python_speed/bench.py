@@ -35,6 +35,10 @@ CELLS = {
     "compute_gpt_bytes": ("compute-bound", {"arch": "gpt_bytes", "data": "synthetic_tokens", "batch_size": 8,
                                             "seq_len": 128}),
 }
+# A positive control, no torch: the kind of pure-Python work (calls, attribute access, small objects) the
+# interpreter benchmarks the article cites measure. It shows whether these two builds differ the way the article says
+# at all, apart from what a training step makes of it; the claim's verdict does not read it.
+CONTROL = "control_pure_python"
 LR = 0.002  # config/presets/smoke.yaml's; the value does not change the work of a step
 
 
@@ -47,6 +51,48 @@ def interpreter() -> dict:
             "opt": sysconfig.get_config_var("OPT") or "",
             "pgo_lto": {"pgo": "--enable-optimizations" in (sysconfig.get_config_var("CONFIG_ARGS") or ""),
                         "lto": "--with-lto" in (sysconfig.get_config_var("CONFIG_ARGS") or "")}}
+
+
+def _fib(n: int) -> int:
+    return n if n < 2 else _fib(n - 1) + _fib(n - 2)
+
+
+class _Point:
+    def __init__(self, x: float, y: float):
+        self.x, self.y = x, y
+
+    def manhattan(self) -> float:
+        return abs(self.x) + abs(self.y)
+
+
+def control_step() -> float:
+    """One step of the control: recursive calls, then small objects and their methods."""
+    total = float(_fib(18))
+    for i in range(3000):
+        total += _Point(i, -i).manhattan()
+    return total
+
+
+def run_control(steps: int, warmup: int) -> dict:
+    times, cpu_times = [], []
+    for step in range(warmup + steps):
+        start, start_cpu = time.perf_counter(), time.process_time()
+        control_step()
+        elapsed, elapsed_cpu = time.perf_counter() - start, time.process_time() - start_cpu
+        if step >= warmup:
+            times.append(elapsed)
+            cpu_times.append(elapsed_cpu)
+    from amprepro.report.pythonclaim import CONTROL_KIND
+
+    return {"cell": CONTROL, "kind": CONTROL_KIND, "model_config": None, "steps": steps, "warmup_steps": warmup,
+            **step_stats(times, cpu_times), "python": interpreter(), "loadavg_1m": os.getloadavg()[0]}
+
+
+def step_stats(times: list[float], cpu_times: list[float]) -> dict:
+    return {"median_step_s": statistics.median(times), "mean_step_s": statistics.fmean(times),
+            "min_step_s": min(times), "p10_step_s": statistics.quantiles(times, n=10, method="inclusive")[0],
+            "median_step_cpu_s": statistics.median(cpu_times),
+            "p10_step_cpu_s": statistics.quantiles(cpu_times, n=10, method="inclusive")[0]}
 
 
 def run_cell(cell: str, steps: int, warmup: int, seed: int = 0) -> dict:
@@ -76,11 +122,7 @@ def run_cell(cell: str, steps: int, warmup: int, seed: int = 0) -> dict:
     if not all(map(lambda v: v == v and abs(v) != float("inf"), losses)):
         raise SystemExit(f"{cell}: a non-finite loss; the timing of a broken step is not evidence")
     return {"cell": cell, "kind": kind, "model_config": model_config, "optimizer": "adamw", "precision": "fp32",
-            "steps": steps, "warmup_steps": warmup, "median_step_s": statistics.median(times),
-            "mean_step_s": statistics.fmean(times), "min_step_s": min(times),
-            "p10_step_s": statistics.quantiles(times, n=10, method="inclusive")[0],
-            "median_step_cpu_s": statistics.median(cpu_times),
-            "p10_step_cpu_s": statistics.quantiles(cpu_times, n=10, method="inclusive")[0],
+            "steps": steps, "warmup_steps": warmup, **step_stats(times, cpu_times),
             "first_loss": losses[0], "last_loss": losses[-1],
             "torch": torch.__version__, "torch_cuda": torch.version.cuda, "torch_threads": torch.get_num_threads(),
             "python": interpreter(), "loadavg_1m": os.getloadavg()[0]}
@@ -88,7 +130,7 @@ def run_cell(cell: str, steps: int, warmup: int, seed: int = 0) -> dict:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--cell", required=True, choices=sorted(CELLS))
+    parser.add_argument("--cell", required=True, choices=sorted([*CELLS, CONTROL]))
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--label", required=True, help="the interpreter's name in the evidence (py310, py311)")
@@ -96,7 +138,8 @@ def main(argv=None) -> None:
     if args.steps < 5 or args.warmup < 1:
         parser.error("--steps must be at least 5 and --warmup at least 1: a median of fewer steps, or a timed "
                      "first step, is not a step time")
-    print(json.dumps({"label": args.label, **run_cell(args.cell, args.steps, args.warmup)}))
+    run = run_control if args.cell == CONTROL else lambda steps, warmup: run_cell(args.cell, steps, warmup)
+    print(json.dumps({"label": args.label, **run(args.steps, args.warmup)}))
 
 
 if __name__ == "__main__":

@@ -32,6 +32,9 @@ REPO = Path(__file__).resolve().parents[3]
 VERDICT_TEXT = {"holds": "holds", "exceeds": "exceeds the claim", "falls_short": "falls short",
                 "not_measurable": "not measurable here"}
 WORST_FIRST = ["falls_short", "exceeds", "holds"]
+# The kind of tools/python_speed/bench.py's control cell (pure Python, no torch): shown beside the verdict, which it
+# does not enter, to say whether the two interpreters differ as the article says on the work its benchmarks measure.
+CONTROL_KIND = "pure-Python control"
 JUDGED = "median_step_cpu_s"  # the step time the verdict reads (module docstring: why CPU time)
 # Every step time a run carries (tools/python_speed/bench.py), by the name its speedup has in the evidence.
 TIMES = {"cpu_median": "median_step_cpu_s", "wall_median": "median_step_s", "cpu_p10": "p10_step_cpu_s",
@@ -102,8 +105,11 @@ def _verdict_text(verdict: str) -> str:
 
 def judge(claim: dict, evidence: dict, where: str) -> dict:
     """The claim's result in the form claims.evaluate_claim returns, from the evidence's runs."""
-    per_kind = []
+    per_kind, controls = [], []
     for cell in cell_summary(evidence["runs"]):
+        if cell["kind"] == CONTROL_KIND:
+            controls.append(f"{CONTROL_KIND}, not judged: {cell['speedup_text']} ({cell['rounds']} rounds)")
+            continue
         spread = cell["speedup"]
         verdict = verdict_for(claim, spread["median"])
         borderline = len({verdict_for(claim, spread[k]) for k in ("min", "median", "max")}) > 1
@@ -114,6 +120,8 @@ def judge(claim: dict, evidence: dict, where: str) -> dict:
         per_kind.append({**cell, "verdict": verdict, "borderline": borderline, "measured_text": text,
                          "reason": text + ("" if verdict == "holds" else f", {band_side(claim, spread['median'])}")
                          + (" (the spread straddles the band edge)" if borderline else "")})
+    if not per_kind:
+        raise EvidenceError(f"{where}: no training-step cell, only the control; re-run tools/python_speed/run.sh")
     verdicts = {c["verdict"] for c in per_kind}
     verdict = next(v for v in WORST_FIRST if v in verdicts)
     verdict_text = _verdict_text(verdict)
@@ -123,6 +131,7 @@ def judge(claim: dict, evidence: dict, where: str) -> dict:
     versions = " vs ".join(interpreters.get(label, {}).get("version", label) for label in (VARIANT, BASELINE))
     context = (f"Python {versions}, torch {evidence.get('torch', {}).get('version', '?')}, CPU time per step, on "
                f"the CPU ({where})")
+    context = "; ".join([*controls, context])
     return {"verdict": verdict, "verdict_text": verdict_text,
             "measured_text": "; ".join(c["measured_text"] for c in per_kind) + f" [{context}]",
             "reason": "; ".join(c["reason"] for c in per_kind) + f" [{context}]", "kinds": per_kind}
@@ -139,11 +148,9 @@ def evaluate_claim(claim: dict, root: str | Path | None = None) -> dict:
               "matched_models": [], "evidence": where,
               "tested_text": f"Python {VARIANT[2]}.{VARIANT[3:]} vs {BASELINE[2]}.{BASELINE[3:]}: the pipeline's "
                              "FP32 training step on the CPU, from committed evidence"}
-    try:
-        evidence = load_evidence(Path(root or REPO) / where, where)
+    try:  # a file that cannot be read, or whose runs pair no cell: said in the claim's reason, not a crash
+        result.update(judge(claim, load_evidence(Path(root or REPO) / where, where), where))
     except EvidenceError as exc:
         result.update(verdict="not_measurable", verdict_text=VERDICT_TEXT["not_measurable"], reason=str(exc),
                       measured_text="")
-        return result
-    result.update(judge(claim, evidence, where))
     return result
