@@ -151,7 +151,7 @@ def test_the_committed_claim_is_judged_from_the_committed_evidence_on_any_run():
     assert set(evidence["interpreters"]) == {"py310", "py311"} and evidence["torch"]["threads"] == 1
     assert evidence["interpreters"]["py310"]["version"].startswith("3.10.")
     assert evidence["interpreters"]["py311"]["version"].startswith("3.11.")
-    assert {c["kind"] for c in evidence["cells"]} == {"launch-bound", "compute-bound"}
+    assert {c["kind"] for c in evidence["cells"]} == {"launch-bound", "compute-bound", pythonclaim.CONTROL_KIND}
     # the file's own summary is what its runs give
     assert evidence["cells"] == json.loads(json.dumps(pythonclaim.cell_summary(evidence["runs"])))
     result = claims.evaluate_claim(claim, {"cells": []})

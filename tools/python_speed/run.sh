@@ -7,6 +7,7 @@
 #
 # PY310, PY311: python executables with the same torch build installed (tools/python_speed/README.md: how the
 # evidence's were made). OUT.jsonl gets one line per run; summarize.py turns it into the evidence JSON.
+# CELLS (environment): the cells to run, of bench.py's; default all three.
 set -euo pipefail
 if [ $# -lt 3 ]; then
     echo "usage: $0 PY310 PY311 OUT.jsonl [ROUNDS]  (two python executables, the output file, rounds: default 7)" >&2
@@ -23,8 +24,13 @@ export PYTHONPATH=$repo/workflow OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 : > "$out"
 for round in $(seq 1 "$rounds"); do
     if [ $((round % 2)) -eq 1 ]; then order="py310 py311"; else order="py311 py310"; fi
-    for cell in launch_tiny_transformer compute_gpt_bytes; do
-        if [ $cell = launch_tiny_transformer ]; then steps=300 warmup=30; else steps=15 warmup=3; fi
+    for cell in ${CELLS:-launch_tiny_transformer compute_gpt_bytes control_pure_python}; do
+        case $cell in
+            launch_tiny_transformer) steps=300 warmup=30 ;;
+            compute_gpt_bytes) steps=15 warmup=3 ;;
+            control_pure_python) steps=200 warmup=20 ;;
+            *) echo "unknown cell '$cell' in CELLS: bench.py --help lists them" >&2; exit 2 ;;
+        esac
         for label in $order; do
             if [ $label = py310 ]; then py=$py310; else py=$py311; fi
             "$py" "$here/bench.py" --cell $cell --steps $steps --warmup $warmup --label $label \

@@ -52,11 +52,12 @@ def main(argv=None) -> None:
     if not runs:
         sys.exit(f"{', '.join(args.runs)}: no runs; run tools/python_speed/run.sh first")
     interpreters = {run["label"]: run["python"] for run in runs}
-    torch_builds = {(run["torch"], run["torch_cuda"]) for run in runs}
-    threads = {run["torch_threads"] for run in runs}
+    trained = [run for run in runs if "torch" in run]  # the control imports no torch
+    torch_builds = {(run["torch"], run["torch_cuda"]) for run in trained}
+    threads = {run["torch_threads"] for run in trained}
     if len(torch_builds) != 1 or threads != {1}:
         sys.exit(f"{', '.join(args.runs)}: the runs used torch {sorted(torch_builds)} with threads "
-                 f"{sorted(threads)}; the comparison needs one torch build and one thread in every run")
+                 f"{sorted(threads)}; the comparison needs one torch build and one thread in every training run")
     (version, cuda), = torch_builds
     loads = [run["loadavg_1m"] for run in runs]
     evidence = {
