@@ -30,6 +30,8 @@ def test_report_summary_judges_every_claim(smoke_run):
     html = (smoke_run / "results/report/report.html").read_text()
     top = html[html.index('<section class="glance">'):html.index("</section>")]
     for claim in yaml.safe_load(CLAIMS.read_text())["claims"]:
+        if "evidence" in claim:  # judged from a committed file, listed apart (tests/report/test_pythonclaim.py)
+            continue
         row = top[top.index(f"<b>{claim['id']}</b>"):]
         row = row[:row.index("</tr>")]
         assert re.search(r"cells \(|Tensor Core|benchmark models", row), row  # what the claim needs

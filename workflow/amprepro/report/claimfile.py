@@ -31,9 +31,12 @@ SCHEMA = {
             "type": "object",
             "additionalProperties": False,
             "required": ["id", "source", "statement", "model", "models", "claimed", "tolerance"],
-            # a claim about the environment (judge:, amprepro.report.envclaims) has no single variant precision
-            "if": {"not": {"required": ["judge"]}},
-            "then": {"required": ["metric", "baseline", "variant"]},
+            # A python_speedup claim compares interpreters, not precisions: its runs are in a committed evidence file
+            # (amprepro.report.pythonclaim) and it has no baseline or variant precision; a claim about the environment
+            # (judge:, amprepro.report.envclaims) has no single variant precision; every other claim has all three.
+            "if": {"properties": {"metric": {"const": "python_speedup"}}, "required": ["metric"]},
+            "then": {"required": ["evidence"]},
+            "else": {"if": {"not": {"required": ["judge"]}}, "then": {"required": ["metric", "baseline", "variant"]}},
             "properties": {
                 "id": {"type": "string", "pattern": "^[a-z0-9][a-z0-9_.-]*$",
                        "description": "unique, lower-case letters, digits, '-', '_', '.'"},
@@ -165,6 +168,9 @@ SCHEMA = {
                         "memory_tolerance": {"type": "number", "minimum": 0},
                     },
                 },
+                "evidence": {"type": "string", "pattern": "^results-reference/python/[A-Za-z0-9_.-]+\\.json$",
+                             "description": ("python_speedup only: the committed evidence file, relative to the "
+                                             "repository (tools/python_speed/ makes it)")},
                 "note": {"type": "string"},
                 "caveats": {"type": "array", "items": {"type": "string", "minLength": 1},
                             "description": "what a reader must know to read the verdict; the report lists them"},
@@ -172,6 +178,10 @@ SCHEMA = {
         },
     },
 }
+
+
+# What a python_speedup claim has no use for: each is about a precision, or the run's cells.
+PRECISION_FIELDS = ("baseline", "variant", "requires", "proxy", "convergence", "not_measurable")
 
 
 def schema() -> dict:
@@ -211,6 +221,18 @@ def validate(data, where: str = "config/claims.yaml") -> list[dict]:
             raise ClaimsError(f"{where}: claim field {field}.id: duplicate id, "
                               f"also used by claims[{seen[claim['id']]}].")
         seen[claim["id"]] = index
+        between = claim["claimed"].get("between")
+        if between and between[0] > between[1]:
+            raise ClaimsError(f"{where}: claim field {field}.claimed.between: {between} is not [low, high].")
+        if claim.get("metric") == "python_speedup":  # judged from its evidence file: no precisions (the schema's if)
+            extra = next((key for key in PRECISION_FIELDS if key in claim), None)
+            if extra:
+                raise ClaimsError(f"{where}: claim field {field}.{extra}: a python_speedup claim is judged from its "
+                                  "evidence file (interpreters, not precisions, are compared); remove the field.")
+            continue
+        if "evidence" in claim:
+            raise ClaimsError(f"{where}: claim field {field}.evidence: only a python_speedup claim reads an evidence "
+                              f"file, this one is {claim.get('metric')}; remove the field.")
         baseline = claim.get("baseline", [])
         claim["baseline"] = [baseline] if isinstance(baseline, str) else list(baseline)
         judge = claim.get("judge", {}).get("kind")
@@ -240,9 +262,6 @@ def validate(data, where: str = "config/claims.yaml") -> list[dict]:
             raise ClaimsError(f"{where}: claim field {field}.lora: the metric lora_parameters and the lora field go "
                               "together, with claimed {at_least: parameters} and variant amp_bf16 (the bf16 base "
                               "under AMP; amprepro.report.loraclaim). Fix: write both, or neither.")
-        between = claim["claimed"].get("between")
-        if between and between[0] > between[1]:
-            raise ClaimsError(f"{where}: claim field {field}.claimed.between: {between} is not [low, high].")
     return claims
 
 

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 # Which side of the claimed band is better for the variant, per metric: more speed, a bigger memory saving and a
 # higher accuracy are all better, so a value above the band exceeds the claim and one below it falls short.
+# python_speedup: a step time under 3.10 over the one under 3.11 (amprepro.report.pythonclaim), from committed evidence.
 HIGHER_IS_BETTER = {"speedup": True, "memory_reduction": True, "accuracy_delta": True, "batch_ratio": True,
                     "heldout_loss_gap": False,  # final held-out loss (variant) - (baseline), nats: lower is better
-                    "lora_parameters": True}  # lora_parameters: judged by amprepro.report.loraclaim
+                    "lora_parameters": True,  # judged by amprepro.report.loraclaim
+                    "python_speedup": True}
 EPS = 1e-9
 
 
@@ -134,6 +136,8 @@ def fmt_value(metric: str, value: float | None) -> str:
         return f"{value:+.3f} nats".replace("-", "−")
     if metric == "lora_parameters":
         return f"{value / 1e9:.2f} B parameters"
+    if metric == "python_speedup":  # 1.25 = 25 % more steps per second: the article's "快 25%"
+        return f"{(value - 1) * 100:+.1f} %".replace("-", "−")
     return f"{value:.3g}"
 
 

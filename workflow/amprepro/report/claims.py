@@ -244,7 +244,12 @@ def evaluate_claim(claim: dict, summary: dict, sanity: dict | None = None, archs
     models (if the claim names some) are judged as context, and a claim with `convergence:` models takes its verdict
     from their held-out losses (amprepro.report.convergence; records: model -> its cells' data record). A `judge:`
     claim (about the environment) is amprepro.report.envclaims' (specs: model -> its cells' spec); a `stability:`
-    claim takes its verdict from amprepro.report.optlevels alone, a `risk:` claim from amprepro.report.riskclaims."""
+    claim takes its verdict from amprepro.report.optlevels alone, a `risk:` claim from amprepro.report.riskclaims; a
+    python_speedup claim is judged from its committed evidence file instead (amprepro.report.pythonclaim)."""
+    if claim.get("metric") == "python_speedup":
+        from amprepro.report import pythonclaim
+
+        return pythonclaim.evaluate_claim(claim)
     if claim.get("risk"):  # AMP's risk points and their remedies (amprepro.report.riskclaims)
         from amprepro.report import riskclaims
 

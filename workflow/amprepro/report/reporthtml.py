@@ -59,7 +59,13 @@ def glance_html(data: dict, title: str = "") -> str:
     the same verdict and reason on every row."""
     summary, isolation = data["summary"], data["environment"].get("isolation", {})
     claims = data.get("claims")
-    pending = bool(claims) and all(r["verdict"] == "not_measurable" for r in claims)
+    # A claim judged from a committed evidence file (amprepro.report.pythonclaim) has its verdict on every run: where
+    # none of this run's own claims is measurable it is shown apart, under the list of what the others need.
+    evidence = [r for r in claims or [] if r.get("evidence")]
+    pending = bool(claims) and len(evidence) < len(claims) and all(
+        r["verdict"] == "not_measurable" for r in claims if not r.get("evidence"))
+    if pending:
+        claims = [r for r in claims if not r.get("evidence")]
     return render("glance.html.j2", title=title, hardware=hardware(summary), versions=summary["versions"],
                   counts=summary["counts"], preset=summary["preset"], n_cells=len(summary["cells"]),
                   sanity=data["sanity"], apex=data["apex"], verify=data.get("verify"),
@@ -67,6 +73,7 @@ def glance_html(data: dict, title: str = "") -> str:
                   context=claims_mod.run_context(summary),
                   claims=None if claims is None else [{**r, "detail": claim_detail(r),
                                                        "needs": claim_needs(r, summary)} for r in claims],
+                  evidence_claims=[{**r, "detail": claim_detail(r)} for r in evidence] if pending else [],
                   claims_pending=pending, claim_counts=None if claims is None else claims_mod.counts(claims))
 
 
