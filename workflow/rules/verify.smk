@@ -46,6 +46,7 @@ rule verify:
     """make verify: exit non-zero when a cell is out of tolerance against the reference, naming the cells and by how much."""
     input:
         verify="results/verify/verify.json",
+        every=pipeline_outputs(),  # a missing one is re-made, and the comparison with it (common.smk)
     log:
         "results/logs/verify.log",
     conda:
