@@ -46,6 +46,7 @@ RUNTIME_FACTOR = float(config["resources"]["runtime_factor"])  # nested --config
 GPU_MEMORY_LIMIT = gpu_memory_limit(config)  # GiB of an emulated smaller card, or None
 LARGEST_BATCH = RUNS.get("largest_batch") or {}  # workflow/rules/largest_batch.smk
 SEARCHES = largest_batch_searches(RUNS) if GPUS else []
+ARCHS = sorted({m["arch"] for m in RUNS["models"].values()})  # sanity checks the libraries they are built from
 
 # How every job finds the amprepro package: the one place. Each shell command starts with PYTHONPATH exported to the
 # package's absolute folder (PACKAGE_PATH, from the Snakefile), so rules run `python -m amprepro.<subpackage>.<stage>`
