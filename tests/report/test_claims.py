@@ -792,3 +792,15 @@ def test_the_command_line_prints_each_verdict_and_writes_the_json(tmp_path, monk
     assert "--json JSON write the evaluated claims here" in usage
     assert ("The blog posts' claims as data (config/claims.yaml), validated, and evaluated against one run of the "
             "pipeline.") in usage and "A claim names a metric" not in usage
+
+
+def test_a_generic_claim_without_its_kind_of_model_says_which_kind_in_words():
+    """Issue 41: "no any model (generic) cell ran (benchmark)"."""
+    from amprepro.report.claims import no_model_ran
+
+    claim = {"model": "any model (generic)", "models": ["benchmark"]}
+    assert no_model_ran(claim, {"benchmark"}) == ("no benchmark model (synthetic data, sized for throughput) is in "
+                                                  "this run")
+    assert no_model_ran({"model": "any model (generic)", "models": ["any"]}, {"any"}) == "no model is in this run"
+    named = {"model": "ResNet-50", "models": ["resnet50"]}
+    assert no_model_ran(named, {"resnet50"}) == "no ResNet-50 cell ran (resnet50)"

@@ -221,7 +221,8 @@ ALWAYS_SHOWN = {"model", "precision", "seed", "status"}
 
 def fold(row: dict, parts: list[str]) -> str:
     """The values of one folded column: "a / b", a missing one as "—"; "" when none has a value."""
-    values = [str(row.get(part) or "") for part in parts]
+    # 0 is a value (seed 0 was blank on every row); None and NaN are not
+    values = ["" if row.get(part) is None or pd.isna(row.get(part)) else str(row.get(part)) for part in parts]
     if not any(values):
         return ""
     if len(parts) == 2 and parts[1] == "unit":  # throughput and its unit

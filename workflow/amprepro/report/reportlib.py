@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import hashlib
+import math
 from pathlib import Path
 
 import pandas as pd
@@ -94,6 +95,17 @@ def _fmt_num(v, spec: str) -> str:
     return format(v, spec) if pd.notna(v) else ""
 
 
+def _fmt_significant(v, digits: int = 3) -> str:
+    """v with `digits` significant digits and at least one decimal: 0.0184, 1.53, 12.3, 400.0 (as .1f, a CPU cell's
+    0.02 TFLOP/s read 0.0)."""
+    if not pd.notna(v):
+        return ""
+    if v == 0:
+        return "0.0"
+    decimals = max(1, digits - 1 - math.floor(math.log10(abs(v))))
+    return f"{v:,.{decimals}f}"
+
+
 def memory_label(row) -> str:
     if pd.notna(row.get("peak_allocated_bytes")):
         return f"{row['peak_allocated_bytes'] / GIB:.2f} GiB (allocator)"
@@ -134,7 +146,7 @@ def results_table(summary: dict) -> pd.DataFrame:
         "final loss": frame["final_loss"].map(lambda v: _fmt_num(v, ".4f")),
         "eval acc": frame["eval_accuracy"].map(lambda v: _fmt_num(v, ".3f")),
         "skipped steps": frame["skipped_steps"].map(lambda v: "" if pd.isna(v) else str(int(v))),
-        "TFLOP/s": _column(frame, "achieved_tflops").map(lambda v: _fmt_num(v, ".1f")),
+        "TFLOP/s": _column(frame, "achieved_tflops").map(_fmt_significant),
         "MFU measured peak": _column(frame, "mfu_vs_measured_peak").map(lambda v: _fmt_num(v, ".1%")),
         "MFU datasheet": _column(frame, "mfu_vs_datasheet").map(lambda v: _fmt_num(v, ".1%")),
         "reason": reasons,
