@@ -119,6 +119,14 @@ def claims_detail_html(results: list[dict] | None) -> str:
                   regimes=[] if results is None else [regimes_view(r) for r in results if r.get("regimes")])
 
 
+# A regime's predicted verdict, in words that say it is one: "holds" beside a run that measured nothing read like a
+# result (issue 41).
+PREDICTED_VERDICT = {"holds": "would hold", "exceeds": "would exceed the claim", "falls_short": "would fall short"}
+NOTHING_MEASURED = ("This run measured nothing for this claim (its verdict: not measurable here), so every figure and "
+                    "word below is a prediction from amprepro.memory, or a committed measurement where a row says "
+                    "measured. ")
+
+
 def regimes_view(r: dict) -> dict:
     """A claim's regimes table (amprepro.report.regimes) as text cells: predictions, and measurements where a
     committed file has them."""
@@ -130,10 +138,11 @@ def regimes_view(r: dict) -> dict:
         rows.append({"regime": row["regime"], "note": row["note"], "cells": f"{row['baseline']} → {row['variant']}",
                      "fp32": gib(p["baseline_peak_bytes"]), "amp": gib(p["variant_peak_bytes"]),
                      "saving": row["predicted_text"], "label": row["label"],
-                     "verdict": claims_mod.VERDICT_TEXT.get(row.get("predicted_verdict"), ""),
+                     "verdict": PREDICTED_VERDICT.get(row.get("predicted_verdict"), ""),
                      "measured": (f"{gib(m['baseline_peak_bytes'])} → {gib(m['variant_peak_bytes'])}: "
                                   f"{row['measured_text']}") if m else row.get("measured_note", "not measured")})
-    return {"id": r["id"], "intro": r["regimes"]["intro"], "error": r["regimes"].get("measurement_error"),
+    intro = (NOTHING_MEASURED if r.get("verdict") == "not_measurable" else "") + r["regimes"]["intro"]
+    return {"id": r["id"], "intro": intro, "error": r["regimes"].get("measurement_error"),
             "rows": rows}
 
 
@@ -276,8 +285,12 @@ def loss_scale_section(summary: dict, runs_dir: str) -> str:
 def breakdown_section(table: str, runs_dir: str | None = None) -> str:
     frame = breakdown_frame(table, runs_dir)
     body = breakdown_html(table, runs_dir) if not frame.empty else ""
-    return section_html("Where the peak memory goes (7B)", body, "nothing to show on this run: no cell records how "
-                        "its peak memory splits (the paper preset's 7B cells on a GPU do)", intro=BREAKDOWN_INTRO)
+    cells = pd.read_csv(table)
+    on_gpu = "peak_allocated_bytes" in cells and cells["peak_allocated_bytes"].notna().any()
+    why = ("no cell records how its peak memory splits" if on_gpu else
+           "the split is of the GPU allocator's peak, and no cell of this run ran on a GPU")
+    return section_html("Where the peak memory goes (7B)", body, f"nothing to show on this run: {why} (the paper "
+                        "preset's 7B cells on a GPU record it)", intro=BREAKDOWN_INTRO)
 
 
 BREAKDOWN_INTRO = (

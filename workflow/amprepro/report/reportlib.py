@@ -187,12 +187,14 @@ def _epoch_tokens(row, runs_dir: str | None):
 
 
 def breakdown_frame(table: str, runs_dir: str | None = None) -> pd.DataFrame:
-    """The cells of the models that estimate their memory before allocating (the 7B cells), one row each, with the
-    token count of their derived epoch time. Every cell records a breakdown; only these need one explained."""
+    """The cells of the models that estimate their memory before allocating and record how the allocator's peak split
+    (the 7B cells on a GPU), one row each, with the token count of their derived epoch time. A CPU run's cells make
+    the estimate but have no allocator peak to split: their rows were empty tables and charts (issue 41)."""
     frame = pd.read_csv(table)
     if ESTIMATE_COLUMN not in frame:
         return pd.DataFrame()
-    estimating = set(frame.loc[frame[ESTIMATE_COLUMN].notna(), "model"])
+    split = frame[[c for c in MEMORY_PARTS if c in frame]].notna().any(axis=1)
+    estimating = set(frame.loc[frame[ESTIMATE_COLUMN].notna() & split, "model"])
     frame = frame[frame["model"].isin(estimating)].copy()
     if frame.empty:
         return frame
