@@ -97,11 +97,12 @@ def claim_needs(result: dict, summary: dict) -> str:
     if result["verdict"] != "not_measurable":
         return ""
     reason = (result.get("reason") or "").split(f": {claims_mod.run_context(summary)}")[0].split("; no CUDA GPU")[0]
+    if set(result.get("models") or []) & {"any", "benchmark"} and reason.startswith(
+            ("no benchmark model", "no model is in this run")):  # claims.no_model_ran's words for a generic claim
+        return "cells of the paper preset's benchmark models, on a GPU"
     missing = re.fullmatch(r"no (.+) cell ran \((.+)\)", reason)
     if missing is None:
         return reason
-    if set(result.get("models") or []) & {"any", "benchmark"}:
-        return "cells of the paper preset's benchmark models, on a GPU"
     return f"{missing.group(1)} cells ({missing.group(2)}), on a GPU (paper preset)"
 
 
