@@ -48,7 +48,8 @@ def test_smoke_preset_runs_every_cell_and_renders_the_report(smoke_run):
     html = (workdir / "results/report/report.html").read_text()
     for section in SECTIONS:
         assert f">{section}<" in html, f"report lacks section {section!r}"
-    assert html.count("data:image/png;base64,") >= 5
+    # throughput, speedup, memory, loss curves (the 7B breakdown has nothing to split on a CPU: one line says why)
+    assert html.count("data:image/png;base64,") >= 4
     assert "def " not in html and "import " not in html  # no code cells
     for log in ("environment", "apex_build", "apex", "sanity", "summary", "report"):
         assert (workdir / f"results/logs/{log}.log").exists()
@@ -179,7 +180,9 @@ def test_apex_and_sanity_run_again_with_the_same_outcome_rerun_no_cell(smoke_run
     result = snakemake(workdir, "--cores", "2", "--config", "preset=smoke", "--forcerun", "apex_build", "sanity")
     # apex_build's record (build.json) changes, so apex runs again: its view for the cells (runs.json) has the same
     # bytes, and so has sanity's (verdicts.json)
-    assert ran_rules(result.stdout + result.stderr) == ["all", "apex", "apex_build", "sanity"]
+    # (`all`, a target that runs no command, may or may not be listed)
+    assert [rule for rule in ran_rules(result.stdout + result.stderr) if rule != "all"] == ["apex", "apex_build",
+                                                                                            "sanity"]
     assert {path: path.stat().st_mtime_ns for path in cells} == before
     sanity = workdir / "results/sanity/sanity.json"
     original = sanity.read_text()

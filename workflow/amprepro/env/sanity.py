@@ -195,13 +195,14 @@ def library_check(torch, package: str, needed: bool) -> dict:
     return check(name, "pass", f"{package} {version} imports{ran}")
 
 
-def run_checks(apex_required: bool, expect_gpu: bool, needs: tuple[str, ...] = ()) -> list[dict]:
+def run_checks(apex_required: bool, expect_gpu: bool, archs: tuple[str, ...] = ()) -> list[dict]:
     try:
         import torch
     except ImportError as exc:
         return [check("torch import", "fail", f"{sys.executable}: {exc}",
                       "the `python` the jobs run has no torch: start the pipeline with `make run` (it puts .venv/bin "
                       "first on PATH), activate the venv, or use `snakemake --use-conda`", required=True)]
+    needs = libraries_for(archs)  # after torch: amprepro.train.models imports it
     return (torch_checks(torch, expect_gpu) + toolkit_checks(torch, apex_required) + autocast_checks(torch)
             + [grad_scaler_check(torch)]
             + [library_check(torch, package, package in needs) for package in LIBRARY_FIX] + [kernel_check()])
@@ -216,7 +217,7 @@ def main(argv=None) -> None:
                         help="the archs of this run's models: the check of a library one is built from is required")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
-    results = run_checks(args.apex_required == "True", args.expect_gpu == "True", libraries_for(args.archs))
+    results = run_checks(args.apex_required == "True", args.expect_gpu == "True", tuple(args.archs))
     for r in results:
         print(f"[{r['status']:4}] {r['name']}: {r['detail']}" + (f"  FIX: {r['fix']}" if r["fix"] else ""))
     blocking = [r for r in results if r["status"] == "fail" and r["required"]]
