@@ -13,9 +13,7 @@ if workflow.is_main_process:
     from amprepro.env import apexrecords
 
     _workdir = Path(workflow.workdir_init, workflow.overwrite_workdir or ".").resolve()
-    if _said := apexrecords.recover(
-        _workdir / "results" / "apex", _workdir, workflow.output_settings.dryrun
-    ):
+    if _said := apexrecords.recover(_workdir / "results" / "apex", _workdir, workflow.output_settings.dryrun):
         print(f"amprepro: {_said}", file=sys.stderr)
 
 
