@@ -371,6 +371,9 @@ def say(line: str) -> None:
 INTERRUPTED = 128 + signal.SIGINT  # what a shell reports for a command ended by Ctrl-C
 
 
+FORWARD_GRACE = 2.0  # seconds for Snakemake's last lines once it has ended
+
+
 def forward(stream, interrupted: list, out=None) -> None:
     """Snakemake's stderr, line by line, to ours until Ctrl-C; after it, nothing: what Snakemake says then is a
     KeyboardInterrupt traceback and an "Error in rule" block for each job it stopped, none of it news to the person
@@ -394,7 +397,9 @@ def run_snakemake(command: list[str], lock: RunLock, env: dict) -> int:
     forwarder.start()
     try:
         code = child.wait()  # a handled signal does not end the wait (PEP 475)
-        forwarder.join()
+        # What Snakemake wrote last, but no waiting for the end of the pipe: a job that outlives a killed Snakemake
+        # holds it open (its shell's stderr), as long as it runs.
+        forwarder.join(timeout=FORWARD_GRACE)
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
