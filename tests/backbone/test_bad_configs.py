@@ -101,6 +101,17 @@ BAD = [
     ("arch-option", "file", {"apex": {"cuda_arch_list": "-9.0"}}, "config.apex.cuda_arch_list"),
     ("sha256", "file", {"apex": {"source": {"sha256": "xyz"}}}, "config.apex.source.sha256"),
     ("build-jobs", "file", {"apex": {"build_jobs": 0}}, "config.apex.build_jobs"),
+    # a field that takes a number or its text keeps its range in every spelling (issue 41: "0" passed, and the plan
+    # divided by a budget of 0); YAML's .nan and .inf pass every range check
+    ("memory-limit-quoted-zero", "file", {"gpu_memory_limit_gib": "0"},
+     "config.gpu_memory_limit_gib: 0 is less than or equal to the minimum of 0"),
+    ("memory-limit-quoted-zero-float", "file", {"gpu_memory_limit_gib": "0.0"},
+     "config.gpu_memory_limit_gib: 0.0 is less than or equal to the minimum of 0"),
+    ("memory-limit-nan", "main", "preset: smoke\ngpu_memory_limit_gib: .nan\n",
+     "config.gpu_memory_limit_gib: nan is not a finite number"),
+    ("runtime-factor-quoted-zero", "file", {"resources": {"runtime_factor": "0"}},
+     "config.resources.runtime_factor: 0 is less than or equal to the minimum of 0"),
+    ("lr-inf", "main", "preset: smoke\nruns:\n  train:\n    lr: .inf\n", "config.runs.train.lr: inf is not a finite"),
     ("no-apex-source", "file", {"apex": {"required": True, "source": {"url": None, "path": None, "tarball": None}}},
      "config.apex.source"),
     ("url-without-commit", "file", {"apex": {"source": {"commit": None}}}, "config.apex.source.commit"),
@@ -128,6 +139,8 @@ BAD = [
     # --config values are checked as the same values in a file: the range, not the type of the text they arrive as
     ("cli-batch-negative", "config", ['runs={"models": {"cnn": {"batch_size": -8}}}'],
      "config.runs.models.cnn.batch_size: -8 is less than the minimum of 1"),
+    ("cli-runtime-factor-zero", "config", ['resources={"runtime_factor": "0"}'],
+     "config.resources.runtime_factor: 0 is less than or equal to the minimum of 0"),
     ("cli-steps-zero", "config", ['runs={"train": {"steps": 0}}'],
      "config.runs.train.steps: 0 is less than the minimum"),
     ("cli-key-typo", "config", ["prest=smoke"], "unknown key 'prest'. Did you mean `preset`?"),
@@ -152,6 +165,7 @@ VALID = [
      ['apex={"source": {"path": "vendor/apex-25.05", "commit": "379937e1", "url": null}}']),
     ("cli-apex-required", "config", ['apex={"required": false}', "gpu=false"]),
     ("json-file", "json", {"preset": "smoke", "runs": {"train": {"lr": 0.001}}}),
+    ("memory-limit-quoted", "file", {"gpu_memory_limit_gib": "12"}),  # read as the number, with its range
 ]
 # The bad cases that also run real Snakemake: each kind (file, config/config.yaml, --config), each place a stop comes
 # from (the schema, an unknown key, the size check, the YAML reader, __use_yte__, resolve_runs' model and cell checks,
@@ -159,7 +173,8 @@ VALID = [
 # values (the message stays bounded). The rest differ from one of these only in the value checked in process below.
 E2E_BAD = ["preset", "unknown-key", "seed-2**32", "warmup-too-long", "batch-not-split", "model-without-cell",
            "name-65", "ref-upload-pack", "url-ext", "no-apex-source", "title-200k", "alias-bomb", "use-yte",
-           "yaml-unclosed-quote", "top-level-list", "cli-batch-negative", "cli-key-typo", "cli-ref"]
+           "yaml-unclosed-quote", "top-level-list", "memory-limit-quoted-zero", "cli-batch-negative", "cli-key-typo",
+           "cli-ref"]
 WORKERS = 3  # Snakemake runs at once, each in its own workflow copy
 
 
@@ -352,12 +367,13 @@ EXPECTED = {
     "cli-readme-apex": [cells_are(SMOKE_CELLS), apex_source_is(path="vendor/apex-25.05", commit="379937e1", url=None)],
     "cli-apex-required": [cells_are(SMOKE_CELLS), lambda jobs: jobs["apex"]["required"] is False],
     "json-file": [cells_are(SMOKE_CELLS), train_is(lr=0.001)],
+    "memory-limit-quoted": [cells_are(SMOKE_CELLS), lambda jobs: jobs["limit_gib"] == "12.0"],
 }
 
 
 def planned_jobs(output: str) -> dict:
     """The cells' specs, the apex settings and the report title, from the shell commands of `snakemake -n -p`."""
-    jobs = {"specs": [], "apex": None, "title": None}
+    jobs = {"specs": [], "apex": None, "title": None, "limit_gib": None}
     for line in output.splitlines():
         if not line.startswith("Shell command: ") or line == "Shell command: None":
             continue
@@ -366,6 +382,8 @@ def planned_jobs(output: str) -> dict:
             jobs["specs"].append(json.loads(args[args.index("--spec") + 1]))
         if "amprepro.env.apex_stage" in args:
             jobs["apex"] = json.loads(args[args.index("--settings") + 1])
+        if "amprepro.plan.memplan" in args and "--limit-gib" in args:
+            jobs["limit_gib"] = args[args.index("--limit-gib") + 1]
         if "amprepro.report.render" in args:
             jobs["title"] = next(a.removeprefix("title=") for a in args if a.startswith("title="))
     return jobs

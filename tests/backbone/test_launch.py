@@ -7,6 +7,7 @@ import csv
 import io
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -280,6 +281,32 @@ def test_the_lock_of_a_killed_run_is_removed_and_its_job_rerun(env, tmp_path, mo
     assert not launch.snakemake_locks(tmp_path)
 
 
+@pytest.mark.parametrize("words, form", [
+    (["runs.seeds=abc"], "--config 'runs={seeds: abc}'"),
+    (["preset=smoke", "runs.train.lr=1e-3"], "--config 'runs={train: {lr: 1e-3}}'"),
+    (["--config=runs.seeds=[0, 1]"], "--config 'runs={seeds: [0, 1]}'"),
+])
+def test_the_dotted_config_form_is_refused_before_snakemake_with_the_form_that_works(env, words, form, capsys):
+    """Issue 41: `--config runs.seeds=abc`, the form people try first, ended in Snakemake's parser's traceback."""
+    from snakemake.cli import parse_config
+
+    args = shlex.join(words) if words[0].startswith("--") else shlex.join(["--config", *words])
+    assert launch.main([], {**env, "SNAKEMAKE_ARGS": args}) == launch.BAD_SETTING
+    err = capsys.readouterr().err
+    assert "Snakemake's --config sets top-level keys only" in err and f"Write a nested value as YAML: {form}" in err
+    assert "Traceback" not in err
+    nested = shlex.split(form)[1]
+    key = nested.partition("=")[0]
+    assert isinstance(parse_config([nested])[key], dict)  # the form given is one Snakemake reads
+
+
+def test_a_config_word_without_a_value_is_refused_and_the_nested_form_passes(env):
+    with pytest.raises(launch.SettingError, match="a config value is NAME=VALUE, e.g. --config preset=smoke"):
+        launch.check_config_values(["--config", "preset"])
+    launch.check_config_values(["--config", "preset=smoke", "runs={seeds: [0, 1]}", "--cores", "2"])
+    launch.check_config_values(["--configfile", "x.yaml"])  # no --config at all
+
+
 def test_ctrl_c_says_it_was_interrupted_and_the_next_run_continues(env, tmp_path):
     """Ctrl-C in a terminal reaches the launcher and Snakemake (one process group); the last word is the launcher's."""
     (tmp_path / "Snakefile").write_text(SLEEPING_SNAKEFILE)
@@ -299,6 +326,10 @@ def test_ctrl_c_says_it_was_interrupted_and_the_next_run_continues(env, tmp_path
     said = [line for line in err.splitlines() if line.startswith("amprepro:")]
     assert said[-1] == "amprepro: interrupted; `make run` continues where it stopped (finished cells are kept)"
     assert err.rstrip().endswith(said[-1])  # after Snakemake's own lines, the last one
+    # issue 41: what Snakemake says once interrupted (a KeyboardInterrupt traceback, an "Error in rule" block for each
+    # job it stopped) is not passed on: the one line says it
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err and "Error in rule" not in err, err[-3000:]
+    assert "rule slow:" in err  # what it said before the Ctrl-C came through
     (tmp_path / "pause").write_text("0")
     again = subprocess.run([sys.executable, "-m", "amprepro.env.launch"], cwd=tmp_path, env=run_env,
                            capture_output=True, text=True, timeout=120)

@@ -48,7 +48,8 @@ def test_smoke_preset_runs_every_cell_and_renders_the_report(smoke_run):
     html = (workdir / "results/report/report.html").read_text()
     for section in SECTIONS:
         assert f">{section}<" in html, f"report lacks section {section!r}"
-    assert html.count("data:image/png;base64,") >= 5
+    # throughput, speedup, memory, loss curves (the 7B breakdown has nothing to split on a CPU: one line says why)
+    assert html.count("data:image/png;base64,") >= 4
     assert "def " not in html and "import " not in html  # no code cells
     for log in ("environment", "apex_build", "apex", "sanity", "summary", "report"):
         assert (workdir / f"results/logs/{log}.log").exists()
@@ -179,7 +180,9 @@ def test_apex_and_sanity_run_again_with_the_same_outcome_rerun_no_cell(smoke_run
     result = snakemake(workdir, "--cores", "2", "--config", "preset=smoke", "--forcerun", "apex_build", "sanity")
     # apex_build's record (build.json) changes, so apex runs again: its view for the cells (runs.json) has the same
     # bytes, and so has sanity's (verdicts.json)
-    assert ran_rules(result.stdout + result.stderr) == ["all", "apex", "apex_build", "sanity"]
+    # (`all`, a target that runs no command, may or may not be listed)
+    assert [rule for rule in ran_rules(result.stdout + result.stderr) if rule != "all"] == ["apex", "apex_build",
+                                                                                            "sanity"]
     assert {path: path.stat().st_mtime_ns for path in cells} == before
     sanity = workdir / "results/sanity/sanity.json"
     original = sanity.read_text()
@@ -240,3 +243,63 @@ def test_report_without_cores_gets_past_the_workflow(workflow_copy):
     output = result.stdout + result.stderr
     assert "total number of cores" not in output and "common.smk" not in output, output[-2000:]
     assert "marked for report but does not exist" in output  # got as far as the report: nothing has run here
+
+
+def write_stale_apex_records(workdir: Path) -> None:
+    """apex records that say "built", naming a build entry and a site dir that are not there (deleted by hand)."""
+    for name in ("build.json", "apex.json", "runs.json"):
+        path = workdir / "results/apex" / name
+        record = json.loads(path.read_text())
+        record.update(status="built", entry="results/apex/build/0123abcd", site_dir="results/apex/site/0123abcd")
+        path.write_text(json.dumps(record))
+
+
+# What each kind removes, and the rules the next run must run (at least) to make it again.
+DELETIONS = {
+    "one cell": (lambda w: shutil.rmtree(w / "results/runs/cnn/fp32"), {"train", "summary", "report"}),
+    "the plan": (lambda w: shutil.rmtree(w / "results/plan"), {"plan"}),
+    "the sanity record": (lambda w: (w / "results/sanity/sanity.json").unlink(), {"sanity"}),
+    "the apex build entry": (write_stale_apex_records, {"apex_build", "apex"}),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(DELETIONS))
+def test_a_deleted_output_is_made_again_and_the_report_after_it(smoke_run, tmp_path, kind):
+    """Issue 41: Snakemake re-makes a missing file only when a job that needs it runs anyway, so a deleted cell, plan
+    or record under a report that was still there stayed deleted ("Nothing to be done") and the report kept the
+    numbers of cells that no longer existed. Every output is an input of `rule all` now."""
+    workdir = Path(shutil.copytree(smoke_run[0], tmp_path / "amprepro", symlinks=True))
+    remove, must_run = DELETIONS[kind]
+    before = {path.relative_to(workdir) for path in (workdir / "results").rglob("*") if path.is_file()}
+    remove(workdir)
+    result = snakemake(workdir, "--cores", "2", "--config", "preset=smoke")
+    output = result.stdout + result.stderr
+    ran = ran_rules(output)
+    assert "Nothing to be done" not in output and must_run <= set(ran), ran
+    after = {path.relative_to(workdir) for path in (workdir / "results").rglob("*") if path.is_file()}
+    assert before <= after, sorted(map(str, before - after))  # every file is there again
+    summary = json.loads((workdir / "results/summary/summary.json").read_text())
+    html = (workdir / "results/report/report.html").read_text()
+    report_time = (workdir / "results/report/report.html").stat().st_mtime_ns
+    for cell in summary["cells"]:  # the report and summary show the cells as they are now on disk
+        metrics_path = workdir / f"results/runs/{cell['model']}/{cell['precision']}/seed{cell['seed']}/metrics.json"
+        metrics = json.loads(metrics_path.read_text())
+        assert cell["status"] == metrics["status"] and cell.get("final_loss") == metrics.get("final_loss"), cell
+        assert metrics_path.stat().st_mtime_ns <= report_time
+    if kind == "one cell":  # `rm -rf results/runs` takes the same path, for 12 cells (a minute more on 2 cores)
+        assert ran.count("train") == 1, ran
+    if kind == "the sanity record":
+        record = json.loads((workdir / "results/sanity/sanity.json").read_text())
+        assert all(check["name"] in html for check in record["checks"])
+    if kind == "the apex build entry":
+        assert "amprepro: the apex records in" in result.stderr and "results/apex/site/0123abcd" in result.stderr
+        for name in ("build.json", "apex.json", "runs.json"):  # made again: on this CPU machine, apex is skipped
+            assert json.loads((workdir / "results/apex" / name).read_text())["status"] == "skipped"
+
+
+def test_a_dry_run_only_says_that_an_apex_record_names_a_build_that_is_gone(smoke_run, tmp_path):
+    workdir = Path(shutil.copytree(smoke_run[0], tmp_path / "amprepro", symlinks=True))
+    write_stale_apex_records(workdir)
+    result = snakemake(workdir, "-n", "--cores", "2", "--config", "preset=smoke")
+    assert "A run (not a dry run) removes them" in result.stderr
+    assert json.loads((workdir / "results/apex/runs.json").read_text())["status"] == "built"

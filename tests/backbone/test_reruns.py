@@ -524,3 +524,44 @@ def test_the_trees_version_names_this_module_and_the_python():
     own = codedigest.hashlib.sha256(Path(codedigest.__file__).read_bytes()).hexdigest()
     assert codedigest._version() == f"{own} python {codedigest.sys.version_info.major}." \
                                     f"{codedigest.sys.version_info.minor}"
+
+
+def built_records(apex: Path, entry: str, site: str) -> None:
+    for name in ("build.json", "apex.json", "runs.json"):
+        (apex / name).write_text(json.dumps({"status": "built", "entry": entry, "site_dir": site}))
+
+
+def test_apex_records_that_name_a_build_that_is_gone_are_removed_and_a_dry_run_only_says_so(tmp_path):
+    """amprepro.env.apexrecords: results/apex/build/<key>/ or results/apex/site/<key>/ deleted by hand while the
+    records stay (issue 41: the apex cells then failed with ModuleNotFoundError)."""
+    from amprepro.env import apexrecords
+    from amprepro.env.apexbuild import install
+
+    assert apexrecords.STAMP == install.STAMP
+    apex = tmp_path / "results/apex"
+    entry, site = apex / "build/abc", apex / "site/abc"
+    entry.mkdir(parents=True)
+    site.mkdir(parents=True)
+    (entry / "manifest.json").write_text(json.dumps({"wheel": {"file": "apex-0-cp311.whl"}}))
+    (entry / "apex-0-cp311.whl").write_bytes(b"wheel")
+    (site / apexrecords.STAMP).write_text("sha\n")
+    built_records(apex, "results/apex/build/abc", str(site))  # relative to the working directory, or absolute
+    assert apexrecords.recover(apex, tmp_path, dry_run=False) is None
+    (entry / "apex-0-cp311.whl").unlink()
+    assert apexrecords.missing(apex, tmp_path) == ["results/apex/build/abc (named by build.json and apex.json and "
+                                                   "runs.json)"]
+    (entry / "manifest.json").unlink()
+    (site / apexrecords.STAMP).unlink()
+    said = apexrecords.recover(apex, tmp_path, dry_run=True)
+    assert said.startswith(f"the apex records in {apex} name what is gone: results/apex/build/abc (named by")
+    assert f"; {site} (named by build.json and apex.json and runs.json). A run (not a dry run)" in said
+    assert sorted(path.name for path in apex.glob("*.json")) == ["apex.json", "build.json", "runs.json"]
+    said = apexrecords.recover(apex, tmp_path, dry_run=False)
+    assert said.endswith("Removed build.json, apex.json, runs.json: this run builds apex again (or takes it from the "
+                         "build cache) and installs it before the apex cells.")
+    assert not list(apex.glob("*.json"))
+    for status in ("skipped", "failed"):  # nothing was built: nothing to miss
+        (apex / "apex.json").write_text(json.dumps({"status": status, "site_dir": None, "reason": "no GPU"}))
+        assert apexrecords.missing(apex, tmp_path) == []
+    (apex / "apex.json").write_text("{not json")
+    assert apexrecords.missing(apex, tmp_path) == []

@@ -1,3 +1,5 @@
+import sys
+
 import pytest
 import torch
 
@@ -116,3 +118,52 @@ def test_the_grad_scaler_check_passes_without_importing_dynamo():
             "print(r['status'], 'torch._dynamo' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
     assert out.stdout.split() == ["pass", "False"], out.stdout + out.stderr
+
+
+def fake_library(root, name: str, body: str):
+    (root / name).mkdir()
+    (root / name / "__init__.py").write_text(body)
+
+
+@pytest.fixture
+def libraries(tmp_path, monkeypatch):
+    """A folder first on sys.path for stand-ins of torchvision and timm, each imported afresh."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in ("torchvision", "timm"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    return tmp_path
+
+
+def test_a_torchvision_built_for_another_torch_fails_with_the_fix(libraries):
+    """Issue 41: a CPU torch beside the CUDA torchvision from PyPI: `import torchvision` raises as its operators
+    register. Required when a model of the run is built from it (resnet50), flagged but not blocking otherwise."""
+    fake_library(libraries, "torchvision",
+                 'raise RuntimeError("operator torchvision::nms does not exist")\n')
+    result = sanity.library_check(torch, "torchvision", needed=True)
+    assert result["status"] == "fail" and result["required"]
+    assert result["detail"] == ("torchvision does not load against this torch (RuntimeError: operator "
+                                "torchvision::nms does not exist)")
+    assert "torchvision release built for this torch" in result["fix"] and "torchvision==0.28.0" in result["fix"]
+    assert sanity.library_check(torch, "torchvision", needed=False)["required"] is False
+    assert sanity.libraries_for(["small_cnn", "resnet50", "vit_base_patch16_224"]) == ("timm", "torchvision")
+    assert sanity.libraries_for(["small_cnn", "tiny_transformer"]) == ()
+
+
+def test_a_torchvision_whose_operator_runs_passes_and_a_library_not_installed_is_skipped_unless_needed(libraries,
+                                                                                                    monkeypatch):
+    fake_library(libraries, "torchvision", "__version__ = '0.28.0'\nfrom . import ops\n")
+    (libraries / "torchvision" / "ops.py").write_text(
+        "import torch\n\ndef nms(boxes, scores, threshold):\n    return torch.tensor([0])\n")
+    passed = sanity.library_check(torch, "torchvision", needed=True)
+    assert passed["status"] == "pass" and passed["detail"] == "torchvision 0.28.0 imports and its nms operator runs"
+    (libraries / "torchvision" / "ops.py").write_text(  # loads, but its operator answers wrongly
+        "import torch\n\ndef nms(boxes, scores, threshold):\n    return torch.tensor([0, 1])\n")
+    monkeypatch.delitem(sys.modules, "torchvision")
+    monkeypatch.delitem(sys.modules, "torchvision.ops")
+    wrong = sanity.library_check(torch, "torchvision", needed=True)
+    assert wrong["status"] == "fail" and "nms kept [0, 1] of two equal boxes" in wrong["detail"]
+    monkeypatch.setitem(sys.modules, "timm", None)  # as if not installed: ModuleNotFoundError, name "timm"
+    skipped = sanity.library_check(torch, "timm", needed=False)
+    missing = sanity.library_check(torch, "timm", needed=True)
+    assert skipped["status"] == "skip" and skipped["detail"] == "timm is not installed; no model of this run needs it"
+    assert missing["status"] == "fail" and missing["required"] and "timm==1.0.26" in missing["fix"]

@@ -43,6 +43,7 @@ class PageReport:
     failed: list[str] = field(default_factory=list)
     images: list[dict] = field(default_factory=list)
     title: str = ""
+    values: dict = field(default_factory=dict)  # what each of open_page's expressions evaluated to
 
     @property
     def errors(self) -> list[str]:
@@ -61,14 +62,14 @@ class PageReport:
 
 
 class _Pipe:
-    def __init__(self, binary: str, user_data_dir: str):
+    def __init__(self, binary: str, user_data_dir: str, env: dict | None = None):
         to_chrome_r, self._to_chrome = os.pipe()
         self._from_chrome, from_chrome_w = os.pipe()
         command = [binary, *FLAGS, f"--user-data-dir={user_data_dir}", "--remote-debugging-pipe", "about:blank"]
         script = f'exec "$@" 3<&{to_chrome_r} 4>&{from_chrome_w}'
         self.process = subprocess.Popen(["bash", "-c", script, "chromium", *command],
                                         pass_fds=(to_chrome_r, from_chrome_w),
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
         os.close(to_chrome_r)
         os.close(from_chrome_w)
         self._buffer = b""
@@ -140,13 +141,16 @@ class _Pipe:
                 pass
 
 
-def open_page(url: str, binary: str | None = None, settle: float = 1.0, timeout: float = 60) -> PageReport:
-    """Load url in a fresh headless Chromium profile and report console, network and images."""
+def open_page(url: str, binary: str | None = None, settle: float = 1.0, timeout: float = 60, env: dict | None = None,
+              expressions: dict[str, str] | None = None) -> PageReport:
+    """Load url in a fresh headless Chromium profile and report console, network and images; env: Chromium's
+    environment (FONTCONFIG_FILE: the fonts it may use); expressions: JavaScript to evaluate in the page, by name
+    (their values in PageReport.values)."""
     binary = binary or chromium_binary()
     if binary is None:
         raise FileNotFoundError("no chromium binary on PATH (Debian: apt-get install chromium)")
     with tempfile.TemporaryDirectory(prefix="amprepro-chromium-") as profile:
-        pipe = _Pipe(binary, profile)
+        pipe = _Pipe(binary, profile, env)
         try:
             target = pipe.send("Target.createTarget", {"url": "about:blank"}, timeout=timeout)["targetId"]
             session = pipe.send("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
@@ -159,6 +163,9 @@ def open_page(url: str, binary: str | None = None, settle: float = 1.0, timeout:
             title = pipe.send("Runtime.evaluate", {"expression": "document.title", "returnByValue": True},
                               session=session)
             report = PageReport(images=json.loads(images["result"]["value"]), title=title["result"]["value"])
+            for name, expression in (expressions or {}).items():
+                report.values[name] = pipe.send("Runtime.evaluate", {"expression": expression, "returnByValue": True},
+                                                session=session)["result"].get("value")
             for event in pipe.events:
                 method, params = event.get("method"), event.get("params", {})
                 if method == "Runtime.consoleAPICalled":
@@ -231,3 +238,26 @@ def page_layout(url: str, binary: str | None = None, width: int = 1400, height: 
             return json.loads(found["result"]["value"])
         finally:
             pipe.close()
+
+
+# Whether the page's Chinese text falls back to boxes: a CJK character drawn in the report's own font stack paints the
+# same pixels as a private-use character no font has (the missing-glyph box), only where no CJK font is found.
+CJK_BOXES_JS = """(() => {
+  const canvas = document.createElement('canvas'); canvas.width = 48; canvas.height = 48;
+  const pen = canvas.getContext('2d');
+  const family = getComputedStyle(document.querySelector('.zh') || document.body).fontFamily;
+  const paint = ch => { pen.clearRect(0, 0, 48, 48); pen.font = '32px ' + family; pen.fillText(ch, 4, 36);
+                        return Array.from(pen.getImageData(0, 0, 48, 48).data).join(','); };
+  return paint('\\u6df7') === paint('\\ue000');
+})()"""
+
+
+def fonts_without_cjk(folder) -> dict:
+    """An environment whose fontconfig knows only DejaVu (Debian's fonts-dejavu-core, which .ci/setup installs with
+    chromium): Chromium then has no CJK font, as on a machine where the articles' text showed as boxes."""
+    folder.mkdir(parents=True, exist_ok=True)
+    conf = folder / "fonts.conf"
+    conf.write_text('<?xml version="1.0"?>\n<!DOCTYPE fontconfig SYSTEM "fonts.dtd">\n<fontconfig>\n'
+                    "  <dir>/usr/share/fonts/truetype/dejavu</dir>\n"
+                    f"  <cachedir>{folder / 'cache'}</cachedir>\n</fontconfig>\n")
+    return {**os.environ, "FONTCONFIG_FILE": str(conf)}

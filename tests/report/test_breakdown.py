@@ -135,3 +135,23 @@ def test_only_models_that_estimate_their_memory_get_the_section(tmp_path):
     table = tmp_path / "summary.csv"
     pd.concat([frame, other]).to_csv(table, index=False)
     assert set(reportlib.breakdown_frame(str(table), str(RUNS))["model"]) == {"llama7b"}
+
+
+def test_a_cpu_run_whose_cells_only_estimate_says_why_there_is_no_breakdown(tmp_path):
+    """Issue 41: a CPU run's cells make the memory estimate but have no allocator peak to split; the section showed a
+    table of empty columns per model and an empty chart."""
+    cpu = pd.DataFrame([{"model": m, "precision": p, "seed": 0, "status": "ok", "mem_estimate_total_bytes": 75733368,
+                         "peak_rss_bytes": 2**29, "throughput_per_s": 2500.0, "throughput_unit": "samples/s"}
+                        for m in ("cnn", "transformer") for p in ("fp32", "amp_bf16")])
+    cpu.to_csv(tmp_path / "summary.csv", index=False)
+    assert reportlib.breakdown_frame(str(tmp_path / "summary.csv")).empty
+    html = reporthtml.breakdown_section(str(tmp_path / "summary.csv"))
+    assert "<table" not in html and "<img" not in html
+    assert ("nothing to show on this run: the split is of the GPU allocator&#39;s peak, and no cell of this run ran on "
+            "a GPU") in html
+    gpu = cpu.assign(peak_allocated_bytes=2**33)  # a GPU run whose cells record no split: the other reason
+    gpu.to_csv(tmp_path / "summary.csv", index=False)
+    assert "no cell records how its peak memory splits" in reporthtml.breakdown_section(str(tmp_path / "summary.csv"))
+    split = gpu.assign(mem_weights_bytes=2**31)  # with the split: the table and chart
+    split.to_csv(tmp_path / "summary.csv", index=False)
+    assert len(reportlib.breakdown_frame(str(tmp_path / "summary.csv"))) == 4

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from report_browser import chromium_binary, dump_dom, open_page, page_layout
+from report_browser import CJK_BOXES_JS, chromium_binary, dump_dom, fonts_without_cjk, open_page, page_layout
 
 BINARY = chromium_binary()
 if BINARY is None:
@@ -80,3 +80,17 @@ def test_the_harness_sees_sideways_scroll_and_empty_sections(tmp_path):
     assert [w["overflow"] > 0 for w in layout["wraps"]] == [True]
     assert layout["reasonRight"] > 1400
     assert [(s["title"], s["content"]) for s in layout["sections"]] == [("Empty", 0), ("Wide", 1)]
+
+
+def test_without_a_cjk_font_the_report_says_which_font_to_install(smoke_html, tmp_path):
+    """Issue 41: on a machine without a CJK font every article title and quote was a row of boxes, with nothing saying
+    a font is needed. Chromium here knows only DejaVu (fontconfig): the Chinese text is boxes (checked), and the page's
+    own text names the package that fixes it."""
+    report = open_page(smoke_html.as_uri(), BINARY, env=fonts_without_cjk(tmp_path / "fonts"),
+                       expressions={"boxes": CJK_BOXES_JS, "text": "document.body.innerText",
+                                    "zh": "document.querySelectorAll('[lang=zh]').length"})
+    assert report.values["boxes"] is True, "a CJK font was found: this test needs a browser without one"
+    assert report.values["zh"] >= 10  # every claim's title (and quote) is marked as Chinese
+    text = report.values["text"]
+    assert "Where they show as empty boxes, this browser has no CJK font" in text
+    assert "sudo apt-get install fonts-noto-cjk" in text

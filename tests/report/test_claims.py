@@ -794,3 +794,35 @@ def test_the_command_line_prints_each_verdict_and_writes_the_json(tmp_path, monk
     assert "--json JSON write the evaluated claims here" in usage
     assert ("The blog posts' claims as data (config/claims.yaml), validated, and evaluated against one run of the "
             "pipeline.") in usage and "A claim names a metric" not in usage
+
+
+def test_a_generic_claim_without_its_kind_of_model_says_which_kind_in_words():
+    """Issue 41: "no any model (generic) cell ran (benchmark)"."""
+    from amprepro.report.claims import no_model_ran
+
+    claim = {"model": "any model (generic)", "models": ["benchmark"]}
+    assert no_model_ran(claim, {"benchmark"}) == ("no benchmark model (synthetic data, sized for throughput) is in "
+                                                  "this run")
+    assert no_model_ran({"model": "any model (generic)", "models": ["any"]}, {"any"}) == "no model is in this run"
+    named = {"model": "ResNet-50", "models": ["resnet50"]}
+    assert no_model_ran(named, {"resnet50"}) == "no ResNet-50 cell ran (resnet50)"
+
+
+def test_the_regimes_table_says_its_verdicts_are_predictions_and_that_nothing_was_measured():
+    """Issue 41: beside a claim this run could not measure, the regimes table's "holds" / "falls short" read like
+    results."""
+    from amprepro.report import regimes, reporthtml
+
+    claim = next(c for c in claimfile.load_claims(CLAIMS) if regimes.applies_to(c))
+    table = regimes.for_claim(claim)
+    words = {row["predicted_verdict"] for row in table["rows"]}
+    assert words <= {"holds", "exceeds", "falls_short"} and words
+    view = reporthtml.regimes_view({"id": claim["id"], "verdict": "not_measurable", "regimes": table})
+    assert {row["verdict"] for row in view["rows"]} <= {"would hold", "would exceed the claim", "would fall short"}
+    assert view["intro"].startswith("This run measured nothing for this claim (its verdict: not measurable here)")
+    measured = reporthtml.regimes_view({"id": claim["id"], "verdict": "holds", "regimes": table})
+    assert measured["intro"] == table["intro"]
+    result = claims.evaluate_claim(claim, json.loads((SMOKE / "summary" / "summary.json").read_text()))
+    assert result["verdict"] == "not_measurable"  # the smoke run on a CPU: the report's case
+    html = reporthtml.claims_detail_html([result])
+    assert "This run measured nothing for this claim" in html and ("would fall short" in html or "would hold" in html)

@@ -30,3 +30,20 @@ def test_uneven_step_times_are_noted_on_ok_cells_only():
     assert notes["fp32"] == ""
     assert notes["amp_fp16"] == "uneven step times: p90 is 20% above the median, so this throughput is less certain"
     assert notes["amp_bf16"] == "needs a GPU" and notes["apex_o1"] == ""
+
+
+def test_a_small_tflops_keeps_its_significant_digits():
+    """Issue 41: a CPU cell's 0.0184 TFLOP/s read 0.0."""
+    table = reportlib.results_table({"cells": [cell("fp32", achieved_tflops=value)
+                                               for value in (0.0184381, 0.0523, 1.534, 12.34, 1234.5, 0.0)]})
+    assert list(table["TFLOP/s"]) == ["0.0184", "0.0523", "1.53", "12.3", "1,234.5", "0.0"]
+
+
+def test_seed_zero_is_shown_in_the_html_table():
+    """Issue 41: the folded HTML table dropped every falsy value, so seed 0 was blank on every row."""
+    from amprepro.report import reporthtml
+
+    html = reporthtml.results_html({"cells": [cell("fp32", seed=0), cell("amp_bf16", seed=3, skipped_steps=None)]})
+    rows = html.split("<tbody>")[1].split("</tr>")
+    assert '<td>fp32</td><td class="num">0</td>' in rows[0]
+    assert '<td>amp_bf16</td><td class="num">3</td>' in rows[1]

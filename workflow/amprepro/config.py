@@ -12,6 +12,7 @@ import contextlib
 import copy
 import difflib
 import functools
+import math
 import re
 import sys
 from pathlib import Path
@@ -203,10 +204,12 @@ def _coerce(value, node: dict, schema: dict):
     if isinstance(value, list):
         return [_coerce(item, node.get("items", {}), schema) for item in value]
     # A nested --config value arrives as text ('-8'): read as YAML when that gives a valid value, or one of the type
-    # the field wants (an integer out of range), so that it is checked as the same value in a file would be.
+    # the field wants (an integer out of range), so that it is checked as the same value in a file would be. A field
+    # that takes a number or its text (gpu_memory_limit_gib: "12") is read as the number whenever the text is one,
+    # so that its range holds in every spelling: the schema's minimum applies to numbers only, and "0" passed it.
     if (isinstance(value, str) and (parsed := _scalar(value)) is not value
             and (_valid(parsed, node, schema) or _of_type(parsed, types))
-            and (not _valid(value, node, schema) or parsed is None)):
+            and (not _valid(value, node, schema) or parsed is None or _is_number(parsed, types))):
         value = parsed
     if isinstance(value, float) and value.is_integer() and "integer" in types and "number" not in types:
         return int(value)
@@ -222,6 +225,11 @@ def _scalar(text: str):
     if isinstance(parsed, str) and NUMBER.match(parsed):
         return float(parsed)
     return parsed if parsed is None or isinstance(parsed, (bool, int, float)) else text
+
+
+def _is_number(value, types: list[str]) -> bool:
+    """value is a number (not a boolean) and the field takes numbers."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and bool({"number", "integer"} & set(types))
 
 
 def _of_type(value, types: list[str]) -> bool:
@@ -305,12 +313,27 @@ def refuse_quoted_numbers(config: dict, command_line: dict | None, schema: dict 
     walk(config, schema, dict(command_line or {}), "config")
 
 
+def refuse_non_finite(value, where: str = "config") -> None:
+    """YAML's .nan and .inf are numbers that no range check refuses (NaN compares false with every bound): no field
+    means them."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            refuse_non_finite(item, f"{where}.{key}")
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            refuse_non_finite(item, f"{where}[{i}]")
+    elif isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"Config error at {where}: {value} is not a finite number. Fix: write a number such as 1 or "
+                          "0.5 (see config.schema.yaml for its range).")
+
+
 def validate_config(config: dict, command_line: dict | None = None) -> dict:
     """The normalized config with the schema's defaults filled in, or ConfigError naming the first bad field: the one
     validation pass of a start. command_line: the `--config` values (text where nested). Nothing here runs or touches
     a file."""
     refuse_quoted_numbers(config, command_line)
     config = normalized(config)
+    refuse_non_finite(config)
     validate(config, None, "config", defaults=True)
     problems = apex_problems(config.get("apex") or {})
     if problems:

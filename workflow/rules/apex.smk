@@ -6,6 +6,16 @@
 # rebuild with the same outcome re-runs no cell.
 BUILD_GPUS = 1 if GPUS and not workflow.local_exec else 0
 
+# A record that names a build entry or site dir that is gone (deleted by hand) is removed here, so that this run builds
+# or installs apex again before the apex cells (amprepro.env.apexrecords); a dry run only says so. Once, in the process
+# that plans the run (not in each cluster job).
+if workflow.is_main_process:
+    from amprepro.env import apexrecords
+
+    _workdir = Path(workflow.workdir_init, workflow.overwrite_workdir or ".").resolve()
+    if _said := apexrecords.recover(_workdir / "results" / "apex", _workdir, workflow.output_settings.dryrun):
+        print(f"amprepro: {_said}", file=sys.stderr)
+
 
 rule apex_build:
     """Compile NVIDIA Apex from a pinned source into the build cache (or declare it absent, with the reason)."""

@@ -50,6 +50,7 @@ RUNTIME_FACTOR = float(config["resources"]["runtime_factor"])  # nested --config
 GPU_MEMORY_LIMIT = gpu_memory_limit(config)  # GiB of an emulated smaller card, or None
 LARGEST_BATCH = RUNS.get("largest_batch") or {}  # workflow/rules/largest_batch.smk
 SEARCHES = largest_batch_searches(RUNS) if GPUS else []
+ARCHS = sorted({m["arch"] for m in RUNS["models"].values()})  # sanity checks the libraries they are built from
 
 # How every job finds the amprepro package: the one place. Each shell command starts with PYTHONPATH exported to the
 # package's absolute folder (PACKAGE_PATH, from the Snakefile), so rules run `python -m amprepro.<subpackage>.<stage>`
@@ -95,6 +96,31 @@ def largest_batch_outputs():
 def run_outputs(name):
     """Paths of one output file for every cell of the matrix."""
     return [str(CellId.of(c).path / name) for c in CELLS]
+
+
+def pipeline_outputs():
+    """Every file the report and the verify gate rest on, as inputs of `rule all` (make run). Snakemake (since
+    7.7) re-makes a missing file only when a job that needs it must run anyway: a deleted cell, plan, apex or sanity
+    record under a report that is still there was never re-made, and the report kept the numbers of cells that no
+    longer existed. As inputs of the target, each is re-made when it is missing, and everything after it runs again
+    (the checkpoints then re-judge the cells by their views, so a re-made plan or sanity record with the same content
+    re-runs no cell)."""
+    return [
+        "results/environment/environment.json",
+        "results/apex/build.json",
+        "results/apex/apex.json",
+        "results/apex/runs.json",
+        "results/sanity/sanity.json",
+        "results/sanity/verdicts.json",
+        "results/plan/plan.json",
+        *expand("results/plan/models/{model}.json", model=sorted(RUNS["models"])),
+        "results/peak/peak.json",
+        *run_outputs("metrics.json"),
+        *run_outputs("steps.csv"),
+        *largest_batch_outputs(),
+        "results/summary/summary.csv",
+        "results/summary/summary.json",
+    ]
 
 
 def model_of(wildcards):

@@ -25,10 +25,12 @@ checkpoint sanity:
     params:
         expect_gpu=bool(GPUS),
         apex_required=APEX_REQUIRED,
+        archs=ARCHS,  # the load check of torchvision / timm is required when a model is built from them
         code=code_digest("env.sanity", "runinputs"),
     shell:
         "python -m amprepro.env.gpuslots --gpus {resources.gpu} -- python -m amprepro.env.sanity"
-        " --apex-required {params.apex_required} --expect-gpu {params.expect_gpu} --out {output.sanity} > {log} 2>&1"
+        " --apex-required {params.apex_required} --expect-gpu {params.expect_gpu} --archs {params.archs}"
+        " --out {output.sanity} > {log} 2>&1"
         # the failed checks and their fixes on the console, not only in the log
         " || {{ grep -h '^ERROR' {log} >&2 || true; exit 1; }};"
         " python -m amprepro.runinputs sanity --record {output.sanity} --out {output.verdicts}"

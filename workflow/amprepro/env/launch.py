@@ -29,6 +29,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -97,6 +98,49 @@ def check_config_files(extra: list[str]) -> None:
             read_config_file(path)
         except ConfigError as exc:
             raise SettingError(f"SNAKEMAKE_ARGS --configfile: {exc}") from None
+
+
+CONFIG_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def option_values(args: list[str], names: tuple[str, ...]) -> list[str]:
+    """The words an option takes: `--config a=1 b=2` or `--config=a=1`, up to the next word that starts with '-'."""
+    index = option_index(args, names)
+    if index is None:
+        return []
+    inline = args[index].partition("=")[2] if args[index].startswith("--") and "=" in args[index] else ""
+    if inline:
+        return [inline]
+    values = []
+    for arg in args[index + 1:]:
+        if arg.startswith("-"):
+            break
+        values.append(arg)
+    return values
+
+
+def nested_form(key: str, value: str) -> str:
+    """`runs.seeds=0` as the form Snakemake reads: `runs={seeds: 0}` (a YAML mapping per dot)."""
+    top, *inner = key.split(".")
+    for name in reversed(inner):
+        value = f"{{{name}: {value}}}"
+    return f"{top}={value}"
+
+
+def check_config_values(extra: list[str]) -> None:
+    """Snakemake's --config takes NAME=VALUE with a top-level NAME; `runs.seeds=abc`, the dotted form people try
+    first, ends in a traceback from Snakemake's parser with no hint. Refused here, with the form that works."""
+    for word in option_values(extra, ("--config", "-C")):
+        key, equals, value = word.partition("=")
+        if not equals:
+            raise SettingError(f"SNAKEMAKE_ARGS --config {word!r}: a config value is NAME=VALUE, e.g. "
+                               "--config preset=smoke")
+        if not CONFIG_KEY.fullmatch(key):
+            dotted = all(CONFIG_KEY.fullmatch(part) for part in key.split("."))
+            form = shlex.quote(nested_form(key, value)) if dotted else "'runs={seeds: [0, 1]}'"
+            raise SettingError(f"SNAKEMAKE_ARGS --config {word!r}: Snakemake's --config sets top-level keys only "
+                               f"({key!r} is not one). Write a nested value as YAML: --config {form} "
+                               "(or put it in a file given with --configfile; docs/config.md)")
 
 
 def cores_setting(env: dict) -> tuple[str, str]:
@@ -355,20 +399,40 @@ def say(line: str) -> None:
 INTERRUPTED = 128 + signal.SIGINT  # what a shell reports for a command ended by Ctrl-C
 
 
+FORWARD_GRACE = 2.0  # seconds for Snakemake's last lines once it has ended
+
+
+def forward(stream, interrupted: list, out=None) -> None:
+    """Snakemake's stderr, line by line, to ours until Ctrl-C; after it, nothing: what Snakemake says then is a
+    KeyboardInterrupt traceback and an "Error in rule" block for each job it stopped, none of it news to the person
+    who pressed the keys. The launcher's one line says what happened instead."""
+    out = out or sys.stderr.buffer
+    for line in iter(stream.readline, b""):
+        if not interrupted:
+            out.write(line)
+            out.flush()
+    stream.close()
+
+
 def run_snakemake(command: list[str], lock: RunLock, env: dict) -> int:
-    child = subprocess.Popen(command, env=env)  # same process group: Ctrl-C reaches Snakemake, which stops cleanly
+    # same process group: Ctrl-C reaches Snakemake and its jobs, which stop cleanly; its stderr comes through forward()
+    child = subprocess.Popen(command, env=env, stderr=subprocess.PIPE)
     lock.record(os.getpid(), child.pid)
-    interrupted = []  # Ctrl-C: Snakemake got it too (same process group); the launcher only notes it
+    interrupted = []  # Ctrl-C: Snakemake got it too (same process group); the launcher notes it and goes quiet
     previous = {signal.SIGINT: signal.signal(signal.SIGINT, lambda signum, frame: interrupted.append(signum)),
                 signal.SIGTERM: signal.signal(signal.SIGTERM, lambda signum, frame: child.send_signal(signum))}
+    forwarder = threading.Thread(target=forward, args=(child.stderr, interrupted), daemon=True)
+    forwarder.start()
     try:
         code = child.wait()  # a handled signal does not end the wait (PEP 475)
+        # What Snakemake wrote last, but no waiting for the end of the pipe: a job that outlives a killed Snakemake
+        # holds it open (its shell's stderr), as long as it runs.
+        forwarder.join(timeout=FORWARD_GRACE)
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
     if interrupted and code != 0:
-        # Snakemake's last lines are the cells it stopped ("Error in rule train: ... CalledProcessError"): say what
-        # happened and what to do instead. Finished outputs are kept; the stopped jobs' outputs are re-run.
+        # Finished outputs are kept; the stopped jobs' outputs are re-run.
         say("interrupted; `make run` continues where it stopped (finished cells are kept)")
         return INTERRUPTED
     return 128 - code if code < 0 else code  # killed by signal N: 128 + N, as a shell reports it
@@ -379,6 +443,7 @@ def main(argv: list[str] | None = None, env: dict | None = None) -> int:
     targets = sys.argv[1:] if argv is None else argv
     try:
         command, what = snakemake_command(targets, env)
+        check_config_values(user_args(env))
         check_config_files(user_args(env))
         workdir = workdir_of(env)
     except SettingError as exc:

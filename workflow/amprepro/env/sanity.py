@@ -7,6 +7,7 @@ A required check that fails stops the pipeline (non-zero exit, the failures prin
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 from pathlib import Path
@@ -149,15 +150,74 @@ def kernel_check() -> dict:
                  "pip install ipykernel in the report env (papermill runs the report with kernel python3)")
 
 
-def run_checks(apex_required: bool, expect_gpu: bool) -> list[dict]:
+# The model libraries (amprepro.train.models.ARCH_PACKAGES) and what shows that one loads against this torch: its
+# compiled operators register with torch at import, so a torchvision built for another torch (a CPU torch beside the
+# CUDA torchvision from PyPI) fails there with `operator torchvision::nms does not exist`; nms runs one of them.
+LIBRARY_FIX = {
+    "torchvision": ("install the torchvision release built for this torch, from the same index this torch came from "
+                    "(requirements.txt pins the pair: torch 2.13.0 with torchvision 0.28.0; a CPU torch needs the CPU "
+                    "torchvision of PyTorch's CPU index), e.g. `.venv/bin/python -m pip install --force-reinstall "
+                    "--no-deps torchvision==0.28.0` from that index; then run again"),
+    "timm": ("make torchvision load first (timm imports it), then `.venv/bin/python -m pip install timm==1.0.26` "
+             "(requirements.txt's pin); then run again"),
+}
+
+
+def libraries_for(archs: list[str]) -> tuple[str, ...]:
+    """The model libraries these archs are built from (amprepro.train.models.ARCH_PACKAGES)."""
+    from amprepro.train.models import ARCH_PACKAGES
+
+    return tuple(sorted({ARCH_PACKAGES[arch] for arch in archs if arch in ARCH_PACKAGES}))
+
+
+def library_check(torch, package: str, needed: bool) -> dict:
+    """Whether a model library loads against this torch. Required when the run has a model built from it and the
+    library does not import; a torchvision that imports but whose compiled operators do not match this torch (a CPU
+    torch beside PyPI's CUDA torchvision: `operator torchvision::nms does not exist` on the first call) is flagged with
+    the fix but does not stop the run: its models are Python over torch's own ops and build and train."""
+    name = f"{package} loads against torch {torch.__version__}"
+    try:
+        module = importlib.import_module(package)
+    except ModuleNotFoundError as exc:
+        if exc.name == package and not needed:
+            return check(name, "skip", f"{package} is not installed; no model of this run needs it")
+        if exc.name == package:
+            return check(name, "fail", f"{package} is not installed, and a model of this run needs it",
+                         LIBRARY_FIX[package], required=True)
+        return check(name, "fail", f"{package} does not import ({exc})", LIBRARY_FIX[package], required=needed)
+    except Exception as exc:  # RuntimeError: operator torchvision::nms does not exist, raised as it registers
+        return check(name, "fail", f"{package} does not load against this torch ({_first_line(exc)})",
+                     LIBRARY_FIX[package], required=needed)
+    if package == "torchvision":  # a compiled operator: the import alone can pass with a mismatched build
+        try:
+            boxes = torch.tensor([[0.0, 0.0, 1.0, 1.0], [0.0, 0.0, 1.0, 1.0]])
+            kept = module.ops.nms(boxes, torch.tensor([0.9, 0.8]), 0.5)
+            assert kept.tolist() == [0], f"nms kept {kept.tolist()} of two equal boxes"
+        except Exception as exc:
+            return check(name, "fail", f"{package} imports, but its compiled operators do not work with this torch "
+                         f"({_first_line(exc)}); its models build from torch's own ops, so the cells still run",
+                         LIBRARY_FIX[package], required=False)
+    version = getattr(module, "__version__", "?")
+    ran = " and its nms operator runs" if package == "torchvision" else ""
+    return check(name, "pass", f"{package} {version} imports{ran}")
+
+
+def _first_line(exc: BaseException) -> str:
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+
+
+def run_checks(apex_required: bool, expect_gpu: bool, archs: tuple[str, ...] = ()) -> list[dict]:
     try:
         import torch
     except ImportError as exc:
         return [check("torch import", "fail", f"{sys.executable}: {exc}",
                       "the `python` the jobs run has no torch: start the pipeline with `make run` (it puts .venv/bin "
                       "first on PATH), activate the venv, or use `snakemake --use-conda`", required=True)]
+    needs = libraries_for(archs)  # after torch: amprepro.train.models imports it
     return (torch_checks(torch, expect_gpu) + toolkit_checks(torch, apex_required) + autocast_checks(torch)
-            + [grad_scaler_check(torch), kernel_check()])
+            + [grad_scaler_check(torch)]
+            + [library_check(torch, package, package in needs) for package in LIBRARY_FIX] + [kernel_check()])
 
 
 def main(argv=None) -> None:
@@ -165,9 +225,11 @@ def main(argv=None) -> None:
     parser.add_argument("--apex-required", choices=["True", "False"], required=True,
                         help="whether a toolkit apex cannot build with fails the check (apex is verified by its job)")
     parser.add_argument("--expect-gpu", choices=["True", "False"], required=True)
+    parser.add_argument("--archs", nargs="*", default=[],
+                        help="the archs of this run's models: the check of a library one is built from is required")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
-    results = run_checks(args.apex_required == "True", args.expect_gpu == "True")
+    results = run_checks(args.apex_required == "True", args.expect_gpu == "True", tuple(args.archs))
     for r in results:
         print(f"[{r['status']:4}] {r['name']}: {r['detail']}" + (f"  FIX: {r['fix']}" if r["fix"] else ""))
     blocking = [r for r in results if r["status"] == "fail" and r["required"]]

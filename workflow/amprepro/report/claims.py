@@ -237,6 +237,16 @@ def _aggregate(per_model: list[dict]) -> dict:
     return {"verdict": verdict, "reason": reason}
 
 
+def no_model_ran(claim: dict, named: set[str]) -> str:
+    """What did not run, in words: the article's model and its stand-ins, or for a generic claim (models [benchmark] or
+    [any]) the kind of model it is evaluated on ("no any model (generic) cell ran (benchmark)" before)."""
+    if "benchmark" in named:
+        return "no benchmark model (synthetic data, sized for throughput) is in this run"
+    if "any" in named:
+        return "no model is in this run"
+    return f"no {claim['model']} cell ran ({'/'.join(claim['models'])})"
+
+
 def evaluate_claim(claim: dict, summary: dict, sanity: dict | None = None, archs: dict | None = None,
                    use_override: bool = True, data: dict | None = None, records: dict | None = None,
                    specs: dict | None = None) -> dict:
@@ -325,8 +335,7 @@ def _judge(claim: dict, summary: dict, sanity: dict | None, archs: dict, use_ove
                                   f"{run_context(summary)}")
     if not models:
         here = ", ".join(present) or "none"
-        return not_measurable(f"no {claim['model']} cell ran ({'/'.join(claim['models'])}): "
-                              f"{run_context(summary)} (models here: {here})")
+        return not_measurable(f"{no_model_ran(claim, named)}: {run_context(summary)} (models here: {here})")
     for baseline in claim["baseline"]:
         # Only models whose preset has this baseline (a cell that failed or was skipped still has a row).
         scoped = [m for m in models if m.lower() in named or _has(cells, m, baseline)]

@@ -107,11 +107,12 @@ def claim_needs(result: dict, summary: dict) -> str:
     if result.get("needs"):  # a claim judged by its own module says what it needs (amprepro.report.loraclaim)
         return result["needs"]
     reason = (result.get("reason") or "").split(f": {claims_mod.run_context(summary)}")[0].split("; no CUDA GPU")[0]
+    if set(result.get("models") or []) & {"any", "benchmark"} and reason.startswith(
+            ("no benchmark model", "no model is in this run")):  # claims.no_model_ran's words for a generic claim
+        return "cells of the paper preset's benchmark models, on a GPU"
     missing = re.fullmatch(r"no (.+) cell ran \((.+)\)", reason)
     if missing is None:
         return reason
-    if set(result.get("models") or []) & {"any", "benchmark"}:
-        return "cells of the paper preset's benchmark models, on a GPU"
     preset = ("accuracy preset" if result.get("stability_models")  # amprepro.report.optlevels
               else "risk preset" if result.get("risk_preset") else "paper preset")  # amprepro.report.riskclaims
     return f"{missing.group(1)} cells ({missing.group(2)}), on a GPU ({preset})"
@@ -131,6 +132,14 @@ def claims_detail_html(results: list[dict] | None) -> str:
                   regimes=[] if results is None else [regimes_view(r) for r in results if r.get("regimes")])
 
 
+# A regime's predicted verdict, in words that say it is one: "holds" beside a run that measured nothing read like a
+# result (issue 41).
+PREDICTED_VERDICT = {"holds": "would hold", "exceeds": "would exceed the claim", "falls_short": "would fall short"}
+NOTHING_MEASURED = ("This run measured nothing for this claim (its verdict: not measurable here), so every figure and "
+                    "word below is a prediction from amprepro.memory, or a committed measurement where a row says "
+                    "measured. ")
+
+
 def regimes_view(r: dict) -> dict:
     """A claim's regimes table (amprepro.report.regimes) as text cells: predictions, and measurements where a
     committed file has them."""
@@ -142,10 +151,11 @@ def regimes_view(r: dict) -> dict:
         rows.append({"regime": row["regime"], "note": row["note"], "cells": f"{row['baseline']} → {row['variant']}",
                      "fp32": gib(p["baseline_peak_bytes"]), "amp": gib(p["variant_peak_bytes"]),
                      "saving": row["predicted_text"], "label": row["label"],
-                     "verdict": claims_mod.VERDICT_TEXT.get(row.get("predicted_verdict"), ""),
+                     "verdict": PREDICTED_VERDICT.get(row.get("predicted_verdict"), ""),
                      "measured": (f"{gib(m['baseline_peak_bytes'])} → {gib(m['variant_peak_bytes'])}: "
                                   f"{row['measured_text']}") if m else row.get("measured_note", "not measured")})
-    return {"id": r["id"], "intro": r["regimes"]["intro"], "error": r["regimes"].get("measurement_error"),
+    intro = (NOTHING_MEASURED if r.get("verdict") == "not_measurable" else "") + r["regimes"]["intro"]
+    return {"id": r["id"], "intro": intro, "error": r["regimes"].get("measurement_error"),
             "rows": rows}
 
 
@@ -233,7 +243,8 @@ ALWAYS_SHOWN = {"model", "precision", "seed", "status"}
 
 def fold(row: dict, parts: list[str]) -> str:
     """The values of one folded column: "a / b", a missing one as "—"; "" when none has a value."""
-    values = [str(row.get(part) or "") for part in parts]
+    # 0 is a value (seed 0 was blank on every row); None and NaN are not
+    values = ["" if row.get(part) is None or pd.isna(row.get(part)) else str(row.get(part)) for part in parts]
     if not any(values):
         return ""
     if len(parts) == 2 and parts[1] == "unit":  # throughput and its unit
@@ -287,8 +298,12 @@ def loss_scale_section(summary: dict, runs_dir: str) -> str:
 def breakdown_section(table: str, runs_dir: str | None = None) -> str:
     frame = breakdown_frame(table, runs_dir)
     body = breakdown_html(table, runs_dir) if not frame.empty else ""
-    return section_html("Where the peak memory goes (7B)", body, "nothing to show on this run: no cell records how "
-                        "its peak memory splits (the paper preset's 7B cells on a GPU do)", intro=BREAKDOWN_INTRO)
+    cells = pd.read_csv(table)
+    on_gpu = "peak_allocated_bytes" in cells and cells["peak_allocated_bytes"].notna().any()
+    why = ("no cell records how its peak memory splits" if on_gpu else
+           "the split is of the GPU allocator's peak, and no cell of this run ran on a GPU")
+    return section_html("Where the peak memory goes (7B)", body, f"nothing to show on this run: {why} (the paper "
+                        "preset's 7B cells on a GPU record it)", intro=BREAKDOWN_INTRO)
 
 
 BREAKDOWN_INTRO = (

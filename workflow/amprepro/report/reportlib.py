@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import hashlib
+import math
 from pathlib import Path
 
 import pandas as pd
@@ -95,6 +96,17 @@ def _fmt_num(v, spec: str) -> str:
     return format(v, spec) if pd.notna(v) else ""
 
 
+def _fmt_significant(v, digits: int = 3) -> str:
+    """v with `digits` significant digits and at least one decimal: 0.0184, 1.53, 12.3, 400.0 (as .1f, a CPU cell's
+    0.02 TFLOP/s read 0.0)."""
+    if not pd.notna(v):
+        return ""
+    if v == 0:
+        return "0.0"
+    decimals = max(1, digits - 1 - math.floor(math.log10(abs(v))))
+    return f"{v:,.{decimals}f}"
+
+
 def memory_label(row) -> str:
     if pd.notna(row.get("peak_allocated_bytes")):
         return f"{row['peak_allocated_bytes'] / GIB:.2f} GiB (allocator)"
@@ -145,7 +157,7 @@ def results_table(summary: dict) -> pd.DataFrame:
         "final loss": frame["final_loss"].map(lambda v: _fmt_num(v, ".4f")),
         "eval acc": frame["eval_accuracy"].map(lambda v: _fmt_num(v, ".3f")),
         "skipped steps": frame["skipped_steps"].map(lambda v: "" if pd.isna(v) else str(int(v))),
-        "TFLOP/s": _column(frame, "achieved_tflops").map(lambda v: _fmt_num(v, ".1f")),
+        "TFLOP/s": _column(frame, "achieved_tflops").map(_fmt_significant),
         "MFU measured peak": _column(frame, "mfu_vs_measured_peak").map(lambda v: _fmt_num(v, ".1%")),
         "MFU datasheet": _column(frame, "mfu_vs_datasheet").map(lambda v: _fmt_num(v, ".1%")),
         "reason": reasons,
@@ -186,12 +198,14 @@ def _epoch_tokens(row, runs_dir: str | None):
 
 
 def breakdown_frame(table: str, runs_dir: str | None = None) -> pd.DataFrame:
-    """The cells of the models that estimate their memory before allocating (the 7B cells), one row each, with the
-    token count of their derived epoch time. Every cell records a breakdown; only these need one explained."""
+    """The cells of the models that estimate their memory before allocating and record how the allocator's peak split
+    (the 7B cells on a GPU), one row each, with the token count of their derived epoch time. A CPU run's cells make
+    the estimate but have no allocator peak to split: their rows were empty tables and charts (issue 41)."""
     frame = pd.read_csv(table)
     if ESTIMATE_COLUMN not in frame:
         return pd.DataFrame()
-    estimating = set(frame.loc[frame[ESTIMATE_COLUMN].notna(), "model"])
+    split = frame[[c for c in MEMORY_PARTS if c in frame]].notna().any(axis=1)
+    estimating = set(frame.loc[frame[ESTIMATE_COLUMN].notna() & split, "model"])
     frame = frame[frame["model"].isin(estimating)].copy()
     if frame.empty:
         return frame
