@@ -66,7 +66,7 @@ def test_the_verify_step_verifies_what_the_build_step_built(monkeypatch, tmp_pat
     monkeypatch.setattr(apexbuild, "build_only", lambda *a, **k: built)
     seen = {}
 
-    def verify(settings, jobs, results_dir, built=None):
+    def verify(settings, jobs, results_dir, built=None, shell=False):
         seen["built"] = built
         return {"status": "built", "reason": "verified"}
 

@@ -74,7 +74,7 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(device.type, **scaler_args) if spec.grad_scaler else None
         self.amp, self.apex_cast_cache, self.apex_fused_kernels = None, None, None
         if spec.needs_apex:
-            from apex import amp, multi_tensor_apply
+            from apex import amp
 
             # O3 takes apex's own defaults (pure FP16, loss_scale 1.0), as O1 and O2 do: only the opt level is passed
             model, optimizer = amp.initialize(model, optimizer, opt_level=spec.apex_opt_level, verbosity=0)
@@ -82,9 +82,18 @@ class Trainer:
             self.apex_cast_cache = self._apex_cast_cache(recomputes)
             # False in the apex shell (no amp_C): loss scaling and O2's master-weight copies take apex's Python
             # fallback (apex/amp/scaler.py "Using Python fallback"); the cell records which ran
-            self.apex_fused_kernels = bool(multi_tensor_apply.multi_tensor_applier.available)
+            self.apex_fused_kernels = self._apex_fused_kernels()
         # DDP wraps after amp.initialize, as apex requires.
         self.model, self.optimizer = (wrap(model) if wrap else model), optimizer
+
+    @staticmethod
+    def _apex_fused_kernels() -> bool | None:
+        """Whether apex's multi-tensor kernels (amp_C) loaded; None where this apex has no multi_tensor_apply to ask."""
+        try:
+            from apex import multi_tensor_apply
+        except ImportError:
+            return None
+        return bool(multi_tensor_apply.multi_tensor_applier.available)
 
     def _apex_cast_cache(self, recomputes: bool) -> bool | None:
         """O1 caches each weight's FP16 cast for the step. A weight cast twice in one step (activation checkpointing

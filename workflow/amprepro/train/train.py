@@ -7,6 +7,7 @@ is a finding (status "collapsed", first non-finite step recorded), not a crash.
 from __future__ import annotations
 
 import argparse
+import collections
 import math
 import os
 import random
@@ -19,6 +20,7 @@ from amprepro.cellspec import CellSpec
 from amprepro.train.cellsupport import skip_cause
 
 STEP_FIELDS = ["step", "loss", "loss_scale", "skipped", "step_time_s"]
+PROGRESS_EVERY, PROGRESS_LAG = 20, 2  # a progress line every 20 steps, read 2 steps behind the queue (train_loop)
 # The apex record of a cell that uses no apex (cellsupport.needs_apex): its job does not wait for the apex build.
 NO_APEX = {"status": "not used", "reason": "this cell uses no apex", "commit": None}
 
@@ -404,10 +406,21 @@ def train_loop(spec, dist, device, base, model, batches, trainer, breakdown, set
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     energy = flops.EnergyMeter(device)
-    # Every step's loss, loss scale and skip flag stay on the device until the loop ends: reading them inside the loop
-    # would make the host wait for each step before queueing the next (fp16 ViT-B/16 measured 3.6 % slower than timm's
-    # benchmark.py, which reads nothing in its timed loop; issue 40). Read back once, after the last step.
-    pending, started, energy_start = [], time.time(), None
+    # Every step's loss, loss scale and skip flag stay on the device until the GPU is past them: reading them as each
+    # step is queued would make the host wait for that step before queueing the next (fp16 ViT-B/16 measured 3.6 %
+    # slower than timm's benchmark.py, which reads nothing in its timed loop; issue 40). Every PROGRESS_EVERY steps the
+    # rows up to PROGRESS_LAG steps back are read and the progress line printed, while the GPU still has the last
+    # PROGRESS_LAG steps queued, so it never waits for the host; the rest are read after the last step.
+    pending, rows, started, energy_start = collections.deque(), [], time.time(), None
+
+    def settle(upto: float) -> None:
+        while pending and pending[0][0] <= upto:
+            step, loss, result, timer = pending.popleft()
+            loss, (scale, skipped), seconds = float(loss), result.read_back(), timer.settle()
+            rows.append({"step": step, "loss": loss, "loss_scale": scale, "skipped": skipped, "step_time_s": seconds})
+            if step % PROGRESS_EVERY == 0 and dist.is_main:
+                print(f"step {step:5d} loss {loss:.4f} scale {scale} {seconds * 1000:.1f} ms", flush=True)
+
     for step in range(train["steps"]):
         if step == train["warmup_steps"]:
             if device.type == "cuda":  # the host runs ahead of the GPU: the warm-up's energy ends when its work does
@@ -419,14 +432,10 @@ def train_loop(spec, dist, device, base, model, batches, trainer, breakdown, set
             result = trainer.step(x, y)
             loss = dist.mean(result.loss)
         pending.append((step, loss, result, timer))
+        if step % PROGRESS_EVERY == PROGRESS_LAG:
+            settle(step - PROGRESS_LAG)
         curve.maybe(step + 1, trainer, batches)
-    rows = []
-    for step, loss, result, timer in pending:
-        loss, (scale, skipped), seconds = float(loss), result.read_back(), timer.settle()
-        rows.append({"step": step, "loss": loss, "loss_scale": scale, "skipped": skipped, "step_time_s": seconds})
-        if step % 20 == 0 and dist.is_main:
-            print(f"step {step:5d} loss {loss:.4f} scale {scale} {seconds * 1000:.1f} ms", flush=True)
-    del pending
+    settle(math.inf)
     energy_end = energy.read_joules()
     load = measure.host_load()
     energy_j = dist.total(energy_end - energy_start if None not in (energy_start, energy_end) else None, device)
