@@ -75,7 +75,7 @@ def test_which_cells_differ_only_in_environment_settings():
 
 def test_the_shell_against_strict_fp32_tf32_and_the_full_build():
     result = claims.evaluate_claim(repository_claim("apex-shell-no-speedup"), summary(CELLS), specs=SPECS)
-    assert (result["verdict"], result["verdict_text"]) == ("exceeds", "exceeds the claim vs strict FP32 and TF32")
+    assert (result["verdict"], result["verdict_text"]) == ("falls_short", "falls short vs strict FP32 and TF32")
     assert result["matched_models"] == ["vit_b_16_apex_shell", "vit_b_16_apex_shell_fused_adam"]
     not_run = ("not run in the shell: vit_b_16_apex_shell_fused_adam/amp_fp16 skipped: apex FusedAdam cannot run in "
                "the apex shell (built without --cpp_ext/--cuda_ext): apex says RuntimeError: "
@@ -89,7 +89,7 @@ def test_the_shell_against_strict_fp32_tf32_and_the_full_build():
         f"vit_b_16/tf32; against the full build's vit_b_16/apex_o2: 0.79× its speed, memory +5.0 %; {not_run}")
     tf32 = result["by_baseline"]["tf32"]["models"]
     assert {name: r["verdict"] for name, r in tf32.items()} == {
-        "vit_b_16_apex_shell/apex_o1": "exceeds", "vit_b_16_apex_shell/apex_o2": "holds"}
+        "vit_b_16_apex_shell/apex_o1": "falls_short", "vit_b_16_apex_shell/apex_o2": "holds"}
     assert tf32["vit_b_16_apex_shell/apex_o2"]["vs_full"] == pytest.approx(
         {"speed_ratio": 2600 / 3300, "memory_change": 6.3 / 6 - 1})
     assert result["reason"].endswith(f" | {not_run}")
@@ -178,3 +178,19 @@ def test_a_judge_claim_is_validated():
     del plain["variant"]
     with pytest.raises(claimfile.ClaimsError, match=r"'variant' is a required property"):
         claimfile.validate({"claims": [plain]})
+
+
+def test_a_model_on_the_apex_shell_stands_for_no_architecture(tmp_path):
+    """Ordinary apex claims (O1's speed, O2 against O1) judge a working build: the shell's models match no arch."""
+    import json
+
+    for model, config in {"resnet50": {"arch": "resnet50"},
+                          "resnet50_apex_shell": {"arch": "resnet50", "apex_build": "shell"},
+                          "resnet50_full": {"arch": "resnet50", "apex_build": "full"}}.items():
+        cell = tmp_path / model / "apex_o1" / "seed0"
+        cell.mkdir(parents=True)
+        (cell / "metrics.json").write_text(json.dumps({"spec": {"model_config": config}}))
+    archs = claims.model_archs(tmp_path)
+    assert archs == {"resnet50": "resnet50", "resnet50_full": "resnet50"}
+    assert claims.matching_models(["resnet50"], sorted(archs) + ["resnet50_apex_shell"], archs) == [
+        "resnet50", "resnet50_full"]

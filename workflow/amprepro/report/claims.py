@@ -83,8 +83,12 @@ def _model_config_field(runs_dir: str | Path | None, field: str, top: bool = Fal
 
 
 def model_archs(runs_dir: str | Path | None) -> dict:
-    """Cell model name -> architecture (so claims can match an arch too)."""
-    return _model_config_field(runs_dir, "arch")
+    """Cell model name -> architecture (so claims can match an arch too). A model on the empty-shell apex
+    (apex_build: shell) stands for no architecture: a claim about apex (O1's speed, O2 against O1) is about a working
+    build, and the shell is judged by its own claim (amprepro.report.envclaims)."""
+    shells = _model_config_field(runs_dir, "apex_build")
+    return {model: arch for model, arch in _model_config_field(runs_dir, "arch").items()
+            if shells.get(model) != "shell"}
 
 
 def model_data(runs_dir: str | Path | None) -> dict:
