@@ -192,5 +192,5 @@ def test_a_model_on_the_apex_shell_stands_for_no_architecture(tmp_path):
         (cell / "metrics.json").write_text(json.dumps({"spec": {"model_config": config}}))
     archs = claims.model_archs(tmp_path)
     assert archs == {"resnet50": "resnet50", "resnet50_full": "resnet50"}
-    assert claims.matching_models(["resnet50"], sorted(archs) + ["resnet50_apex_shell"], archs) == [
+    assert claims.matching_models(["resnet50"], [*sorted(archs), "resnet50_apex_shell"], archs) == [
         "resnet50", "resnet50_full"]
