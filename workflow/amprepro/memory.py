@@ -307,13 +307,20 @@ def _gumbel_parameters(shape: dict, model_config: dict) -> tuple[int, int]:
     return vocab * d + matmul + d + codes + 2 * d + d + vocab, matmul  # + the biases
 
 
+LSTM_STATES_PER_TOKEN = 10  # values of width `hidden` an LSTM step holds for its backward (_risk_activations)
+
+
 def _risk_activations(shape: dict, model_config: dict, precision: str, batch: int) -> int:
     """Saved activations of a risk arch, an upper estimate per token: every intermediate of its layers in the compute
     dtype (the LSTM's gates, cell and hidden states; the Gumbel model's convolution, MLP and code book), the sampler's
     logits, noise and softmax in FP32, and the byte logits as the GPT's (12 bytes per logit)."""
     c = _bytes(precision)[0]
     if "hidden" in shape:
-        per_token = (shape["embed"] + 8 * shape["hidden"]) * c
+        # the remedy (risky_layer_fp32) runs the LSTM outside autocast on an FP32 input: its states are FP32 then;
+        # cuDNN's training reserve keeps the four gates, the cell and hidden state and tanh(cell) per step, and the
+        # backward's gate gradients take as much again (measured on the H200: 0.386 GiB at batch 32 x 512, FP32)
+        lstm = 4 if model_config.get("risky_layer_fp32") else c
+        per_token = shape["embed"] * c + LSTM_STATES_PER_TOKEN * shape["hidden"] * lstm
     else:
         codes = shape["groups"] * shape["codes"]
         per_token = 8 * shape["dim"] * c + codes * (c + 12)
