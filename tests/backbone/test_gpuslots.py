@@ -86,29 +86,38 @@ def test_try_claim_holds_nothing_when_too_few_are_free(tmp_path):
     assert again is not None and again[0][0] != held[0][0]
 
 
+GPU_JOBS = ["--gpus 2 -- python -m amprepro.plan.launcher --per-node 2 --nodes 1 --device cuda --",
+            "--gpus 1 -- python -m amprepro.plan.launcher --per-node 1 --nodes 1 --device cuda --",
+            "--gpus 1 -- python -m amprepro.env.apex_stage",
+            "--gpus 1 -- python -m amprepro.plan.launcher --per-node 1 --nodes 1 --device cuda --entry batchsearch --"]
+
+
 @pytest.mark.parametrize("gpu, expected", [
-    ("true", ["--gpus 2 -- python -m amprepro.plan.launcher --per-node 2 --nodes 1 --device cuda --",
-              "--gpus 1 -- python -m amprepro.plan.launcher --per-node 1 --nodes 1 --device cuda --",
-              "--gpus 1 -- python -m amprepro.env.apex_stage",
-              "--gpus 1 -- python -m amprepro.plan.launcher --per-node 1 --nodes 1 --device cuda"
-              " --entry batchsearch --",
-              # the digits cells, whose speed no claim judges, share a GPU (amprepro.plan.resources.shares_gpu)
-              "--gpus 0 --shared 8 -- python -m amprepro.plan.launcher --per-node 1 --nodes 1 --device cuda --",
-              # Snakemake's side: a timed cell takes a GPU and a whole GPU's gpu_share, a shared cell one gpu_share
-              "gpu=1, gpu_share=8, gres=", "gpu=0, gpu_share=1, gres="]),
+    # nvidia-smi lists GPUs here: the digits cells, whose speed no claim judges, share it
+    # (amprepro.plan.resources.shares_gpu); a timed cell takes a GPU and a whole GPU's gpu_share, a shared cell one
+    ("auto", [*GPU_JOBS, "gpu=1, gpu_share=8, gres=", "gpu=0, gpu_share=1, gres=",
+              "--gpus 0 --shared 8 -- python -m amprepro.plan.launcher --per-node 1 --nodes 1 --device cuda --"]),
+    # gpu: true, jobs sent to GPU nodes from a machine without one (Slurm): gpuslots' locks share nothing there
+    ("true", [*GPU_JOBS, "gpu=1, gpu_share=0, gres="]),
     ("false", ["--gpus 0 -- python -m amprepro.plan.launcher --per-node 1 --nodes 1 --device cpu --",
                "--gpus 0 -- python -m amprepro.env.apex_stage", "gpu=0, gpu_share=0, gres="]),
 ])
 def test_rules_run_gpu_jobs_through_gpuslots(tmp_path, gpu, expected):
-    from workflow_testing import copy_workflow, snakemake
+    from test_launch import fake_nvidia_smi
+
+    from workflow_testing import copy_workflow, job_env, run_snakemake
 
     workdir = copy_workflow(tmp_path / "wf")
-    result = snakemake(workdir, "-n", "-p", "--cores", "4", "--config", f"gpu={gpu}", "preset=paper")
+    fake_nvidia_smi(tmp_path / "bin", gpus=2)
+    env = job_env()
+    env["PATH"] = f"{tmp_path / 'bin'}:{env['PATH']}"
+    result = run_snakemake(workdir, ["-n", "-p", "--cores", "4", "--config", f"gpu={gpu}", "preset=paper"], 900, env)
+    assert result.returncode == 0, result.stderr[-4000:]
     for command in expected:
         assert command in result.stdout, command
     # the largest-batch search: one job per precision of the paper preset's three searched models, GPU runs only
-    assert result.stdout.count("--entry batchsearch --") == (18 if gpu == "true" else 0)
-    assert "--shared" not in result.stdout or gpu == "true", "without a GPU nothing shares one"
+    assert result.stdout.count("--entry batchsearch --") == (18 if gpu != "false" else 0)
+    assert ("--shared" in result.stdout) == (gpu == "auto"), "only GPUs listed here are shared"
 
 
 def share(cells, command, env):

@@ -353,6 +353,12 @@ def resolve_runs(config: dict, presets_dir: Path, gpus: list[str], probe: str) -
         raise ConfigError(str(exc)) from None
     runs = deep_merge(preset, config.get("runs") or {})
     validate(runs, "runs_resolved", "runs")
+    # A user's runs.precisions narrows the preset: a preset model left with no cell (e.g. the apex shell's O1/O2
+    # models under `precisions: [amp_bf16]`) is left out; a model the user wrote with no cell is an error below.
+    written = set((config.get("runs") or {}).get("models") or {})
+    for model in [m for m, s in runs["models"].items() if m not in written and "precisions" in s
+                  and not set(s["precisions"]) & set(runs["precisions"])]:
+        del runs["models"][model]
     for model, settings in runs["models"].items():
         check_model_settings(model, settings)
         check_lora(model, settings, runs["precisions"])

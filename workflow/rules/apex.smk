@@ -57,7 +57,7 @@ checkpoint apex:
     threads: min(4, CORES)  # the checks run in three interpreters side by side
     resources:
         gpu=1 if GPUS else 0,
-        gpu_share=WHOLE_GPU_SHARE,
+        gpu_share=whole_gpu_share,
         cpus_per_gpu=4 if GPUS else 0,
         mem_mb=8000,
         runtime=30,

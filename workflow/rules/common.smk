@@ -43,9 +43,22 @@ CORES = max(1, workflow.resource_settings.cores or 1)  # None under `snakemake -
 # Jobs on this machine share its GPUs through `--resources gpu=N`; a cluster job gets its own node's.
 LOCAL_GPUS = len(GPUS) if workflow.local_exec else 0
 BUILD_THREADS = cell_resources.apex_build_threads(CORES, LOCAL_GPUS)
-# A job that takes a whole GPU here also takes a whole GPU's `gpu_share` (amprepro.env.launch: CELLS_PER_SHARED_GPU per
-# GPU), so that Snakemake starts no cell that would share its GPU while it runs (gpuslots would only make it wait).
-WHOLE_GPU_SHARE = cell_resources.CELLS_PER_SHARED_GPU if LOCAL_GPUS else 0
+# GPUs that nvidia-smi lists on this machine (not `gpu: true`, jobs sent to GPU nodes elsewhere): only these are shared
+# out by gpuslots' locks, so only here may untimed cells share one (shares_gpu).
+PROBED_GPUS = 0 if config.get("gpu") in (True, "true") else len(GPUS)
+
+
+def sharing_here():
+    """Whether cells may share a GPU: GPUs listed here and jobs run here. Asked when a job's resources are set, not
+    when the Snakefile is read: the executor (local, or a cluster's) is known only then."""
+    return bool(PROBED_GPUS) and workflow.local_exec
+
+
+def whole_gpu_share(wildcards=None):
+    """A job that takes a whole GPU here also takes a whole GPU's `gpu_share` (amprepro.env.launch: CELLS_PER_SHARED_GPU
+    per GPU), so that Snakemake starts no cell that would share its GPU while it runs (gpuslots would only make it
+    wait); none where no cell shares."""
+    return cell_resources.CELLS_PER_SHARED_GPU if sharing_here() else 0
 RUNTIME_FACTOR = float(config["resources"]["runtime_factor"])  # nested --config values arrive as strings
 GPU_MEMORY_LIMIT = gpu_memory_limit(config)  # GiB of an emulated smaller card, or None
 LARGEST_BATCH = RUNS.get("largest_batch") or {}  # workflow/rules/largest_batch.smk
@@ -149,7 +162,7 @@ def per_node_gres(wildcards):
 def shares_gpu(wildcards):
     """Whether this cell runs on a GPU shared with other untimed cells (amprepro.plan.resources.shares_gpu): on this
     machine only, where gpuslots hands out the GPUs (a cluster job gets its own; a gpu=0 job there would get none)."""
-    return bool(LOCAL_GPUS) and cell_resources.shares_gpu(json.loads(spec_for_cell(wildcards)))
+    return sharing_here() and cell_resources.shares_gpu(json.loads(spec_for_cell(wildcards)))
 
 
 def gpu_share_for_cell(wildcards):
@@ -157,7 +170,7 @@ def gpu_share_for_cell(wildcards):
     GPU, a whole GPU's worth for a timed one, so that nothing shares a GPU with it; none for a CPU job."""
     if shares_gpu(wildcards):
         return 1
-    return WHOLE_GPU_SHARE * single_node_gpus(wildcards)
+    return whole_gpu_share() * single_node_gpus(wildcards)
 
 
 def gpus_for_train(wildcards):

@@ -16,7 +16,7 @@ rule largest_batch:
     threads: cell_resources.CPUS_PER_GPU
     resources:
         gpu=1,
-        gpu_share=WHOLE_GPU_SHARE,
+        gpu_share=whole_gpu_share,
         cpus_per_gpu=cell_resources.CPUS_PER_GPU,
         mem_mb=16000,
         runtime=10,

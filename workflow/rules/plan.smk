@@ -18,7 +18,7 @@ checkpoint plan:
     threads: 1 if not GPUS else cell_resources.CPUS_PER_GPU
     resources:
         gpu=1 if GPUS else 0,
-        gpu_share=WHOLE_GPU_SHARE,
+        gpu_share=whole_gpu_share,
         cpus_per_gpu=cell_resources.CPUS_PER_GPU if GPUS else 0,
         mem_mb=8000 if GPUS else 2000,
         runtime=20,

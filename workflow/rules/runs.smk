@@ -44,7 +44,7 @@ rule peak:
         TRAIN_ENV
     resources:
         gpu=1 if GPUS else 0,
-        gpu_share=WHOLE_GPU_SHARE,
+        gpu_share=whole_gpu_share,
         cpus_per_gpu=4 if GPUS else 0,
         mem_mb=8000,
         runtime=20,

@@ -18,7 +18,7 @@ checkpoint sanity:
         TRAIN_ENV
     resources:
         gpu=1 if GPUS else 0,
-        gpu_share=WHOLE_GPU_SHARE,
+        gpu_share=whole_gpu_share,
         cpus_per_gpu=4 if GPUS else 0,
         mem_mb=4000,
         runtime=20,
