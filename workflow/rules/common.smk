@@ -59,6 +59,8 @@ def whole_gpu_share(wildcards=None):
     per GPU), so that Snakemake starts no cell that would share its GPU while it runs (gpuslots would only make it
     wait); none where no cell shares."""
     return cell_resources.CELLS_PER_SHARED_GPU if sharing_here() else 0
+
+
 RUNTIME_FACTOR = float(config["resources"]["runtime_factor"])  # nested --config values arrive as strings
 GPU_MEMORY_LIMIT = gpu_memory_limit(config)  # GiB of an emulated smaller card, or None
 LARGEST_BATCH = RUNS.get("largest_batch") or {}  # workflow/rules/largest_batch.smk

@@ -45,8 +45,9 @@ rule verify_compare:
 rule verify:
     """make verify: exit non-zero when a cell is out of tolerance against the reference, naming the cells and by how much."""
     input:
-        verify="results/verify/verify.json",  # what it compares: the summary and cells (rule verify_compare); a
-        # missing cell or record is re-made by make run (rule all: common.smk's pipeline_outputs)
+        # what it compares: the summary and cells (rule verify_compare); a missing cell or record is re-made by
+        # make run (rule all: common.smk's pipeline_outputs)
+        verify="results/verify/verify.json",
     log:
         "results/logs/verify.log",
     conda:
