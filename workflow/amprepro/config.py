@@ -23,6 +23,7 @@ import yaml
 from amprepro import archs, presets
 from amprepro.cellspec import CellSpec
 from amprepro.env.gpuslots import visible_gpus
+from amprepro.presets import deep_merge
 from amprepro.safevalues import apex_problems, shorten
 from amprepro.schemaerrors import bounded_message, field_name, first_error
 from amprepro.train import precisions
@@ -67,16 +68,6 @@ def choose_preset(requested: str, gpus: list[str], probe: str) -> dict:
     if gpus:
         return {"preset": "paper", "reason": f"preset: auto chose paper because {probe}"}
     return {"preset": "smoke", "reason": f"preset: auto chose smoke because {probe}"}
-
-
-def deep_merge(base: dict, override: dict) -> dict:
-    merged = copy.deepcopy(base)
-    for key, value in (override or {}).items():
-        if isinstance(value, dict) and isinstance(merged.get(key), dict):
-            merged[key] = deep_merge(merged[key], value)
-        else:
-            merged[key] = copy.deepcopy(value)
-    return merged
 
 
 def load_schema() -> dict:

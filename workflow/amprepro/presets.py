@@ -34,11 +34,13 @@ def _load(presets_dir: Path, name: str, included_from: str | None) -> dict:
     return yaml.safe_load(path.read_text()) or {}
 
 
-def _merge(base: dict, override: dict) -> dict:
+def deep_merge(base: dict, override: dict) -> dict:
+    """base with override merged in key by key (nested dicts merged, everything else replaced), both copied; the
+    config's overrides of a preset use it too (amprepro.config, which imports this module)."""
     merged = copy.deepcopy(base)
     for key, value in (override or {}).items():
         if isinstance(value, dict) and isinstance(merged.get(key), dict):
-            merged[key] = _merge(merged[key], value)
+            merged[key] = deep_merge(merged[key], value)
         else:
             merged[key] = copy.deepcopy(value)
     return merged
@@ -69,7 +71,7 @@ def read(presets_dir: Path, name: str) -> dict:
                 raise PresetError(f"Preset {name}: model {model} is in both {owner[model]} and {part_name}. Fix: "
                                   f"rename it in one of them.")
             cell_settings = copy.deepcopy(settings)
-            cell_settings["train"] = _merge(part.get("train") or {}, settings.get("train") or {})
+            cell_settings["train"] = deep_merge(part.get("train") or {}, settings.get("train") or {})
             cell_settings.setdefault("seeds", list(part.get("seeds") or []))
             wanted = settings.get("precisions", part.get("precisions") or [])
             cell_settings["precisions"] = [p for p in wanted if p in (part.get("precisions") or [])]
