@@ -100,3 +100,19 @@ def test_the_launcher_counts_the_gpus_a_worker_will_see_without_importing_torch(
              "print(cuda_devices_visible(dict(os.environ)), 'torch' in sys.modules)")
     result = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60)
     assert result.stdout.split() == [str(seen), "False"], result.stderr[-2000:]
+
+
+def test_torchrun_is_the_jobs_own_never_another_pythons_console_script(tmp_path, monkeypatch):
+    """The image's torchrun (#! another python) ran the ranks outside the run's venv; a shim or our own is kept."""
+    from amprepro.plan.launcher import torchrun
+
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert torchrun() == [sys.executable, "-m", "torch.distributed.run"]  # none on PATH
+    script = tmp_path / "torchrun"
+    script.write_text("#!/opt/other/.venv/bin/python\nimport sys\n")
+    script.chmod(0o755)
+    assert torchrun() == [sys.executable, "-m", "torch.distributed.run"]
+    script.write_text(f"#!{sys.executable}\nimport sys\n")
+    assert torchrun() == [str(script)]
+    script.write_text("#!/usr/bin/env bash\nexec true\n")  # a wrapper (the Slurm test's shim): trusted as is
+    assert torchrun() == [str(script)]

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -76,8 +77,26 @@ def shortfall(per_node: int, nodes: int, device: str, env: dict, job: dict, cuda
     return None
 
 
+def torchrun() -> list[str]:
+    """The torchrun command of the job's own Python. The `torchrun` first on PATH, unless it is the console script of
+    another Python (its `#!` line names another python than sys.executable): then `python -m torch.distributed.run`.
+    A venv that reaches torch through a .pth file has no torchrun of its own, and the image's one ran the ranks in the
+    image's Python, not the run's (H200 x2, 2026-12-04: the summary refused transformer_ddp's records)."""
+    found = shutil.which("torchrun")
+    if found:
+        try:
+            with open(found, "rb") as script:
+                first = script.readline(300).decode(errors="replace")
+        except OSError:
+            first = ""
+        words = first[2:].split() if first.startswith("#!") else []
+        if not (words and re.search(r"python[0-9.]*$", words[0])) or words[0] == sys.executable:
+            return [found]
+    return [sys.executable, "-m", "torch.distributed.run"]
+
+
 def torchrun_single_node(per_node: int) -> list[str]:
-    return ["torchrun", "--standalone", "--nproc_per_node", str(per_node)]
+    return [*torchrun(), "--standalone", "--nproc_per_node", str(per_node)]
 
 
 def srun_per_node(per_node: int, nodes: int, device: str, job: dict[str, str]) -> list[str]:
@@ -119,7 +138,7 @@ def first_node_address(nodelist: str) -> str:
 
 def torchrun_on_node(args: argparse.Namespace, env: dict) -> list[str]:
     """This node's torchrun: static rendezvous at the first node, node rank from srun (SLURM_NODEID)."""
-    return ["torchrun", "--nnodes", str(args.nodes), "--node_rank", env["SLURM_NODEID"], "--nproc_per_node",
+    return [*torchrun(), "--nnodes", str(args.nodes), "--node_rank", env["SLURM_NODEID"], "--nproc_per_node",
             str(args.per_node), "--master_addr", args.master_addr, "--master_port", str(args.master_port)]
 
 
