@@ -80,9 +80,10 @@ def test_every_seed_collapsed_holds_without_a_gap():
         result["measured_text"]
 
 
-def test_a_gap_these_seeds_do_not_settle_is_not_measurable_with_the_numbers():
+def test_a_gap_these_seeds_do_not_settle_is_not_settled_with_the_numbers():
     result = claims.evaluate_claim(O2, summary("apex_o2", [g * 6 + 0.004 for g in SAME]))
-    assert result["verdict"] == "not_measurable" and result["verdict_text"] == "not measurable here"
+    assert result["verdict"] == "not_settled" and result["verdict_text"] == "not settled by these seeds"
+    assert result["measured_text"] == result["reason"]
     assert result["reason"].startswith(
         "stdlib_gpt: not settled by these seeds: apex O2 over 8 seeds: no collapse, no non-finite step, 0 skipped "
         "steps in all; final held-out loss 1.5207 against FP32's 1.5000 (means over the 8 paired seeds); paired gap "

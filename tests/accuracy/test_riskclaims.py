@@ -121,7 +121,7 @@ def test_a_remedy_rescues_where_the_unremedied_cells_were_harmed_and_the_remedie
         "fix_a": "holds", "fix_b": "falls_short"}
 
 
-def test_a_harmed_risk_no_remedy_rescues_falls_short_and_nothing_to_rescue_is_not_measurable():
+def test_a_harmed_risk_no_remedy_rescues_falls_short_and_an_unharmed_one_has_nothing_to_rescue():
     summary = summary_of(fp32("risky"), collapsed("risky", "amp_fp16"), collapsed("fix_a", "amp_fp16"),
                          collapsed("fix_b", "amp_fp16"))
     got = riskclaims.judge_remedies(REMEDY_CLAIM, summary)
@@ -132,7 +132,8 @@ def test_a_harmed_risk_no_remedy_rescues_falls_short_and_nothing_to_rescue_is_no
                       shifted("fix_a", "amp_fp16", [0, 0, 0, 0]), shifted("fix_b", "amp_fp16", [0, 0, 0, 0],
                                                                             skipped=3, scale=2048.0))
     got = riskclaims.judge_remedies(REMEDY_CLAIM, calm)
-    assert got["verdict"] == "not_measurable"
+    assert got["verdict"] == "nothing_to_rescue" and got["verdict_text"] == "nothing to rescue here"
+    assert got["measured_text"] == got["reason"]
     assert got["reason"].startswith("nothing to rescue: no risk model's amp_fp16 cells were harmed here; risky + "
                                     "autocast off: nothing to rescue (without: amp_fp16: overflow absorbed: 0 "
                                     "non-finite steps in 0 of 4 seeds, 20 skipped steps; lowest final loss scale 2^11")

@@ -320,7 +320,7 @@ def test_a_bigger_saving_than_claimed_exceeds_the_claim_and_is_counted_so():
     assert result["verdict"] == "exceeds" and result["verdict_text"] == "exceeds the claim vs strict FP32 and TF32"
     assert "−48.0 %" in result["measured_text"] and "above the claimed band" in result["reason"]
     assert claims.counts([result]) == {"holds": 0, "exceeds": 1, "falls_short": 0, "depends_on_baseline": 0,
-                                       "not_measurable": 0}
+                                       "not_settled": 0, "nothing_to_rescue": 0, "not_measurable": 0}
 
 
 def test_depends_on_the_baseline_names_both_verdicts():
@@ -781,6 +781,7 @@ def test_the_command_line_prints_each_verdict_and_writes_the_json(tmp_path, monk
     written = json.loads((tmp_path / "out/claims.json").read_text())
     assert [r["id"] for r in written["claims"]] == ["c", "d"]
     assert written["counts"] == {"holds": 1, "exceeds": 0, "falls_short": 0, "depends_on_baseline": 0,
+                                 "not_settled": 0, "nothing_to_rescue": 0,
                                  "not_measurable": 1}
     (tmp_path / "results/sanity/sanity.json").unlink()  # without a sanity record: the GPU counts, unchecked
     claims.main([])
@@ -826,3 +827,13 @@ def test_the_regimes_table_says_its_verdicts_are_predictions_and_that_nothing_wa
     assert result["verdict"] == "not_measurable"  # the smoke run on a CPU: the report's case
     html = reporthtml.claims_detail_html([result])
     assert "This run measured nothing for this claim" in html and ("would fall short" in html or "would hold" in html)
+
+
+def test_a_claim_the_seeds_do_not_settle_shows_its_numbers_and_is_counted_apart():
+    from amprepro.report import reporthtml
+
+    unsettled = {"verdict": "not_settled", "measured_text": "paired gap +1.38 % (95 % +0.04 % to +2.71 %)",
+                 "reason": "stdlib_gpt/apex_o1: not settled by 8 seeds", "by_baseline": {}}
+    assert reporthtml.measured_items(unsettled) == [{"kind": "why", "text": unsettled["measured_text"]}]
+    counted = claims.counts([unsettled, {**unsettled, "verdict": "nothing_to_rescue"}])
+    assert (counted["not_settled"], counted["nothing_to_rescue"], counted["not_measurable"]) == (1, 1, 0)

@@ -39,8 +39,12 @@ from amprepro.report.claimmetrics import (
 )
 from amprepro.train.precisions import label as precision_label
 
+# not_settled: the cells ran and the paired statistics were computed, but the 95 % interval straddles the claim's
+# margin (more seeds would settle it). nothing_to_rescue: a remedy claim whose risk cells ran and were not harmed here,
+# so the remedy had nothing to rescue. Both differ from not_measurable: that one means the cells could not run here.
 VERDICT_TEXT = {"holds": "holds", "exceeds": "exceeds the claim", "falls_short": "falls short",
-                "depends_on_baseline": "depends on the baseline", "not_measurable": "not measurable here"}
+                "depends_on_baseline": "depends on the baseline", "not_settled": "not settled by these seeds",
+                "nothing_to_rescue": "nothing to rescue here", "not_measurable": "not measurable here"}
 # A generic claim's verdict over several models is the worst of theirs, in this order (first = worst).
 WORST_FIRST = ["falls_short", "exceeds", "holds"]
 
@@ -395,7 +399,7 @@ def summary_lines(results: list[dict]) -> list[str]:
     lines = []
     for r in results:
         line = f"{r['id']}: {r['verdict_text'].upper()}"
-        detail = r["reason"] if r["verdict"] == "not_measurable" else r["measured_text"]
+        detail = r["reason"] if r["verdict"] == "not_measurable" or not r["measured_text"] else r["measured_text"]
         lines.append(f"{line} — {detail} (claimed {r['claimed_text']})")
     return lines
 

@@ -35,7 +35,7 @@ RULE_TEXT = ("final held-out loss gap against FP32, paired by seed (same initial
              "Student-t 95 % interval and one-sided 95 % bounds")
 VERDICTS = ("under", "over", "not settled", "collapsed")
 # The claim verdict (claims.VERDICT_TEXT) of an accuracy claim, "not lower than FP32" within the margin.
-CLAIM_VERDICT = {"under": "holds", "over": "falls_short", "collapsed": "falls_short", "not settled": "not_measurable"}
+CLAIM_VERDICT = {"under": "holds", "over": "falls_short", "collapsed": "falls_short", "not settled": "not_settled"}
 # The article's "slightly higher", its own one-sided question: a lower held-out loss shown, or not.
 SLIGHTLY_HIGHER = {"lower": "holds", "includes 0": "not shown", "higher": "falls short"}
 
@@ -181,14 +181,18 @@ def judge_claim(claim: dict, summary: dict, data_records: dict | None = None) ->
             continue
         higher = slightly_higher(judged)
         verdict = CLAIM_VERDICT[judged["verdict"]]
-        settled = "" if verdict != "not_measurable" else f"not settled by {judged['stats']['n']} seeds: "
+        settled = "" if verdict != "not_settled" else f"not settled by {judged['stats']['n']} seeds: "
         per_model[model] = {"verdict": verdict, "convergence": judged["verdict"], "slightly_higher": higher,
                             "reason": f"{model}/{variant}: {settled}{judged['reason']}",
                             "measured_text": f"{judged['reason']}; {higher['text']} [{on}]",
                             "measured_on": on, "numbers": judged}
-    measured = [r for r in per_model.values() if r["verdict"] != "not_measurable"]
+    measured = [r for r in per_model.values() if r["verdict"] not in ("not_measurable", "not_settled")]
     reason = "; ".join(r["reason"] for r in per_model.values())
     if not measured:
+        if any(r["verdict"] == "not_settled" for r in per_model.values()):
+            return {"verdict": "not_settled", "verdict_text": "not settled by these seeds",
+                    "reason": f"held-out loss cells: {reason}", "measured_text": f"held-out loss cells: {reason}",
+                    "by_baseline": {}}
         return {"verdict": "not_measurable", "verdict_text": "not measurable here",
                 "reason": f"held-out loss cells: {reason}", "measured_text": "", "by_baseline": {}}
     worst = "falls_short" if any(r["verdict"] == "falls_short" for r in measured) else "holds"

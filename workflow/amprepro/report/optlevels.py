@@ -100,8 +100,8 @@ def model_verdict(claim: dict, summary: dict, model: str) -> dict:
     elif verdict_of_gap == "under":
         verdict = "falls_short"
     else:
-        return {"verdict": "not_measurable", "reason": f"{model}: not settled by these seeds: {text}",
-                "measured_text": ""}
+        return {"verdict": "not_settled", "reason": f"{model}: not settled by these seeds: {text}",
+                "measured_text": f"{model}: not settled by these seeds: {text}"}
     return {"verdict": verdict, "reason": f"{model}: {text}", "measured_text": text, "signs": mine,
             "why": f"{model}: {why_text(mine, margin)}"}
 
@@ -129,9 +129,12 @@ def judged(claim: dict, summary: dict) -> dict:
                 "reason": (f"no {'/'.join(wanted)} cell ran (--config preset=accuracy): {run_context(summary)} "
                            f"(models here: {here})"), "measured_text": ""}
     per_model = {model: model_verdict(claim, summary, model) for model in present}
-    measured = {m: r for m, r in per_model.items() if r["verdict"] != "not_measurable"}
+    measured = {m: r for m, r in per_model.items() if r["verdict"] not in ("not_measurable", "not_settled")}
     reason = "; ".join(r["reason"] for r in per_model.values())
     if not measured:
+        if any(r["verdict"] == "not_settled" for r in per_model.values()):
+            return {"verdict": "not_settled", "verdict_text": "not settled by these seeds", "reason": reason,
+                    "measured_text": reason, "by_baseline": {}}
         return {"verdict": "not_measurable", "verdict_text": "not measurable here", "reason": reason,
                 "measured_text": "", "by_baseline": {}}
     found = {r["verdict"] for r in measured.values()}

@@ -164,6 +164,8 @@ def measured_items(r: dict) -> list[dict]:
     items = []
     if r["verdict"] == "not_measurable":
         items.append({"kind": "why", "text": r["reason"]})
+    elif r["verdict"] in ("not_settled", "nothing_to_rescue") and not r.get("by_baseline"):  # its numbers: one text
+        items.append({"kind": "why", "text": r["measured_text"] or r["reason"]})
     else:
         for baseline, b in r.get("by_baseline", {}).items():
             label = ENV.filters["precision_label"](baseline)  # an environment claim's "environment pairs" too

@@ -189,7 +189,7 @@ def judge_risk(claim: dict, summary: dict) -> dict:
 
 
 # A remedy's outcome as the verdict its line in the report shows (amprepro.report.claims.VERDICT_TEXT).
-OUTCOME_VERDICT = {"rescues": "holds", "does not rescue": "falls_short", "nothing to rescue": "not_measurable",
+OUTCOME_VERDICT = {"rescues": "holds", "does not rescue": "falls_short", "nothing to rescue": "nothing_to_rescue",
                    "not measured": "not_measurable"}
 
 
@@ -230,7 +230,9 @@ def judge_remedies(claim: dict, summary: dict) -> dict:
                 "remedies": entries}
     if not harmed_risks:
         why = "nothing to rescue: no risk model's " + variant + " cells were harmed here"
-        return {**_not_measurable(f"{why}; {reason}" if reason else why), "remedies": entries}
+        text = f"{why}; {reason}" if reason else why
+        return {"verdict": "nothing_to_rescue", "verdict_text": "nothing to rescue here", "reason": text,
+                "measured_text": text, "remedies": entries, "by_baseline": {}}
     unrescued = [risky for risky, outcomes in harmed_risks.items() if "rescues" not in outcomes]
     rescued = [risky for risky in harmed_risks if risky not in unrescued]
     if unrescued:
