@@ -136,7 +136,7 @@ def test_a_stability_claim_the_judge_cannot_read_is_refused(change, message):
 
 
 def test_o3_claim_is_the_articles_sentence_and_o3_is_pure_fp16():
-    from amprepro.train import precisions
+    from amprepro import precisions
 
     assert O3["source"]["quote"] == "O3：仅用于推理，不适合训练"
     assert O2["source"]["quote"] == "O2：更多操作转为FP16，速度快但可能不稳定"

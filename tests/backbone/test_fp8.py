@@ -15,8 +15,9 @@ import yaml
 from torch import nn
 
 from amprepro import config as cfg
+from amprepro import precisions
 from amprepro.report import claimfile, fp8, reportlib, summary
-from amprepro.train import cellsupport, float8, flops, models, precision, precisions, train
+from amprepro.train import cellsupport, float8, flops, models, precision, train
 
 REPO = Path(__file__).resolve().parents[2]
 FP8 = ["fp8_tensorwise", "fp8_rowwise"]

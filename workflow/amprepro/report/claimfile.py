@@ -8,9 +8,9 @@ from pathlib import Path
 import jsonschema
 import yaml
 
+from amprepro import precisions
 from amprepro.report.claimmetrics import HIGHER_IS_BETTER
 from amprepro.schemaerrors import bounded_message, field_name, first_error
-from amprepro.train import precisions
 
 _NUMBER = {"type": "number"}
 _MODEL_NAME = {"type": "string", "pattern": "^[A-Za-z0-9_]{1,64}$"}

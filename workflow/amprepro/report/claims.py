@@ -26,6 +26,7 @@ import statistics
 from pathlib import Path
 
 from amprepro.cellid import CellId
+from amprepro.precisions import label as precision_label
 from amprepro.report import regimes as regimes_mod
 from amprepro.report.claimfile import load_claims
 from amprepro.report.claimmetrics import (
@@ -37,7 +38,6 @@ from amprepro.report.claimmetrics import (
     metric_bounds,
     verdict_for,
 )
-from amprepro.train.precisions import label as precision_label
 
 VERDICT_TEXT = {"holds": "holds", "exceeds": "exceeds the claim", "falls_short": "falls short",
                 "depends_on_baseline": "depends on the baseline", "not_measurable": "not measurable here"}

@@ -25,8 +25,8 @@ from __future__ import annotations
 import math
 import statistics
 
+from amprepro import precisions
 from amprepro.report import paired
-from amprepro.train import precisions
 
 BASELINE = "fp32"
 MARGIN = 0.01  # relative: the section's margin, and the one config/claims.yaml states for its claims (a test checks)

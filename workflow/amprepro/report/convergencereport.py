@@ -16,10 +16,10 @@ import math
 import matplotlib.pyplot as plt
 import pandas as pd
 
+from amprepro import precisions
 from amprepro.cellid import CellId
 from amprepro.report import convergence, paired
 from amprepro.report.reportlib import read_steps
-from amprepro.train import precisions
 
 SMOOTH_STEPS = 20  # the train loss is shown as a rolling mean over this many steps (per seed, before the seed mean)
 TAIL = 0.25  # the flattening figure: the held-out loss change over the last quarter of the steps

@@ -215,7 +215,7 @@ def shell_cell(claim: dict, row: dict, base: dict | None, full: dict | None, twi
 
 
 def label(name: str) -> str:
-    from amprepro.train import precisions
+    from amprepro import precisions
 
     return precisions.label(name) if name in precisions.REGISTRY else name
 

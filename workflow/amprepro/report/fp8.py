@@ -27,10 +27,10 @@ import html
 import math
 from pathlib import Path
 
+from amprepro import precisions
 from amprepro.cellid import CellId
 from amprepro.report import paired
 from amprepro.report.paired import T_ONE_SIDED_95, T_TWO_SIDED_95, t_quantile  # noqa: F401 (the FP8 tests' names)
-from amprepro.train import precisions
 
 COLUMNS = ["baseline_precision", "speedup_vs_baseline", "memory_ratio_vs_baseline", "loss_gap_final_vs_baseline",
            "loss_gap_final_abs_vs_baseline", "baseline_loss_first", "baseline_loss_final", "loss_gap_max_vs_baseline",

@@ -19,9 +19,9 @@ article's recommended level, is given beside it for context. A verdict that diff
 
 from __future__ import annotations
 
+from amprepro import precisions
 from amprepro.report import convergence
 from amprepro.report.paired import pct
-from amprepro.train import precisions
 
 CONTEXT = "apex_o1"  # the article's recommended level ("O1：推荐默认选项"), shown beside the claim's level
 

@@ -3,7 +3,7 @@
 The notebook embeds them with amprepro.report.reporthtml.figure_html (a base64 PNG, so the report opens offline). The
 data
 they plot is shaped in amprepro.report.reportlib; the colours of the precisions are the registry's
-(amprepro.train.precisions).
+(amprepro.precisions).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import pandas as pd
 
+from amprepro import precisions
 from amprepro.report import claims as claims_mod
 from amprepro.report.cellcompare import METRIC_LABEL
 from amprepro.report.claimmetrics import HIGHER_IS_BETTER, claimed_band, fmt_value
@@ -28,7 +29,6 @@ from amprepro.report.reportlib import (
     parts_here,
     steps_by_precision,
 )
-from amprepro.train import precisions
 
 VERDICT_COLOR = {"holds": "#1a7f37", "exceeds": "#175cd3", "falls_short": "#b42318"}  # as the badges in report.css
 PART_COLOR = {"mem_weights_bytes": "#30638e", "mem_gradients_bytes": "#00798c",

@@ -15,6 +15,7 @@ from pathlib import Path
 import jinja2
 import pandas as pd
 
+from amprepro import precisions
 from amprepro.report import claimmetrics, reportcharts
 from amprepro.report import claims as claims_mod
 from amprepro.report.cellcompare import METRIC_LABEL
@@ -28,7 +29,6 @@ from amprepro.report.reportlib import (
     results_table,
     shorten,
 )
-from amprepro.train import precisions
 
 TEMPLATE_DIR = Path(__file__).resolve().parents[2] / "report" / "templates"
 VERIFY_LABEL = {"pass": "PASS", "fail": "FAIL", "no_reference": "NO REFERENCE", "not_comparable": "NOT COMPARABLE"}

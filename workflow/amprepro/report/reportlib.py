@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pandas as pd
 
+from amprepro import precisions
 from amprepro.cellid import CellId
 from amprepro.files import read_json
 from amprepro.gitinfo import describe_commit
 from amprepro.report import claims as claims_mod
 from amprepro.report import summary as summary_columns
 from amprepro.report import verify as verify_mod
-from amprepro.train import precisions
 
 GIB = 2**30
 

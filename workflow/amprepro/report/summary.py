@@ -7,10 +7,10 @@ import json
 import os
 import sys
 
+from amprepro import precisions
 from amprepro.cellid import CellId
 from amprepro.files import read_json, write_csv, write_json
 from amprepro.report import claimmetrics, fp8
-from amprepro.train import precisions
 
 COLUMNS = [
     "model", "precision", "seed", "status", "reason", "throughput_per_s", "throughput_unit", "step_time_median_s",

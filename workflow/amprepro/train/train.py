@@ -387,7 +387,8 @@ def train_cell(spec: CellSpec, apex: dict, dist, device, base: dict, plan: dict 
 def train_loop(spec, dist, device, base, model, batches, trainer, breakdown, settings) -> tuple[dict, list[dict]]:
     import torch
 
-    from amprepro.train import float8, flops, heldout, measure, models, precisions
+    from amprepro import precisions
+    from amprepro.train import float8, flops, heldout, measure, models
 
     model_config, train = spec.model_config, spec.train
     curve = heldout.Curve(train["steps"], model_config.get("eval_every") if not dist.active else None)
