@@ -9,7 +9,8 @@ import yaml
 
 from amprepro import config as cfg
 from amprepro import memory, precisions
-from amprepro.report import claimfile, reportlib
+from amprepro.analysis import claimfile
+from amprepro.report import reportlib
 from amprepro.train import flops
 
 REPO = Path(__file__).resolve().parents[2]

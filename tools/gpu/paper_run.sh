@@ -1,6 +1,6 @@
 #!/bin/bash
 # Run the paper preset through the pipeline on a GPU box that has torch + CUDA but not Snakemake, then pack the
-# results for `python -m amprepro.report.verify promote`. This is how reference/nvidia-h200 is meant to be produced.
+# results for `python -m amprepro.verify.verify promote`. This is how reference/nvidia-h200 is meant to be produced.
 #
 #   OUT=/path/to/outdir tools/gpu/paper_run.sh [seconds] [extra-config.yaml]
 #

@@ -59,7 +59,7 @@ The committed H200 reference checks every cell against this (tests/backbone/test
 the measured allocator peak.
 
 Regimes beyond one GPU with FP32 master weights (issue 25), for the LLaMA shapes (llama_estimate; the report's regimes
-table, amprepro.report.regimes, reads it). All predictions: a regime is measured only where a committed measurement
+table, amprepro.analysis.regimes, reads it). All predictions: a regime is measured only where a committed measurement
 file says so (tools/gpu/regimes_run.sh writes one).
 - Sharding over N data-parallel ranks (Sharding): ZeRO-1 divides the optimizer state and the FP32 master weights by N,
   ZeRO-2 the gradients too, ZeRO-3 (= FSDP FULL_SHARD) the weights too (arXiv 1910.02054). What stays whole: ZeRO-2/3

@@ -93,7 +93,7 @@ REFERENCE_DIR = workflow_file("reference")  # the committed reference results (r
 
 def regime_measurement_inputs():
     """The committed GPU regime measurements the 7B memory claim's regimes table reads: adding one re-runs the report."""
-    from amprepro.report.regimes import measurement_files
+    from amprepro.analysis.regimes import measurement_files
 
     return [workflow_file(f"results-reference/regimes/{path.name}") for path in measurement_files()]
 

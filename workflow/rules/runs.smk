@@ -83,9 +83,9 @@ rule summary:
             },
             sort_keys=True,
         ),
-        code=code_digest("report.summary"),
+        code=code_digest("analysis.summary"),
     shell:
-        "python -m amprepro.report.summary"
+        "python -m amprepro.analysis.summary"
         " --metrics {input.metrics} --env {input.env} --apex {input.apex} --peak {input.peak}"
         " --preset {params.preset:q} --largest-batch-asked {params.largest_batch:q}"
         " --largest-batch {input.largest_batch} --csv {output.table} --json {output.summary} > {log} 2>&1"

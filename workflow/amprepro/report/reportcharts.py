@@ -17,18 +17,18 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from amprepro import precisions
-from amprepro.report import claims as claims_mod
-from amprepro.report.cellcompare import METRIC_LABEL
-from amprepro.report.claimmetrics import HIGHER_IS_BETTER, claimed_band, fmt_value
+from amprepro.analysis import claims as claims_mod
+from amprepro.analysis.claimmetrics import HIGHER_IS_BETTER, claimed_band, fmt_value
+from amprepro.memory import GIB
 from amprepro.report.reportlib import (
     ESTIMATE_COLUMN,
-    GIB,
     MEMORY_PARTS,
     cells_frame,
     ok_cells,
     parts_here,
     steps_by_precision,
 )
+from amprepro.verify.cellcompare import METRIC_LABEL
 
 VERDICT_COLOR = {"holds": "#1a7f37", "exceeds": "#175cd3", "falls_short": "#b42318"}  # as the badges in report.css
 PART_COLOR = {"mem_weights_bytes": "#30638e", "mem_gradients_bytes": "#00798c",

@@ -60,7 +60,7 @@ def forget_optimizer_state(optimizer) -> None:
 # The try after a fitting guess aims just over this share of the budget (a little above HEADROOM, where a try stops
 # fitting), so that the guess and it bracket the answer in two tries; a strict-FP32 search, the slowest, then has a
 # batch that fails even when its time runs out before the bisection, and the ratios it is the denominator of are
-# bounded (amprepro.report.claimmetrics.batch_ratio).
+# bounded (amprepro.analysis.claimmetrics.batch_ratio).
 OVER_MARGIN = 0.97
 
 
