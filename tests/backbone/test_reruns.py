@@ -228,7 +228,7 @@ def test_every_rule_that_runs_amprepro_code_gates_on_its_digest_and_lists_no_mod
         inputs = block.split("output:")[0]
         assert "workflow/amprepro" not in inputs and "PKG" not in inputs, \
             f"rule {name} lists code as an input file (re-run by mtime); give it params code=code_digest(...)"
-        modules = set(re.findall(r"-m amprepro\.([\w.]+)", block)) - {"env.gpuslots"}  # the GPU-slot wrapper
+        modules = set(re.findall(r"-m amprepro\.([\w.]+)", block)) - {"gpuslots"}  # the GPU-slot wrapper
         if not modules or "output:" not in block:  # a rule without output runs whenever it is asked for
             continue
         digest = re.search(r"code=code_digest\(([^)]*)\)", block)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from amprepro.env import gpuslots
+from amprepro import gpuslots
 from amprepro.verify import reference, verify
 
 GPU_NAME = "NVIDIA H200"

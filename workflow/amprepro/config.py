@@ -22,7 +22,7 @@ import yaml
 
 from amprepro import archs, precisions, presets
 from amprepro.cellspec import CellSpec
-from amprepro.env.gpuslots import visible_gpus
+from amprepro.gpuslots import visible_gpus
 from amprepro.presets import deep_merge
 from amprepro.safevalues import apex_problems, shorten
 from amprepro.schemaerrors import bounded_message, field_name, first_error

@@ -27,7 +27,7 @@ rule train:
         apex=lambda wildcards, input: ["--apex", input.apex] if "apex" in input.keys() else [],
         code=code_digest("train.train", "plan.launcher"),  # with what they import: cellspec, memory, cellserver
     shell:
-        "python -m amprepro.env.gpuslots --gpus {resources.gpu}{params.slots} --"
+        "python -m amprepro.gpuslots --gpus {resources.gpu}{params.slots} --"
         " python -m amprepro.plan.launcher {params.launch} -- --spec {params.spec:q} {params.apex:q}"
         " --plan {input.plan} --threads {threads} --metrics {output.metrics} --steps {output.steps} > {log} 2>&1"
 
@@ -51,7 +51,7 @@ rule peak:
     params:
         code=code_digest("env.peak"),
     shell:
-        "python -m amprepro.env.gpuslots --gpus {resources.gpu} --"
+        "python -m amprepro.gpuslots --gpus {resources.gpu} --"
         " python -m amprepro.env.peak --out {output.peak} > {log} 2>&1"
 
 

@@ -23,7 +23,7 @@ from amprepro import archs, memory
 from amprepro.cellspec import CellSpec
 
 CPUS_PER_GPU = 8
-# Untimed cells that may run on one GPU together (amprepro.env.gpuslots --shared, Snakemake's gpu_share resource).
+# Untimed cells that may run on one GPU together (amprepro.gpuslots --shared, Snakemake's gpu_share resource).
 # The accuracy and risk cells (< 1 M parameters) take 8-17 s each on an H200, nearly all of it start-up and kernel
 # launches, one after another; eight at once keep the GPU busier without any of them near its memory.
 CELLS_PER_SHARED_GPU = 8

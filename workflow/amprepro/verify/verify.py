@@ -74,7 +74,7 @@ def cell_specs(runs_dir: str | Path | None, field: str = "spec") -> dict:
 
 def machine_here(summary: dict, runs_dir: str | Path | None, probe=None) -> dict:
     """This machine's GPU count: what nvidia-smi lists where verify runs, else what the cells saw."""
-    from amprepro.env.gpuslots import visible_gpus
+    from amprepro.gpuslots import visible_gpus
 
     names, how = (probe or visible_gpus)()
     metrics = [m for _, m in promote.cell_metrics(Path(runs_dir))] if runs_dir and Path(runs_dir).is_dir() else []
