@@ -22,11 +22,11 @@ import yaml
 
 from amprepro import archs, precisions, presets
 from amprepro.cellspec import CellSpec
+from amprepro.datakinds import largest_batch
 from amprepro.gpuslots import visible_gpus
 from amprepro.presets import deep_merge
 from amprepro.safevalues import apex_problems, shorten
 from amprepro.schemaerrors import bounded_message, field_name, first_error
-from amprepro.train.data import largest_batch
 
 REPO = Path(__file__).resolve().parents[2]
 SCHEMA_PATH = REPO / "workflow" / "schemas" / "config.schema.yaml"
