@@ -40,7 +40,7 @@ help:
 	@echo "                 results/report/report.html; job logs in results/logs/ (CORES=N, SNAKEMAKE_ARGS=...)"
 	@echo "make verify      compare a finished run with the committed reference of the same GPU model"
 	@echo "make test        the test suite (what CI runs: .ci/run)"
-	@echo "make lint        snakemake --lint, snakefmt --check, ruff check"
+	@echo "make lint        snakemake --lint, snakefmt --check, ruff check, lint-imports (the package's layers)"
 	@echo "make venv        create or complete .venv with the developer tools (make run installs only what runs)"
 	@echo "make clean-venv  remove .venv (results/ stays)"
 	@echo "make container-test  build the container image and run the smoke preset in it (minutes)"
@@ -115,6 +115,7 @@ lint: $(DEV_STAMP)
 	$(BIN)/snakemake --lint
 	$(BIN)/snakefmt --check Snakefile workflow/rules
 	$(BIN)/ruff check workflow tools tests
+	PYTHONPATH=workflow $(BIN)/lint-imports --no-cache
 
 clean-venv:
 	rm -rf $(VENV)

@@ -5,8 +5,8 @@ import math
 
 import pytest
 
-from amprepro.report import claims, convergence, paired
-from amprepro.report.claimfile import ClaimsError, load_claims, validate
+from amprepro.analysis import claims, convergence, paired
+from amprepro.analysis.claimfile import ClaimsError, load_claims, validate
 
 FP32 = [1.50, 1.52, 1.48, 1.51, 1.49, 1.53, 1.47, 1.50]  # 8 seeds, spread ±0.03: the seed noise pairing removes
 SAME = [0.004, -0.002, 0.001, 0.006, -0.001, 0.003, 0.002, 0.0]  # relative gaps: mean +0.16 %, sd 0.27 %

@@ -5,8 +5,8 @@ import math
 
 import pytest
 
-from amprepro.report import claims, optlevels
-from amprepro.report.claimfile import ClaimsError, load_claims, validate
+from amprepro.analysis import claims, optlevels
+from amprepro.analysis.claimfile import ClaimsError, load_claims, validate
 
 FP32 = [1.50, 1.52, 1.48, 1.51, 1.49, 1.53, 1.47, 1.50]
 SAME = [0.004, -0.002, 0.001, 0.006, -0.001, 0.003, 0.002, 0.0]  # mean +0.16 %, upper bound +0.34 %
@@ -137,7 +137,7 @@ def test_a_stability_claim_the_judge_cannot_read_is_refused(change, message):
 
 
 def test_o3_claim_is_the_articles_sentence_and_o3_is_pure_fp16():
-    from amprepro.train import precisions
+    from amprepro import precisions
 
     assert O3["source"]["quote"] == "O3：仅用于推理，不适合训练"
     assert O2["source"]["quote"] == "O2：更多操作转为FP16，速度快但可能不稳定"

@@ -1,12 +1,12 @@
-"""The AMP risk and remedy verdicts (amprepro.report.riskclaims) on synthetic summary cells, by exact output; the claim
-form they need (amprepro.report.claimfile) and the dispatch from amprepro.report.claims."""
+"""The AMP risk and remedy verdicts (amprepro.analysis.riskclaims) on synthetic summary cells, by exact output; the
+claim form they need (amprepro.analysis.claimfile) and the dispatch from amprepro.analysis.claims."""
 
 import copy
 
 import pytest
 import yaml
 
-from amprepro.report import claimfile, claims, riskclaims
+from amprepro.analysis import claimfile, claims, riskclaims
 from workflow_testing import REPO
 
 FP32 = {0: 1.50, 1: 1.60, 2: 1.55, 3: 1.45}

@@ -7,9 +7,10 @@ import pytest
 
 from amprepro import config as cfg
 from amprepro import memory
+from amprepro.analysis import claimmetrics, claimmodels, summary
 from amprepro.cellid import CellId
 from amprepro.cellspec import CellSpec
-from amprepro.report import claimmetrics, claims, reporthtml, summary
+from amprepro.report import reporthtml
 from amprepro.train import batchsearch
 
 
@@ -174,13 +175,13 @@ def test_an_interval_gets_a_verdict_only_where_both_ends_agree(low, high, decide
 def test_the_claim_holds_on_a_ratio_bounded_from_below_and_says_so():
     cells = {CellId("vit_b_16", "apex_o1", 0): row("apex_o1", 936, "at_least"),
              CellId("vit_b_16", "fp32", 0): row("fp32", 616, "at_least", failing=640)}
-    out = claims.evaluate_model(CLAIM, cells, "vit_b_16", "fp32")
+    out = claimmodels.evaluate_model(CLAIM, cells, "vit_b_16", "fp32")
     assert out["verdict"] == "holds" and out["values"] == {0: 936 / 632}
     assert out["measured_text"] == "1.48× the batch (1 seed) (bounded: 1.48× the batch to unbounded)"
-    assert claims.bounds_text("batch_ratio", {0: [1.25, 1.5], 1: [1.3, float("inf")]}) == \
+    assert claimmodels.bounds_text("batch_ratio", {0: [1.25, 1.5], 1: [1.3, float("inf")]}) == \
         " (bounded: 1.25× the batch to 1.50× the batch; 1.30× the batch to unbounded)"
     cells[CellId("vit_b_16", "apex_o1", 0)] = row("apex_o1", 680, "exact")
-    out = claims.evaluate_model(CLAIM, cells, "vit_b_16", "fp32")  # 680 / 632 .. 680 / 616 straddles 1.1
+    out = claimmodels.evaluate_model(CLAIM, cells, "vit_b_16", "fp32")  # 680 / 632 .. 680 / 616 straddles 1.1
     assert out["verdict"] == "not_measurable" and out["reason"] == (
         "from 1.08× the batch to 1.10× the batch (seed 0), which straddles the claim's at least 1.10× the batch: the "
         "searches did not narrow it enough")

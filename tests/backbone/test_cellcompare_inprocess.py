@@ -1,4 +1,4 @@
-"""One cell against the reference (amprepro.report.cellcompare), on hand-made rows: every verdict and its note, the
+"""One cell against the reference (amprepro.verify.cellcompare), on hand-made rows: every verdict and its note, the
 band edges of both kinds, the text of a failure and the warnings over all cells. In process and fast, so that mutation
 testing (docs/mutation.md) sees every line."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from amprepro.report import cellcompare
-from amprepro.report.cellcompare import check_metric, compare, compare_cell
+from amprepro.verify import cellcompare
+from amprepro.verify.cellcompare import check_metric, compare, compare_cell
 
 REL = {"rel_floor": 0.10, "k": 2}
 ABS = {"abs_floor": 0.5, "k": 2}

@@ -104,7 +104,7 @@ def test_model_overrides_restrict_precisions_seeds_and_train():
 def test_paper_preset_is_valid_and_has_every_precision_for_the_three_models():
     """Every precision but the compiled ones, which the fp8 preset runs on ViT-B/16 and GPT-124M (docs/fp8.md), and
     apex O3, which is judged on real data (issue 38: five more paper cells would cost ~45 s of the 30 s budget)."""
-    from amprepro.train import precisions
+    from amprepro import precisions
 
     runs, _ = resolve(preset="paper")
     fp8_runs, _ = resolve(preset="fp8")

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
+from amprepro import datakinds
 from amprepro.train import data
 
 REPO = Path(__file__).resolve().parents[2]
@@ -18,7 +19,8 @@ def test_the_digits_are_load_digits_own_arrays():
 
     images, labels = data.digits_arrays()
     digits = load_digits()
-    assert images.dtype == digits.images.dtype and images.shape == digits.images.shape == (data.DIGITS_SAMPLES, 8, 8)
+    assert images.dtype == digits.images.dtype and \
+        images.shape == digits.images.shape == (datakinds.DIGITS_SAMPLES, 8, 8)
     assert np.array_equal(images, digits.images) and np.array_equal(labels, digits.target)
     assert labels.dtype.kind == digits.target.dtype.kind == "i"
 
@@ -29,5 +31,5 @@ def test_a_cell_reads_the_digits_without_importing_scikit_learn():
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
                           env={"PYTHONPATH": str(REPO / "workflow")})
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.split() == [str(data.digits_train_size()), str(data.DIGITS_SAMPLES - data.digits_train_size()),
-                                   "[]"]
+    assert done.stdout.split() == [str(datakinds.digits_train_size()),
+                                   str(datakinds.DIGITS_SAMPLES - datakinds.digits_train_size()), "[]"]

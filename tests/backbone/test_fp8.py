@@ -15,8 +15,10 @@ import yaml
 from torch import nn
 
 from amprepro import config as cfg
-from amprepro.report import claimfile, fp8, reportlib, summary
-from amprepro.train import cellsupport, float8, flops, models, precision, precisions, train
+from amprepro import precisions
+from amprepro.analysis import claimfile, fp8, summary
+from amprepro.report import fp8section, reportlib
+from amprepro.train import cellsupport, float8, flops, models, precision, train
 
 REPO = Path(__file__).resolve().parents[2]
 FP8 = ["fp8_tensorwise", "fp8_rowwise"]
@@ -254,7 +256,7 @@ def test_the_summary_compares_fp8_with_compiled_bf16_step_by_step(tmp_path):
     assert said[0].startswith("m FP8 tensorwise (torchao) (seed 0): pays, 1.100x")
     assert said[0].endswith("final loss +0.50 % against bf16 AMP, compiled") and "nats" not in said[0]
     assert said[1].startswith("m FP8 rowwise (torchao) (seed 0): does not pay, 0.950x") and "5.0 % slower" in said[1]
-    section = fp8.section_html({"cells": list(rows.values())})
+    section = fp8section.section_html({"cells": list(rows.values())})
     assert "does not pay" in section and "<script" not in section
 
 
@@ -295,7 +297,7 @@ def test_the_held_out_gap_and_two_runs_of_one_precision_beside_it(tmp_path):
     assert said.endswith("final loss +3.96 % against bf16 AMP, compiled, held-out loss +3.96 % (4.2000 against "
                          "4.0400 nats); bf16 AMP, compiled against bf16 AMP over the same steps: final loss +1.00 %, "
                          "held-out +1.00 %, largest step gap 1.00 %")
-    assert "+3.96 %" in fp8.table_html(fp8.fp8_rows({"cells": list(rows.values())}))
+    assert "+3.96 %" in fp8section.table_html(fp8.fp8_rows({"cells": list(rows.values())}))
     memorised = [write_cell(tmp_path / "b", "amp_bf16", [10.0, 2.01, 0.2, 0.049], 900.0, 100),
                  write_cell(tmp_path / "b", "amp_bf16_compile", [10.0, 2.0, 0.2, 0.05], 1000.0, 100),
                  write_cell(tmp_path / "b", "fp8_tensorwise", [10.0, 2.5, 0.3, 0.06], 1200.0, 100)]
@@ -307,7 +309,7 @@ def test_the_held_out_gap_and_two_runs_of_one_precision_beside_it(tmp_path):
 
 
 def test_the_section_says_when_no_fp8_cell_ran():
-    section = fp8.section_html({"cells": [{"model": "m", "precision": "fp32", "seed": 0, "status": "ok"}]})
+    section = fp8section.section_html({"cells": [{"model": "m", "precision": "fp32", "seed": 0, "status": "ok"}]})
     assert "no FP8 cell in this run" in section
 
 

@@ -1,4 +1,4 @@
-"""amprepro.report.fp8 in-process, by exact output: the loss gaps' edge cases, every verdict wording, the table's
+"""amprepro.analysis.fp8 in-process, by exact output: the loss gaps' edge cases, every verdict wording, the table's
 cells and the section (what mutation testing of the module asks for: docs/mutation.md)."""
 
 import html
@@ -7,7 +7,8 @@ import math
 
 import pytest
 
-from amprepro.report import fp8, reporthtml
+from amprepro.analysis import fp8
+from amprepro.report import fp8section, reporthtml
 
 NONE = {"loss_gap_final_vs_baseline": None, "loss_gap_final_abs_vs_baseline": None, "baseline_loss_first": None,
         "baseline_loss_final": None, "loss_gap_max_vs_baseline": None, "loss_gap_max_unmemorised_vs_baseline": None,
@@ -43,7 +44,7 @@ def test_a_baseline_of_one_is_compared_and_the_memorised_edge_counts_as_not_memo
 def test_ratios_and_numbers():
     assert fp8._ratio(3.0, 2.0) == 1.5 and fp8._ratio(None, 2.0) is None and fp8._ratio(3.0, 0) is None
     assert fp8._ratio(0, 2.0) is None
-    assert fp8._num(None, ".1f") == "" and fp8._num(2.25, ".1f") == "2.2" and fp8._pct(None) == ""
+    assert fp8section._num(None, ".1f") == "" and fp8section._num(2.25, ".1f") == "2.2" and fp8._pct(None) == ""
     assert fp8._pct(0.0123) == "1.23 %" and fp8._pct(0.0123, signed=True) == "+1.23 %"
 
 
@@ -159,7 +160,7 @@ def test_the_table_row_has_every_cell_in_its_column():
                memory_ratio_vs_baseline=0.987, loss_gap_final_vs_baseline=0.0123, loss_gap_final_abs_vs_baseline=0.5,
                loss_gap_max_vs_baseline=0.05, loss_gap_steps=7, heldout_gap_final_vs_baseline=0.031,
                nonfinite_steps=0, fp8_weight_fraction=0.98, mfu_vs_measured_peak=0.25, mfu_vs_datasheet=0.2)
-    html = fp8.table_html([cell])
+    html = fp8section.table_html([cell])
     expected = ["m", "FP8 tensorwise (torchao)", "0", "ok", "1234.6 tokens/s", BASE, "1.234", "3.0", "0.99", "+1.23 %",
                 "+0.5000", "5.00 %", "7", "+3.10 %", "0", "98.00 %", "25.00 %", "20.00 %"]
     assert "<tr>" + "".join(f"<td>{v}</td>" for v in expected) + "</tr>" in html
@@ -169,24 +170,24 @@ def test_the_table_row_has_every_cell_in_its_column():
     assert html.startswith('<div class="table-wrap"><table class="results fp8"><thead><tr>'
                            + "".join(f"<th>{h}</th>" for h in heads) + "</tr></thead><tbody><tr>")
     assert html.endswith("</tr></tbody></table></div>") and len(heads) == len(expected)
-    two = fp8.table_html([cell, cell])
+    two = fp8section.table_html([cell, cell])
     assert "</tr><tr>" in two and two.count("<tr>") == 3
-    bare = fp8.table_html([row("fp8_rowwise", status="skipped")])
+    bare = fp8section.table_html([row("fp8_rowwise", status="skipped")])
     assert "<tr>" + "".join(f"<td>{v}</td>" for v in ["m", "FP8 rowwise (torchao)", "0", "skipped"] + [""] * 14) + \
            "</tr>" in bare
-    assert "&lt;b&gt;" in fp8.table_html([{**cell, "model": "<b>"}])  # escaped
+    assert "&lt;b&gt;" in fp8section.table_html([{**cell, "model": "<b>"}])  # escaped
 
 
 def test_the_section_with_and_without_fp8_cells():
-    assert fp8.section_html({"cells": []}) == reporthtml.section_html(
+    assert fp8section.section_html({"cells": []}) == reporthtml.section_html(
         "FP8 against compiled bf16", "", "no FP8 cell in this run: the fp8 preset has them (`--config preset=fp8`, "
         "docs/fp8.md)")
     cells = [row("fp8_tensorwise", speedup_vs_baseline=1.5), row("fp8_rowwise", speedup_vs_baseline=0.5)]
     rows = fp8.fp8_rows({"cells": cells})
     said = "".join(f"<li>{line}</li>" for line in fp8.verdicts(rows))
-    assert fp8.section_html({"cells": cells}) == reporthtml.section_html(
-        "FP8 against compiled bf16", f"<ul>{said}</ul>{fp8.table_html(rows)}", "", fp8.INTRO)
-    assert "on the qualifying nn.Linear layers" in fp8.INTRO and "against the FP8 peak" in fp8.INTRO
+    assert fp8section.section_html({"cells": cells}) == reporthtml.section_html(
+        "FP8 against compiled bf16", f"<ul>{said}</ul>{fp8section.table_html(rows)}", "", fp8section.INTRO)
+    assert "on the qualifying nn.Linear layers" in fp8section.INTRO and "against the FP8 peak" in fp8section.INTRO
 
 
 # --- the gaps over seeds (seed_gaps) ---
@@ -269,14 +270,14 @@ def test_the_section_gives_the_gaps_over_seeds_where_two_seeds_ran():
     said = "".join(f"<li>{line}</li>" for line in fp8.verdicts(rows))
     [entry] = fp8.seed_gaps(rows)
     over = f"<p>{html.escape(fp8.SEEDS_INTRO)}</p><ul><li>{html.escape(fp8.seed_gap_text(entry))}</li></ul>"
-    assert fp8.section_html({"cells": cells}) == reporthtml.section_html(
-        "FP8 against compiled bf16", f"<ul>{said}</ul>{over}{fp8.table_html(rows)}", "", fp8.INTRO)
+    assert fp8section.section_html({"cells": cells}) == reporthtml.section_html(
+        "FP8 against compiled bf16", f"<ul>{said}</ul>{over}{fp8section.table_html(rows)}", "", fp8section.INTRO)
     assert "under when the one-sided 95 % upper bound is below it" in fp8.SEEDS_INTRO
     two = [*cells, paired(0, 0.0, 0.0, precision="fp8_rowwise"), paired(1, 0.01, 0.0, precision="fp8_rowwise")]
     entries = fp8.seed_gaps(fp8.fp8_rows({"cells": two}))
     assert len(entries) == 2 and f"</li><li>{html.escape(fp8.seed_gap_text(entries[1]))}</li></ul>" in \
-        fp8.section_html({"cells": two})
-    assert "<b>" not in fp8.section_html({"cells": [{**c, "model": "<b>"} for c in cells]})
+        fp8section.section_html({"cells": two})
+    assert "<b>" not in fp8section.section_html({"cells": [{**c, "model": "<b>"} for c in cells]})
 
 
 def test_the_section_as_text_from_a_summary_file(tmp_path, capsys, monkeypatch):
@@ -296,4 +297,4 @@ def test_the_section_as_text_from_a_summary_file(tmp_path, capsys, monkeypatch):
     assert capsys.readouterr().out == "".join(f"{line}\n" for line in fp8.report_lines({"cells": one}))
     with pytest.raises(SystemExit):
         fp8.main(["--help"])
-    assert "\n\nThe report's FP8 section as text (amprepro.report.fp8).\n\n" in capsys.readouterr().out
+    assert "\n\nThe report's FP8 section as text (amprepro.analysis.fp8).\n\n" in capsys.readouterr().out

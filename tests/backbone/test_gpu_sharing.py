@@ -8,10 +8,12 @@ import yaml
 
 from amprepro import config as cfg
 from amprepro import presets
+from amprepro.analysis import claimmodels, claims
 from amprepro.cellid import CellId
 from amprepro.plan import resources
-from amprepro.report import cellcompare, claims, reportlib
+from amprepro.report import reportlib
 from amprepro.train.train import gpu_sharing
+from amprepro.verify import cellcompare
 
 REPO = Path(__file__).resolve().parents[2]
 PRESETS = REPO / "config" / "presets"
@@ -117,5 +119,5 @@ def test_a_speed_claim_refuses_a_cell_that_shared():
     claim = {"variant": "amp_fp16", "metric": "speedup", "claimed": {"at_least": 1.0}}
     cells = {CellId("risk_lstm", "fp32", 0): row(precision="fp32"),
              CellId("risk_lstm", "amp_fp16", 0): row(gpu_shared_cells_per_gpu=8)}
-    out = claims.evaluate_model(claim, cells, "risk_lstm", "fp32")
+    out = claimmodels.evaluate_model(claim, cells, "risk_lstm", "fp32")
     assert out["verdict"] == "not_measurable" and "shared" in out["reason"]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from amprepro.env import gpuslots
+from amprepro import gpuslots
 
 REPO = Path(__file__).resolve().parents[2]
 SHOW = [sys.executable, "-c", "import os; print(os.environ.get('CUDA_VISIBLE_DEVICES'))"]
@@ -21,7 +21,7 @@ def env_for(tmp_path, count):
 
 
 def slots(gpus, command, env, **kwargs):
-    return subprocess.Popen([sys.executable, "-m", "amprepro.env.gpuslots", "--gpus", str(gpus), "--", *command],
+    return subprocess.Popen([sys.executable, "-m", "amprepro.gpuslots", "--gpus", str(gpus), "--", *command],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
 
 
@@ -121,7 +121,7 @@ def test_rules_run_gpu_jobs_through_gpuslots(tmp_path, gpu, expected):
 
 
 def share(cells, command, env):
-    return subprocess.Popen([sys.executable, "-m", "amprepro.env.gpuslots", "--gpus", "0", "--shared", str(cells),
+    return subprocess.Popen([sys.executable, "-m", "amprepro.gpuslots", "--gpus", "0", "--shared", str(cells),
                              "--", *command], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -195,7 +195,7 @@ def test_a_shared_cell_waits_for_a_timed_job(tmp_path):
                                            (["--gpus", "0", "--shared", "33"], "not a whole number from 1 to 32"),
                                            (["--gpus", "0", "--shared", "8;x"], "not a whole number from 1 to 32")])
 def test_bad_shared_settings_are_refused(tmp_path, args, message):
-    job = subprocess.run([sys.executable, "-m", "amprepro.env.gpuslots", *args, "--", *SHOW],
+    job = subprocess.run([sys.executable, "-m", "amprepro.gpuslots", *args, "--", *SHOW],
                          env=env_for(tmp_path, 1), capture_output=True, text=True, timeout=20)
     assert job.returncode == 2 and message in job.stderr
 

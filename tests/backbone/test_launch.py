@@ -458,7 +458,7 @@ def test_make_run_finishes_after_sigkill_at_every_stage_keeping_what_was_done(tm
     kill_points = [("environment", "amprepro.env.environment", "results/environment/environment.json"),
                    ("apex build", "amprepro.env.apex_stage", "results/apex/build.json"),
                    ("a train cell", None, None),
-                   ("summary", "amprepro.report.summary", "results/summary/summary.json"),
+                   ("summary", "amprepro.analysis.summary", "results/summary/summary.json"),
                    ("report", "amprepro.report.render", "results/report/report.html")]
     kept, cells_before_kill = {}, {}
     for attempt, (stage, module, output) in enumerate(kill_points):

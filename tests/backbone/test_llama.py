@@ -8,7 +8,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from amprepro import config, memory
-from amprepro.report import summary
+from amprepro.analysis import summary
 from amprepro.train import flops, measure, models, train
 
 NO_APEX = {"status": "skipped", "reason": "no apex source configured"}

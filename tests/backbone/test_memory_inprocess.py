@@ -11,11 +11,10 @@ from typing import ClassVar
 
 import pytest
 
-from amprepro import memory
+from amprepro import memory, precisions
 from amprepro.cellspec import CellSpec
 from amprepro.memory import Lora, Sharding
 from amprepro.plan import memplan
-from amprepro.train import precisions
 
 GIB = memory.GIB
 

@@ -1,5 +1,5 @@
 """The memory model's regimes (amprepro.memory: ZeRO sharding, checkpointing on/off, bf16 weights, LoRA, the
-Korthikanti cross-check) and the regimes table (amprepro.report.regimes): fast, torch-free except where a test builds
+Korthikanti cross-check) and the regimes table (amprepro.analysis.regimes): fast, torch-free except where a test builds
 the model on the meta device."""
 
 import dataclasses
@@ -8,9 +8,9 @@ import json
 import pytest
 
 from amprepro import memory
+from amprepro.analysis import claims as claims_mod
+from amprepro.analysis import regimes
 from amprepro.memory import Lora, Sharding
-from amprepro.report import claims as claims_mod
-from amprepro.report import regimes
 
 SHAPE = memory.LLAMA_SHAPES["llama"]
 PARAMS, MATMUL = memory.llama_parameters(SHAPE)

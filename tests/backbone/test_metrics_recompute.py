@@ -33,9 +33,10 @@ def cell(request, tmp_path_factory):
 
 
 def test_the_digits_split_size_is_the_one_validation_uses():
+    from amprepro import datakinds
     from amprepro.train import data
 
-    assert data.digits_train_size() == DIGITS_TRAIN_SPLIT == len(data.digits_split()[0][1])
+    assert datakinds.digits_train_size() == DIGITS_TRAIN_SPLIT == len(data.digits_split()[0][1])
 
 
 def test_every_timing_figure_follows_from_steps_csv_and_the_real_batch(cell):

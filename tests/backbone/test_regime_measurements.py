@@ -7,7 +7,7 @@ of a peak that model states fill) is compared against 10 % of 5 % of the peak, s
 
 import pytest
 
-from amprepro.report import regimes
+from amprepro.analysis import regimes
 
 TOLERANCE = 0.10
 SMALL_PART = 0.05

@@ -105,7 +105,7 @@ def test_a_statement_in_the_stage_or_a_module_it_imports_changes_the_digest(pack
 def test_unrelated_modules_and_the_file_writer_do_not_count(package):
     before = code_digest("train.train", package_dir=package)
     # gpuslots counts now: the cell's launcher (amprepro.plan.launcher) reads its GPU listing
-    for module in ("env/sanity.py", "report/summary.py", "files.py", "config.py", "env/launch.py",
+    for module in ("env/sanity.py", "analysis/summary.py", "files.py", "config.py", "env/launch.py",
                    "env/apexbuild/verify_probe.py", "report/__init__.py", "__init__.py"):
         with open(package / module, "a") as handle:
             handle.write("\nUNUSED = 1\n")
@@ -228,7 +228,7 @@ def test_every_rule_that_runs_amprepro_code_gates_on_its_digest_and_lists_no_mod
         inputs = block.split("output:")[0]
         assert "workflow/amprepro" not in inputs and "PKG" not in inputs, \
             f"rule {name} lists code as an input file (re-run by mtime); give it params code=code_digest(...)"
-        modules = set(re.findall(r"-m amprepro\.([\w.]+)", block)) - {"env.gpuslots"}  # the GPU-slot wrapper
+        modules = set(re.findall(r"-m amprepro\.([\w.]+)", block)) - {"gpuslots"}  # the GPU-slot wrapper
         if not modules or "output:" not in block:  # a rule without output runs whenever it is asked for
             continue
         digest = re.search(r"code=code_digest\(([^)]*)\)", block)

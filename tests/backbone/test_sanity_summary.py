@@ -3,8 +3,8 @@ import sys
 import pytest
 import torch
 
+from amprepro.analysis import summary
 from amprepro.env import sanity
-from amprepro.report import summary
 
 
 def test_checks_on_this_machine_each_have_a_status_and_reason():

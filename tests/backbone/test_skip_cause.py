@@ -43,7 +43,7 @@ def test_a_missing_package_is_not_the_machine(monkeypatch):
 def test_the_summary_carries_the_skip_cause(tmp_path):
     import json
 
-    from amprepro.report import summary
+    from amprepro.analysis import summary
 
     path = tmp_path / "metrics.json"
     path.write_text(json.dumps({"model": "m", "precision": "tf32", "seed": 0, "status": "skipped", "reason": "no GPU",

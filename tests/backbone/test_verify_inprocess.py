@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from amprepro.env import gpuslots
-from amprepro.report import reference, verify
+from amprepro import gpuslots
+from amprepro.verify import reference, verify
 
 GPU_NAME = "NVIDIA H200"
 STACK = {"torch": "2.11.0+cu130", "cuda": "13.0", "cudnn": 91900, "apex_commit": "379937e1", "driver": "580.1"}
@@ -184,7 +184,7 @@ def test_no_reference_for_this_gpu_warns_exits_0_and_says_how_to_add_one(tmp_pat
         f"verify: WARNING: no reference results for NVIDIA B200 ({ref / 'nvidia-b200'}/ does not exist; references "
         "exist for: nvidia-h200); nothing was compared",
         "  this machine: 1 GPU(s) (nvidia-smi lists 1 GPU(s): NVIDIA H200); gate WARNING, exit code 0",
-        "  to add one from a run on this GPU: .venv/bin/python -m amprepro.report.verify promote results --note '...' "
+        "  to add one from a run on this GPU: .venv/bin/python -m amprepro.verify.verify promote results --note '...' "
         "(writes reference/nvidia-b200/runs/)"]
     empty = tmp_path / "empty"
     empty.mkdir()
@@ -419,7 +419,7 @@ def test_reference_inputs_are_the_reference_and_tolerance_files(tmp_path, ref):
 
 
 def test_run_verify_evaluates_the_claims_with_the_sanity_record_when_asked(tmp_path, ref, monkeypatch):
-    from amprepro.report import claims
+    from amprepro.analysis import claimmodels, claims
 
     seen = []
     monkeypatch.setattr(claims, "evaluate_run", lambda *args: seen.append(args) or [
@@ -432,7 +432,7 @@ def test_run_verify_evaluates_the_claims_with_the_sanity_record_when_asked(tmp_p
     assert seen == [("claims.yaml", json.loads(Path(summary).read_text()), {"checks": [{"name": "tensor_cores"}]},
                      str(tmp_path))]
     assert result["claims"] == [{"id": "c1", "verdict": "holds"}, {"id": "c2", "verdict": "not_measurable"}]
-    assert result["claims_counts"] == {**{v: 0 for v in claims.VERDICT_TEXT}, "holds": 1, "not_measurable": 1}
+    assert result["claims_counts"] == {**{v: 0 for v in claimmodels.VERDICT_TEXT}, "holds": 1, "not_measurable": 1}
     verify.run_verify(summary, str(ref), None, "claims.yaml", str(tmp_path / "no-sanity.json"))
     verify.run_verify(summary, str(ref), None, "claims.yaml", None)
     assert [args[2] for args in seen[1:]] == [None, None]
@@ -500,7 +500,7 @@ def test_report_lines_say_what_differs_first_then_the_verdict_the_machine_and_th
 
 
 def test_report_lines_list_the_claims_shortened_and_their_other_regimes():
-    from amprepro.report.regimes import lines as regime_lines
+    from amprepro.analysis.regimes import lines as regime_lines
 
     long = "ab " * 50  # a space at index 140: the cut keeps 46 words
     rows = [{"key": "k", "baseline": "fp32", "variant": "amp_bf16", "predicted": {"baseline_peak_bytes": 2**31,
@@ -574,7 +574,7 @@ def test_verify_counts_the_gpus_the_cells_saw_when_nvidia_smi_lists_none(tmp_pat
 
 
 def test_main_passes_the_claims_and_the_sanity_record_on(tmp_path, ref, monkeypatch):
-    from amprepro.report import claims
+    from amprepro.analysis import claims
 
     seen = []
     monkeypatch.setattr(claims, "evaluate_run", lambda *args: seen.append(args) or [])

@@ -92,7 +92,7 @@ def test_isolation_check_reports_a_job_that_ran_outside_its_env(tmp_path):
     inside = {"argv": ["python", "-m", "amprepro.env.sanity", "--out", "results/sanity/sanity.json"],
               "prefix": str(env),
               "executable": str(env / "bin" / "python"), "conda_prefix": str(env), "snakemake_importable": False}
-    venv = {"argv": ["python", "-m", "amprepro.report.summary", "--csv", "results/summary/summary.csv"],
+    venv = {"argv": ["python", "-m", "amprepro.analysis.summary", "--csv", "results/summary/summary.csv"],
             "prefix": sys.prefix, "executable": sys.executable, "conda_prefix": str(env),
             "snakemake_importable": True}
     jobs = jobs_in_log(log)

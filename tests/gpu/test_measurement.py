@@ -15,8 +15,9 @@ import time
 import pytest
 import torch
 
+from amprepro import precisions
 from amprepro.env import peak
-from amprepro.train import flops, measure, precisions
+from amprepro.train import flops, measure
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU; this machine has none")]

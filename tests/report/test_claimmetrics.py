@@ -1,4 +1,4 @@
-"""amprepro.report.claimmetrics on its own: each metric's value for one seed's pair of cells, the bigger-batch claim's
+"""amprepro.analysis.claimmetrics on its own: each metric's value for one seed's pair of cells, the bigger-batch claim's
 interval (largest_batch_bounds, batch_ratio, metric_bounds, decided_value), the claimed band and verdict at its
 edges, and how values and bands are written. Every expected value is worked out by hand from the inputs here."""
 
@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from amprepro.report import claimmetrics as cm
+from amprepro.analysis import claimmetrics as cm
 
 INF = float("inf")
 

@@ -9,7 +9,7 @@ import pytest
 import yaml
 from report_helpers import CLAIMS, GPU, LLM7B, SMOKE
 
-from amprepro.report import claimfile, claimmetrics, claims
+from amprepro.analysis import claimfile, claimmetrics, claimmodels, claims
 
 GIB = 2**30
 
@@ -387,7 +387,8 @@ def test_7b_claims_read_not_measurable_with_the_skip_reason_when_the_cells_do_no
 @pytest.mark.parametrize("root", [SMOKE, GPU, LLM7B], ids=["smoke", "gpu", "llm7b"])
 def test_the_cli_verify_and_the_report_give_every_claim_the_same_verdict_and_reason(tmp_path, root):
     """One evaluation (claims.evaluate_run) behind all three: e.g. the model's data decides which claims apply."""
-    from amprepro.report import reportlib, verify
+    from amprepro.report import reportlib
+    from amprepro.verify import verify
 
     summary, sanity = root / "summary" / "summary.json", root / "sanity" / "sanity.json"
     claims.main(["--claims", str(CLAIMS), "--summary", str(summary), "--sanity", str(sanity),
@@ -585,7 +586,7 @@ def test_the_reasons_of_several_models_are_grouped_and_joined():
     assert result["by_baseline"]["fp32"]["reason"] == (
         "holds for a, b; falls short for c (of 3 models): a: 2.50× (1 seed); b: 2.60× (1 seed); c: 1.00× (1 seed), "
         "below the claimed band; not measured: no d/amp_fp16 cell in this run")
-    grouped = claims._grouped_reasons
+    grouped = claimmodels._grouped_reasons
     rows = [{"model": "cnn", "reason": "cnn/amp_fp16 skipped: no GPU"},
             {"model": "transformer", "reason": "transformer/amp_fp16 skipped: no GPU"},
             {"model": "gpt", "reason": "gpt/amp_fp16 failed: OOM"}]
@@ -598,7 +599,7 @@ def test_the_reasons_of_several_models_are_grouped_and_joined():
 
 def test_one_models_reasons_it_could_not_measure():
     def reason(*cells, **claimed):
-        return claims.evaluate_model(claim(**claimed), claims._index(summary(list(cells))), "m", "fp32")
+        return claimmodels.evaluate_model(claim(**claimed), claimmodels._index(summary(list(cells))), "m", "fp32")
 
     assert reason(cell("m", "fp32")) == {"model": "m", "baseline": "fp32", "variant": "amp_fp16", "values": {},
                                          "verdict": "not_measurable", "reason": "no m/amp_fp16 cell in this run"}
@@ -616,19 +617,20 @@ def test_one_models_reasons_it_could_not_measure():
 def test_a_measured_models_reason_says_the_side_and_a_straddling_spread():
     cells = [cell("m", "fp32", s, throughput=100) for s in (0, 1)] + [
         cell("m", "amp_fp16", 0, throughput=190), cell("m", "amp_fp16", 1, throughput=250)]
-    out = claims.evaluate_model(claim(claimed={"about": 2.0}, tolerance=0.15), claims._index(summary(cells)), "m",
-                                "fp32")
+    out = claimmodels.evaluate_model(claim(claimed={"about": 2.0}, tolerance=0.15),
+                                     claimmodels._index(summary(cells)), "m", "fp32")
     assert out["reason"] == ("m: 2.20× (min–max 1.90× to 2.50×, 2 seeds), above the claimed band (the spread "
                              "straddles the band edge)")
     assert out["measured_text"] == "2.20× (min–max 1.90× to 2.50×, 2 seeds)" and out["borderline"] is True
-    held = claims.evaluate_model(claim(claimed={"about": 2.2}, tolerance=0.5), claims._index(summary(cells)), "m",
-                                 "fp32")
+    held = claimmodels.evaluate_model(claim(claimed={"about": 2.2}, tolerance=0.5),
+                                      claimmodels._index(summary(cells)), "m", "fp32")
     assert held["reason"] == "m: 2.20× (min–max 1.90× to 2.50×, 2 seeds)" and held["borderline"] is False
-    assert claims.measured_text("speedup", {"median": 2.0, "min": 2.0, "max": 2.0, "n_seeds": 1}) == "2.00× (1 seed)"
+    assert claimmodels.measured_text("speedup", {"median": 2.0, "min": 2.0, "max": 2.0, "n_seeds": 1}) == \
+        "2.00× (1 seed)"
 
 
 def test_the_setting_a_plan_ran_a_cell_at():
-    setting = claims.setting_text
+    setting = claimmodels.setting_text
     assert setting({"shape_name": "1B", "plan_note": ""}) == "at the 1B shape"
     assert setting({"shape_name": "1B", "plan_note": "llama 1B shape (1.2 B parameters)"}) == (
         "at the llama 1B shape (1.2 B parameters)")
@@ -654,7 +656,7 @@ def test_tensor_cores_from_the_sanity_record_or_the_gpu():
         False, "sm 6.1")
     assert claims.tensor_cores(None, {}) == (False, "no CUDA GPU")
     assert claims.tensor_cores({"checks": [{"name": "other"}]}, gpu) == (True, "NVIDIA TEST GPU (not checked)")
-    assert claims.run_context({}) == "? preset on CPU"
+    assert claimmodels.run_context({}) == "? preset on CPU"
 
 
 def test_a_proxy_is_judged_with_the_sanity_record_the_data_and_its_own_name():
@@ -679,7 +681,7 @@ def test_a_proxy_is_judged_with_the_sanity_record_the_data_and_its_own_name():
 
 
 def test_convergence_and_regimes_are_wired_into_the_result(monkeypatch):
-    from amprepro.report import convergence, regimes
+    from amprepro.analysis import convergence, regimes
 
     seen = []
 
@@ -799,7 +801,7 @@ def test_the_command_line_prints_each_verdict_and_writes_the_json(tmp_path, monk
 
 def test_a_generic_claim_without_its_kind_of_model_says_which_kind_in_words():
     """Issue 41: "no any model (generic) cell ran (benchmark)"."""
-    from amprepro.report.claims import no_model_ran
+    from amprepro.analysis.claims import no_model_ran
 
     claim = {"model": "any model (generic)", "models": ["benchmark"]}
     assert no_model_ran(claim, {"benchmark"}) == ("no benchmark model (synthetic data, sized for throughput) is in "
@@ -812,7 +814,8 @@ def test_a_generic_claim_without_its_kind_of_model_says_which_kind_in_words():
 def test_the_regimes_table_says_its_verdicts_are_predictions_and_that_nothing_was_measured():
     """Issue 41: beside a claim this run could not measure, the regimes table's "holds" / "falls short" read like
     results."""
-    from amprepro.report import regimes, reporthtml
+    from amprepro.analysis import regimes
+    from amprepro.report import reporthtml
 
     claim = next(c for c in claimfile.load_claims(CLAIMS) if regimes.applies_to(c))
     table = regimes.for_claim(claim)

@@ -1,4 +1,4 @@
-"""Issue 38's environment claims (amprepro.report.envclaims), by exact output on synthetic summaries: the apex shell
+"""Issue 38's environment claims (amprepro.analysis.envclaims), by exact output on synthetic summaries: the apex shell
 against strict FP32, TF32 and the full build; the largest memory and speed gaps between cells that differ only in
 environment settings; and both read "not measurable here", with the reason, on the CPU smoke fixture."""
 
@@ -9,7 +9,7 @@ import copy
 import pytest
 from report_helpers import CLAIMS, SMOKE
 
-from amprepro.report import claimfile, claims, envclaims
+from amprepro.analysis import claimfile, claims, envclaims
 
 GIB = 2**30
 TRAIN = {"optimizer": "adamw", "steps": 30, "warmup_steps": 10, "lr": 0.0001}

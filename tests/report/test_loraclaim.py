@@ -1,4 +1,4 @@
-"""The LoRA claim (amprepro.report.loraclaim): the 12 GiB prediction, the preset's shapes held to it, and the verdict
+"""The LoRA claim (amprepro.analysis.loraclaim): the 12 GiB prediction, the preset's shapes held to it, and the verdict
 from the LoRA cells (summary rows) by exact output: an uncapped larger card, a 12 GiB cap, a shape that runs out of
 memory, a loss that does not fall, and nothing to judge. Torch-free."""
 
@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from amprepro import memory
-from amprepro.report import claimfile, claims, loraclaim
+from amprepro.analysis import claimfile, claims, loraclaim
 
 REPO = Path(__file__).resolve().parents[2]
 G = memory.GIB
@@ -164,11 +164,11 @@ def test_the_lora_field_and_its_metric_go_together():
     assert str(error.value) == (
         "config/claims.yaml: claim field claims[0] (id 'lora-12gb-card').lora: the metric lora_parameters and the "
         "lora field go together, with claimed {at_least: parameters} and variant amp_bf16 (the bf16 base under AMP; "
-        "amprepro.report.loraclaim). Fix: write both, or neither.")
+        "amprepro.analysis.loraclaim). Fix: write both, or neither.")
 
 
 def test_the_summary_names_each_lora_cell_s_base_and_shape_from_its_spec_even_when_skipped():
-    from amprepro.report import summary as summary_mod
+    from amprepro.analysis import summary as summary_mod
 
     def metrics(**model_config):
         return {"spec": {"model_config": {"arch": "llama", "batch_size": 1, **model_config}}, "plan": {}}

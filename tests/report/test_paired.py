@@ -1,10 +1,10 @@
-"""The paired statistics over seeds (amprepro.report.paired) against scipy, and by exact output."""
+"""The paired statistics over seeds (amprepro.analysis.paired) against scipy, and by exact output."""
 
 import math
 
 import pytest
 
-from amprepro.report import paired
+from amprepro.analysis import paired
 
 GAPS = [0.004, -0.002, 0.001, 0.006, -0.001, 0.003, 0.002, 0.0]  # 8 seeds' relative gaps
 

@@ -12,8 +12,9 @@ import pytest
 import yaml
 from report_helpers import CLAIMS, REPO, SMOKE
 
-from amprepro.report import claimfile, claims, pythonclaim, reporthtml
-from amprepro.report.claimmetrics import fmt_value
+from amprepro.analysis import claimfile, claims, pythonclaim
+from amprepro.analysis.claimmetrics import fmt_value
+from amprepro.report import reporthtml
 
 CLAIM = {"id": "py", "source": {"file": "004.txt", "title": "t"}, "statement": "3.11 is 25-60 % faster",
          "model": "any", "models": ["any"], "metric": "python_speedup", "evidence": "results-reference/python/e.json",

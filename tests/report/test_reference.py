@@ -13,7 +13,7 @@ import pytest
 from report_helpers import GPU, REFERENCE_PASS, SMOKE
 from test_verify import NO_SMI, load
 
-from amprepro.report import cellcompare, promote, reference, verify
+from amprepro.verify import cellcompare, promote, reference, verify
 
 
 def results_copy(tmp_path: Path, name: str, host: str, uuids: list[str], scale: float = 1.0,
@@ -72,7 +72,7 @@ def test_promote_refuses_what_is_not_a_gpu_run_and_adds_one(tmp_path):
 def test_three_runs_on_two_machines_give_median_spread_and_a_band_from_it(tmp_path, capsys):
     ref = tmp_path / "reference"
     for name, host, scale in [("a", "host-a", 1.00), ("b", "host-a", 1.04), ("c", "host-b", 1.10)]:
-        # in process (verify.main, what `python -m amprepro.report.verify promote` runs): mutation testing sees it
+        # in process (verify.main, what `python -m amprepro.verify.verify promote` runs): mutation testing sees it
         assert verify.main(["promote", str(results_copy(tmp_path, name, host, [f"GPU-{host}"], scale)), "--note",
                             name, "--reference-dir", str(ref)]) == 0
     assert "3 run(s) on 2 machine(s)" in capsys.readouterr().out.splitlines()[-1]

@@ -28,9 +28,9 @@ def test_the_notebooks_modules_and_the_fp8_section_need_no_torch():
         "import sys",
         *[f"sys.modules[{name!r}] = None" for name in BLOCKED],  # `import torch` now raises ImportError
         *imports,
-        "from amprepro.report import fp8",
-        f"print(fp8.section_html({{'cells': {[fp8_cell, base_cell]!r}}}))",
-        "print(fp8.section_html({'cells': []}))",
+        "from amprepro.report import fp8section",
+        f"print(fp8section.section_html({{'cells': {[fp8_cell, base_cell]!r}}}))",
+        "print(fp8section.section_html({'cells': []}))",
     ])
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                           env={"PYTHONPATH": str(REPO / "workflow"), "MPLBACKEND": "Agg", "PATH": "/usr/bin:/bin"})

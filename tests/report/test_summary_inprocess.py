@@ -12,7 +12,7 @@ import re
 
 import pytest
 
-from amprepro.report import summary
+from amprepro.analysis import summary
 
 SOFTWARE = {"python": "3.11.7", "prefix": "/work/.venv", "torch": "2.13.0+cu130", "cuda": "13.0"}
 ENVIRONMENT = {"python": {"version": "3.11.7"},

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+from amprepro.analysis import summary
 from amprepro.env import peak
-from amprepro.report import summary
 
 PEAK = {"status": "ok", "tflops": {"fp32": 50.0, "tf32": 400.0, "fp16": 800.0, "bf16": 800.0}}
 

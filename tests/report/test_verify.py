@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 from report_helpers import GPU, REFERENCE_FAIL, REFERENCE_PASS, REPO, SMOKE, workflow_with_results
 
-from amprepro.report import cellcompare, reference, verify
+from amprepro.verify import cellcompare, reference, verify
 
 GPU_SUMMARY = GPU / "summary/summary.json"
 
 
 def run_cli(*args, cwd=REPO):
     env = {**os.environ, "PYTHONPATH": str(REPO / "workflow")}
-    return subprocess.run([sys.executable, "-m", "amprepro.report.verify", *args], cwd=cwd, env=env,
+    return subprocess.run([sys.executable, "-m", "amprepro.verify.verify", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=120)
 
 
@@ -88,7 +88,7 @@ def test_no_reference_for_this_gpu_warns_and_exits_zero(tmp_path):
     assert "no reference results for NVIDIA H200" in result["message"]
     out = run_cli("compare", "--summary", str(GPU_SUMMARY), "--reference-dir", str(tmp_path), "--strict")
     assert out.returncode == 0 and "verify: WARNING: no reference results for NVIDIA H200" in out.stdout
-    assert "amprepro.report.verify promote" in out.stdout
+    assert "amprepro.verify.verify promote" in out.stdout
 
 
 def test_cpu_run_has_no_reference_and_the_repository_holds_no_made_up_data():

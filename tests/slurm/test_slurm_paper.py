@@ -182,7 +182,7 @@ def test_paper_preset_completes_through_slurm_with_summary_and_report(paper_run)
     assert len(searches) == 1 and all(r["status"] == "skipped" and "did not run at the planned batch" in r["reason"]
                                       for r in searches), searches
     assert (paper_run.workdir / "results/report/report.html").stat().st_size > 0
-    # one sanity job (the shim sees `python -m amprepro.env.gpuslots ... -- python -m amprepro.env.sanity` and then the
+    # one sanity job (the shim sees `python -m amprepro.gpuslots ... -- python -m amprepro.env.sanity` and then the
     # `python -m amprepro.env.sanity` gpuslots runs: both lines name the same Slurm job)
     assert len(set(paper_run.sanity_shim)) == 1, paper_run.sanity_shim
 

@@ -32,9 +32,9 @@ echo "make run (preset accuracy) rc=$rc in $(($(date +%s) - start)) s" | tee "$O
 grep -E "^(amprepro|another run)|Error in rule|Nothing to be done|steps \(" "$OUT/make-run.log" | tail -n 8
 results=$work/results
 if [ -f "$results/summary/summary.json" ]; then
-  PYTHONPATH=$repo/workflow "$venv/bin/python" -m amprepro.report.convergence --summary "$results/summary/summary.json" \
+  PYTHONPATH=$repo/workflow "$venv/bin/python" -m amprepro.analysis.convergence --summary "$results/summary/summary.json" \
     | tee "$OUT/convergence.txt"
-  PYTHONPATH=$repo/workflow "$venv/bin/python" -m amprepro.report.claims --claims "$repo/config/claims.yaml" \
+  PYTHONPATH=$repo/workflow "$venv/bin/python" -m amprepro.analysis.claims --claims "$repo/config/claims.yaml" \
     --summary "$results/summary/summary.json" --sanity "$results/sanity/sanity.json" --runs-dir "$results/runs" \
     > "$OUT/claims.txt" 2>&1
   grep -E "^(vit-apex-o1-accuracy|apex-o2-may-be-unstable|apex-o3-not-for-training):" "$OUT/claims.txt"

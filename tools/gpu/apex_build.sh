@@ -19,7 +19,7 @@ settings=$(printf '{"required": true, "source": {"path": "vendor/apex-%s", "ref"
   "$ref" "$ref" "$commit")
 stage() {  # output-file seconds
   local start=$SECONDS
-  timeout "$2" python3 -m amprepro.env.gpuslots --gpus 1 -- python3 -m amprepro.env.apex_stage --settings "$settings" \
+  timeout "$2" python3 -m amprepro.gpuslots --gpus 1 -- python3 -m amprepro.env.apex_stage --settings "$settings" \
     --out "$1" --jobs "$(nproc)"
   echo "== apex_stage $ref rc=$? wall_s=$((SECONDS - start))"
 }

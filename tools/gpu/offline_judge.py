@@ -57,16 +57,16 @@ def main() -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO / "workflow")}
     py = sys.executable
     steps = [
-        [py, "-m", "amprepro.report.summary", "--metrics", *kept, "--env", "results/environment/environment.json",
+        [py, "-m", "amprepro.analysis.summary", "--metrics", *kept, "--env", "results/environment/environment.json",
          "--apex", "results/apex/apex.json", "--peak", "results/peak/peak.json", "--preset",
          json.dumps(preset, sort_keys=True), "--largest-batch-asked",
          json.dumps({"models": largest, "note": ""}, sort_keys=True), "--largest-batch", *searches,
          "--csv", "results/summary/summary.csv", "--json", "results/summary/summary.json"],
-        [py, "-m", "amprepro.report.verify", "compare", "--summary", "results/summary/summary.json", "--sanity",
+        [py, "-m", "amprepro.verify.verify", "compare", "--summary", "results/summary/summary.json", "--sanity",
          "results/sanity/sanity.json", "--runs-dir", "results/runs", "--reference-dir", str(REPO / "reference"),
          "--claims", str(REPO / "config/claims.yaml"), "--json", "results/verify/verify.json", "--csv",
          "results/verify/verify.csv"],
-        [py, "-m", "amprepro.report.verify", "gate", "--verify", "results/verify/verify.json"],
+        [py, "-m", "amprepro.verify.verify", "gate", "--verify", "results/verify/verify.json"],
         [py, "-m", "amprepro.report.render", "--notebook", str(REPO / "notebooks/report.ipynb"), "--executed",
          "results/report/report.ipynb", "--html", "results/report/report.html", "--param",
          f"title={config['report']['title']}", "--param", "summary=results/summary/summary.json",

@@ -1,7 +1,7 @@
 #!/bin/bash
 # One preset twice at once on a 2-GPU box (default: full): at the card's own memory in this tree and at a cap
 # (PAIR_CAP GiB, default 12: the RTX 3060's 12 GB) in a copy under /tmp, each through tools/gpu/full_run.sh (`make
-# run`, then `make verify`). amprepro.env.gpuslots gives every timed cell of either run a GPU of its own; the capped
+# run`, then `make verify`). amprepro.gpuslots gives every timed cell of either run a GPU of its own; the capped
 # run starts once the first has built apex and takes the shared build cache. Each call refreshes the copy's files
 # (its results stay); call again after a cut call: both resume.
 #

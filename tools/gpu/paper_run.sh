@@ -1,6 +1,6 @@
 #!/bin/bash
 # Run the paper preset through the pipeline on a GPU box that has torch + CUDA but not Snakemake, then pack the
-# results for `python -m amprepro.report.verify promote`. This is how reference/nvidia-h200 is meant to be produced.
+# results for `python -m amprepro.verify.verify promote`. This is how reference/nvidia-h200 is meant to be produced.
 #
 #   OUT=/path/to/outdir tools/gpu/paper_run.sh [seconds] [extra-config.yaml]
 #
@@ -51,7 +51,7 @@ if [ -n "$(leftovers)" ]; then
 fi
 python -m snakemake --unlock --configfile "${configs[@]}" > /dev/null 2>&1
 start=$SECONDS
-# One GPU job per GPU (--resources gpu=<GPUs>, amprepro.env.gpuslots gives each its own): timed cells never share one.
+# One GPU job per GPU (--resources gpu=<GPUs>, amprepro.gpuslots gives each its own): timed cells never share one.
 # Snakemake has once outlived its TERM by 40 s (the call was killed first): KILL it 30 s after.
 timeout -k 30 -s TERM $((deadline - SECONDS - 50)) python -m snakemake results/summary/summary.json --cores "$(nproc)" --resources gpu="$(nvidia-smi -L | grep -c ^GPU)" --rerun-incomplete \
   "${threads[@]}" --keep-going --configfile "${configs[@]}" > "$OUT/snakemake.log" 2>&1

@@ -1,6 +1,6 @@
 #!/bin/bash
 # Two independent reference runs of the paper preset at once on a 2-GPU box, each its own `make run` (through
-# tools/gpu/make_run.sh) in its own copy of the tree; amprepro.env.gpuslots gives every GPU job of either run a GPU of its
+# tools/gpu/make_run.sh) in its own copy of the tree; amprepro.gpuslots gives every GPU job of either run a GPU of its
 # own, so two timed cells never share one. The second run starts once the first has built apex and takes the
 # shared wheel cache. Call again after a cut call: both resume.
 #

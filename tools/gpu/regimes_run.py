@@ -1,5 +1,5 @@
-"""Measure the memory regimes of amprepro.report.regimes that one H200 can run (the rows with gpu=True), each cell in a
-fresh process so its allocator peak is its own, and write one measurement file (issue 25).
+"""Measure the memory regimes of amprepro.analysis.regimes that one H200 can run (the rows with gpu=True), each cell in
+a fresh process so its allocator peak is its own, and write one measurement file (issue 25).
 
     python3 tools/gpu/regimes_run.py run --out DIR [--budget-s 500] [--steps 16] [--regime KEY ...]
     python3 tools/gpu/regimes_run.py cell --regime KEY --side baseline|variant --steps N --json FILE   (one cell)
@@ -39,7 +39,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "workflow"))
 
 from amprepro import memory  # noqa: E402
-from amprepro.report import regimes  # noqa: E402
+from amprepro.analysis import regimes  # noqa: E402
 
 LR = 1e-4
 

@@ -1,5 +1,5 @@
 #!/bin/bash
-# The memory regimes one H200 can run (issue 25; amprepro.report.regimes' rows with gpu=True), each cell in its own
+# The memory regimes one H200 can run (issue 25; amprepro.analysis.regimes' rows with gpu=True), each cell in its own
 # process, through tools/gpu/regimes_run.py. One device call on nvidia-h200, about 4 minutes, under 9:
 #
 #   here, once:  bash tools/gpu/regimes_run.sh wheel      # .whl-peft/peft-0.21.2-py3-none-any.whl (git-ignored)

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "workflow"))
-from amprepro.train import precisions
+from amprepro import precisions
 
 
 def timm_throughput(benchmark: Path, spec: dict, iters: int, warmup: int) -> tuple[float, dict]:

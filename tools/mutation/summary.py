@@ -2,7 +2,7 @@
 into docs/mutation.md between its summary markers, with every survivor's name (`mutmut show NAME` gives its diff).
 
     .venv/bin/python tools/mutation/summary.py --doc docs/mutation.md --seconds 1234
-    .venv/bin/python tools/mutation/summary.py --doc docs/mutation.md --module amprepro.report.verify
+    .venv/bin/python tools/mutation/summary.py --doc docs/mutation.md --module amprepro.verify.verify
 
 With --module (repeatable) the table holds only those modules: the run was `mutmut_workflow.py run "<module>*"`, and
 the other modules' mutants, not run, would read "not checked".
@@ -25,7 +25,8 @@ COLUMNS = ["killed", "survived", "timeout", "no tests", "not checked", "other"]
 
 
 def module_of(key: str) -> str:
-    """amprepro.report.claims.x_evaluate_model__mutmut_3 -> amprepro.report.claims (methods: xǁClassǁname)."""
+    """amprepro.analysis.claimmodels.x_evaluate_model__mutmut_3 -> amprepro.analysis.claimmodels
+    (methods: xǁClassǁname)."""
     parts = key.split(".")
     for index, part in enumerate(parts):
         if part.startswith(("x_", "xǁ")):
@@ -66,7 +67,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--doc", required=True, type=Path)
     parser.add_argument("--seconds", type=float, help="how long `mutmut run` took")
-    parser.add_argument("--module", action="append", help="only this module (repeatable), e.g. amprepro.report.verify")
+    parser.add_argument("--module", action="append", help="only this module (repeatable), e.g. amprepro.verify.verify")
     args = parser.parse_args(argv)
     found = results()
     unknown = sorted(set(args.module or []) - {module_of(key) for key in found})

@@ -82,7 +82,7 @@ def run_control(steps: int, warmup: int) -> dict:
         if step >= warmup:
             times.append(elapsed)
             cpu_times.append(elapsed_cpu)
-    from amprepro.report.pythonclaim import CONTROL_KIND
+    from amprepro.analysis.pythonclaim import CONTROL_KIND
 
     return {"cell": CONTROL, "kind": CONTROL_KIND, "model_config": None, "steps": steps, "warmup_steps": warmup,
             **step_stats(times, cpu_times), "python": interpreter(), "loadavg_1m": os.getloadavg()[0]}

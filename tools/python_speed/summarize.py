@@ -1,6 +1,6 @@
 """Turns run.sh's JSON lines into the evidence file the python_speedup claim is judged from
 (results-reference/python/cpu-<date>.json): both interpreters as they describe themselves, the torch build, the CPU,
-every run, and per cell the step times and speedups amprepro.report.pythonclaim computes from those runs.
+every run, and per cell the step times and speedups amprepro.analysis.pythonclaim computes from those runs.
 
   PYTHONPATH=workflow python tools/python_speed/summarize.py runs.jsonl [more.jsonl] \
       results-reference/python/cpu-DATE.json \
@@ -18,7 +18,7 @@ import platform
 import sys
 from pathlib import Path
 
-from amprepro.report import pythonclaim
+from amprepro.analysis import pythonclaim
 
 
 def cpu_model() -> str:

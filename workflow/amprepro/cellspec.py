@@ -12,7 +12,7 @@ import copy
 import json
 from dataclasses import dataclass, field
 
-from amprepro.train import precisions
+from amprepro import precisions
 
 # Model settings the memory plan may change; everything else in model_config is the config's, as written.
 PLANNED_KEYS = ("batch_size", "shape")

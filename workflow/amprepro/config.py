@@ -20,14 +20,13 @@ from pathlib import Path
 import jsonschema
 import yaml
 
-from amprepro import archs, presets
+from amprepro import archs, precisions, presets
 from amprepro.cellspec import CellSpec
-from amprepro.env.gpuslots import visible_gpus
+from amprepro.datakinds import largest_batch
+from amprepro.gpuslots import visible_gpus
 from amprepro.presets import deep_merge
 from amprepro.safevalues import apex_problems, shorten
 from amprepro.schemaerrors import bounded_message, field_name, first_error
-from amprepro.train import precisions
-from amprepro.train.data import largest_batch
 
 REPO = Path(__file__).resolve().parents[2]
 SCHEMA_PATH = REPO / "workflow" / "schemas" / "config.schema.yaml"
@@ -71,7 +70,7 @@ def choose_preset(requested: str, gpus: list[str], probe: str) -> dict:
 
 
 def load_schema() -> dict:
-    """The config schema, its precision enum read from amprepro.train.precisions and its arch and LLaMA shape enums
+    """The config schema, its precision enum read from amprepro.precisions and its arch and LLaMA shape enums
     from amprepro.archs (the YAML does not repeat the lists); a copy of its own, for a caller may change it."""
     schema = copy.deepcopy(_schema_file(SCHEMA_PATH, SCHEMA_PATH.stat().st_mtime_ns))
     schema["$defs"]["precision"]["enum"] = precisions.names()

@@ -4,7 +4,7 @@ own does-it-fit check, the LLaMA shape ladder and the report read it. No torch i
 report and in CI, where torchvision may not even load.
 
 Parts (bytes), with an AdamW-type optimizer (two FP32 moments):
-- model states, per parameter (amprepro.train.precisions.bytes_per_parameter): fp32/tf32 4 weights + 4 gradients + 8
+- model states, per parameter (amprepro.precisions.bytes_per_parameter): fp32/tf32 4 weights + 4 gradients + 8
   optimizer state; torch.amp and apex O1 the same plus a 2-byte cast of each matmul weight; apex O2 2-byte FP16 weights
   + 2-byte FP16 and 4-byte FP32 master gradients + 8 optimizer state + 4-byte FP32 master weights (ZeRO's 16 bytes per
   parameter of mixed-precision Adam, arXiv 1910.02054, plus O2's FP32 master gradients, read from apex 25.05).
@@ -59,7 +59,7 @@ The committed H200 reference checks every cell against this (tests/backbone/test
 the measured allocator peak.
 
 Regimes beyond one GPU with FP32 master weights (issue 25), for the LLaMA shapes (llama_estimate; the report's regimes
-table, amprepro.report.regimes, reads it). All predictions: a regime is measured only where a committed measurement
+table, amprepro.analysis.regimes, reads it). All predictions: a regime is measured only where a committed measurement
 file says so (tools/gpu/regimes_run.sh writes one).
 - Sharding over N data-parallel ranks (Sharding): ZeRO-1 divides the optimizer state and the FP32 master weights by N,
   ZeRO-2 the gradients too, ZeRO-3 (= FSDP FULL_SHARD) the weights too (arXiv 1910.02054). What stays whole: ZeRO-2/3
@@ -91,8 +91,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from amprepro import archs
-from amprepro.train import precisions
+from amprepro import archs, precisions
 
 GIB = 2**30
 WORKSPACE_BYTES = 68 * 2**20

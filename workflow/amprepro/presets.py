@@ -17,7 +17,7 @@ from pathlib import Path
 
 import yaml
 
-from amprepro.train import precisions
+from amprepro import precisions
 
 NAME_PATTERN = r"^[a-z0-9_]{1,32}\Z"
 

@@ -65,7 +65,7 @@ checkpoint apex:
         settings=json.dumps({**config["apex"], "required": APEX_REQUIRED}, sort_keys=True),
         code=code_digest("env.apex_stage", "runinputs"),
     shell:
-        "python -m amprepro.env.gpuslots --gpus {resources.gpu} -- python -m amprepro.env.apex_stage"
+        "python -m amprepro.gpuslots --gpus {resources.gpu} -- python -m amprepro.env.apex_stage"
         " --built {input.build} --settings {params.settings:q} --out {output.apex} --jobs {threads} > {log} 2>&1"
         " && python -m amprepro.runinputs apex --record {output.apex} --out {output.runs}"
         " >> {log} 2>&1"
@@ -120,7 +120,7 @@ checkpoint apex_shell:
         settings=json.dumps({**config["apex"], "required": APEX_REQUIRED}, sort_keys=True),
         code=code_digest("env.apex_stage", "runinputs"),
     shell:
-        "python -m amprepro.env.gpuslots --gpus {resources.gpu} -- python -m amprepro.env.apex_stage --shell"
+        "python -m amprepro.gpuslots --gpus {resources.gpu} -- python -m amprepro.env.apex_stage --shell"
         " --built {input.build} --settings {params.settings:q} --out {output.apex} --jobs {threads} > {log} 2>&1"
         " && python -m amprepro.runinputs apex --record {output.apex} --out {output.runs}"
         " >> {log} 2>&1"

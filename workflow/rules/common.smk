@@ -93,7 +93,7 @@ REFERENCE_DIR = workflow_file("reference")  # the committed reference results (r
 
 def regime_measurement_inputs():
     """The committed GPU regime measurements the 7B memory claim's regimes table reads: adding one re-runs the report."""
-    from amprepro.report.regimes import measurement_files
+    from amprepro.analysis.regimes import measurement_files
 
     return [workflow_file(f"results-reference/regimes/{path.name}") for path in measurement_files()]
 
@@ -187,7 +187,7 @@ def threads_for_cell(wildcards):
 
 
 def gpuslots_for_cell(wildcards):
-    """amprepro.env.gpuslots' options besides --gpus (one string, from a constant): --shared K for a cell that shares
+    """amprepro.gpuslots' options besides --gpus (one string, from a constant): --shared K for a cell that shares
     a GPU, else none."""
     return f" --shared {cell_resources.CELLS_PER_SHARED_GPU:d}" if shares_gpu(wildcards) else ""
 

@@ -27,6 +27,6 @@ rule largest_batch:
         seconds=search_seconds,
         code=code_digest("train.batchsearch", "train.train", "plan.launcher"),
     shell:
-        "python -m amprepro.env.gpuslots --gpus {resources.gpu} -- python -m amprepro.plan.launcher"
+        "python -m amprepro.gpuslots --gpus {resources.gpu} -- python -m amprepro.plan.launcher"
         " --per-node 1 --nodes 1 --device cuda --entry batchsearch -- --spec {params.spec:q} {params.apex:q} --cell {input.cell} --plan {input.plan}"
         " --up-to {params.up_to} --seconds {params.seconds} --out {output} > {log} 2>&1"

@@ -29,6 +29,6 @@ checkpoint plan:
         views=lambda wildcards, output: str(Path(output.views[0]).parent),
         code=code_digest("plan.memplan", "plan.probe", "train.train"),  # probes run the cell (forked by name)
     shell:
-        "python -m amprepro.env.gpuslots --gpus {resources.gpu} -- python -m amprepro.plan.memplan"
+        "python -m amprepro.gpuslots --gpus {resources.gpu} -- python -m amprepro.plan.memplan"
         " --cells {params.cells:q} --device {params.device} {params.limit:q} --threads {threads}"
         " --out {output.plan} --views {params.views} > {log} 2>&1"

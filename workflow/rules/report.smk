@@ -1,4 +1,4 @@
-from amprepro.report.verify import reference_inputs  # noqa: E402
+from amprepro.verify.verify import reference_inputs  # noqa: E402
 
 
 rule report:
@@ -13,7 +13,7 @@ rule report:
         steps=run_outputs("steps.csv"),
         claims=CLAIMS_FILE,
         reference=reference_inputs(REFERENCE_DIR),
-        regimes=regime_measurement_inputs(),  # the 7B claim's regimes table (amprepro.report.regimes)
+        regimes=regime_measurement_inputs(),  # the 7B claim's regimes table (amprepro.analysis.regimes)
         templates=[
             workflow_file(f"workflow/report/nbconvert/amprepro/{name}")
             for name in ("conf.json", "index.html.j2", "static/report.css")
@@ -35,19 +35,14 @@ rule report:
     params:
         reference_dir=lambda wildcards: REFERENCE_DIR,  # a function: lint takes a plain path for a file prefix
         title=lambda wildcards: config["report"]["title"],  # a function: Snakemake formats a plain string's braces
-        # the report's code: render, what the notebook imports, the HTML templates
+        # the report's code: render, the modules the notebook imports (with what they import), the HTML templates
         code=code_digest(
             "report.render",
             "report.reportlib",
             "report.reporthtml",
             "report.reportcharts",
-            "report.claims",
-            "report.convergence",
+            "report.fp8section",
             "report.convergencereport",
-            "report.optlevels",
-            "report.paired",
-            "report.verify",
-            "report.fp8",
             files=["report/templates"],
         ),
     shell:

@@ -27,7 +27,7 @@ rule train:
         apex=lambda wildcards, input: ["--apex", input.apex] if "apex" in input.keys() else [],
         code=code_digest("train.train", "plan.launcher"),  # with what they import: cellspec, memory, cellserver
     shell:
-        "python -m amprepro.env.gpuslots --gpus {resources.gpu}{params.slots} --"
+        "python -m amprepro.gpuslots --gpus {resources.gpu}{params.slots} --"
         " python -m amprepro.plan.launcher {params.launch} -- --spec {params.spec:q} {params.apex:q}"
         " --plan {input.plan} --threads {threads} --metrics {output.metrics} --steps {output.steps} > {log} 2>&1"
 
@@ -51,7 +51,7 @@ rule peak:
     params:
         code=code_digest("env.peak"),
     shell:
-        "python -m amprepro.env.gpuslots --gpus {resources.gpu} --"
+        "python -m amprepro.gpuslots --gpus {resources.gpu} --"
         " python -m amprepro.env.peak --out {output.peak} > {log} 2>&1"
 
 
@@ -83,9 +83,9 @@ rule summary:
             },
             sort_keys=True,
         ),
-        code=code_digest("report.summary"),
+        code=code_digest("analysis.summary"),
     shell:
-        "python -m amprepro.report.summary"
+        "python -m amprepro.analysis.summary"
         " --metrics {input.metrics} --env {input.env} --apex {input.apex} --peak {input.peak}"
         " --preset {params.preset:q} --largest-batch-asked {params.largest_batch:q}"
         " --largest-batch {input.largest_batch} --csv {output.table} --json {output.summary} > {log} 2>&1"

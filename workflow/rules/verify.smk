@@ -2,8 +2,8 @@
 # The report (rule report) evaluates both from the same inputs and shows them, so `make run` always ends with a
 # report. `snakemake verify` / `make verify` is the gate: it fails (non-zero exit) when a cell is out of tolerance,
 # naming the cells and by how much. It stays out of `rule all` because it must be able to fail.
-from amprepro.report.claimfile import load_claims  # noqa: E402
-from amprepro.report.verify import reference_inputs  # noqa: E402
+from amprepro.analysis.claimfile import load_claims  # noqa: E402
+from amprepro.verify.verify import reference_inputs  # noqa: E402
 
 
 report: "../report/workflow.rst"
@@ -21,7 +21,7 @@ rule verify_compare:
         metrics=run_outputs("metrics.json"),
         claims=CLAIMS_FILE,
         reference=reference_inputs(REFERENCE_DIR),
-        regimes=regime_measurement_inputs(),  # the 7B claim's regimes table (amprepro.report.regimes)
+        regimes=regime_measurement_inputs(),  # the 7B claim's regimes table (amprepro.analysis.regimes)
     output:
         verify=report("results/verify/verify.json", category="Verify", caption="../report/verify.rst"),
         table=report("results/verify/verify.csv", category="Verify", caption="../report/verify.rst"),
@@ -34,9 +34,9 @@ rule verify_compare:
         runtime=30,
     params:
         reference_dir=lambda wildcards: REFERENCE_DIR,  # a function: lint takes a plain path for a file prefix
-        code=code_digest("report.verify"),
+        code=code_digest("verify.verify"),
     shell:
-        "python -m amprepro.report.verify compare"
+        "python -m amprepro.verify.verify compare"
         " --summary {input.summary} --sanity {input.sanity} --runs-dir results/runs"
         " --reference-dir {params.reference_dir:q} --claims {input.claims:q}"
         " --json {output.verify} --csv {output.table} > {log} 2>&1"
@@ -53,4 +53,4 @@ rule verify:
     conda:
         REPORT_ENV
     shell:
-        "python -m amprepro.report.verify gate --verify {input.verify} 2>&1 | tee {log}"
+        "python -m amprepro.verify.verify gate --verify {input.verify} 2>&1 | tee {log}"

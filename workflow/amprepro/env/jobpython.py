@@ -5,7 +5,7 @@ Without --use-conda (or a container) that interpreter is the jobs' whole softwar
 run from another one (`.venv/bin/snakemake` from a shell where the venv is not active), and then the cells would run
 in, and results/environment/environment.json would describe, a Python the user did not mean. The workflow says so
 before any job (warning) and gives the environment rule the interpreter as a parameter, so a change of the jobs'
-Python re-runs it (amprepro.report.summary stops on a record that still differs from the cells').
+Python re-runs it (amprepro.analysis.summary stops on a record that still differs from the cells').
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 
 Settings come from the environment (the Makefile exports them): CORES (default: every core this process may use),
 SNAKEMAKE_ARGS (split like a shell would split it, but never run through one) and AMPREPRO_GPU_COUNT (GPUs to share
-out; default: what `nvidia-smi -L` lists, as amprepro.env.gpuslots does). With the GPUs it sets `gpu_share`, the
+out; default: what `nvidia-smi -L` lists, as amprepro.gpuslots does). With the GPUs it sets `gpu_share`, the
 cells that share a GPU (amprepro.plan.resources.shares_gpu): CELLS_PER_SHARED_GPU per GPU.
 
 A run killed with SIGKILL, or cut by a power loss, leaves Snakemake's lock and its incomplete markers behind, and the
@@ -33,7 +33,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from amprepro.env.gpuslots import gpu_count
+from amprepro.gpuslots import gpu_count
 from amprepro.plan import cellserver
 from amprepro.plan.resources import CELLS_PER_SHARED_GPU
 

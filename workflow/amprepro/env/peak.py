@@ -10,7 +10,8 @@ from amprepro.files import write_json
 def measure() -> dict:
     import torch
 
-    from amprepro.train import flops, precisions
+    from amprepro import precisions
+    from amprepro.train import flops
 
     if not torch.cuda.is_available():
         return {"status": "skipped", "reason": "no CUDA GPU: MFU is reported for GPUs only", "tflops": {}}

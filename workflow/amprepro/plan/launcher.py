@@ -43,7 +43,7 @@ def slurm_nodes(job: dict[str, str]) -> int:
 def cuda_devices_visible(env: dict) -> int:
     """The CUDA devices a worker will see, without importing torch (seconds per cell on some GPU boxes): the GPUs
     `nvidia-smi -L` lists, narrowed by CUDA_VISIBLE_DEVICES the way CUDA reads it (up to its first invalid entry)."""
-    from amprepro.env.gpuslots import visible_gpus
+    from amprepro.gpuslots import visible_gpus
 
     names, how = visible_gpus()
     if how == "no nvidia-smi on PATH":  # a container with the driver but not the tool: ask CUDA through torch

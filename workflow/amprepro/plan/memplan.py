@@ -32,10 +32,9 @@ import json
 import time
 from pathlib import Path
 
-from amprepro import archs, memory
+from amprepro import archs, memory, precisions
 from amprepro.cellspec import CellSpec
 from amprepro.files import write_json
-from amprepro.train import precisions
 
 FIT = 0.85
 PROBE_UP_TO = 1.02

@@ -23,7 +23,7 @@ from amprepro import archs, memory
 from amprepro.cellspec import CellSpec
 
 CPUS_PER_GPU = 8
-# Untimed cells that may run on one GPU together (amprepro.env.gpuslots --shared, Snakemake's gpu_share resource).
+# Untimed cells that may run on one GPU together (amprepro.gpuslots --shared, Snakemake's gpu_share resource).
 # The accuracy and risk cells (< 1 M parameters) take 8-17 s each on an H200, nearly all of it start-up and kernel
 # launches, one after another; eight at once keep the GPU busier without any of them near its memory.
 CELLS_PER_SHARED_GPU = 8
@@ -91,7 +91,7 @@ def shares_gpu(spec) -> bool:
 
     Yes for a small model on real data on one GPU: no claim judges its throughput (config/claims.yaml: the speed
     claims read the benchmark models, on synthetic data, or name synthetic ones; [benchmark] excludes real data,
-    amprepro.report.claims.matching_models), while its loss, accuracy and allocator peak do not depend on who else
+    amprepro.analysis.claims.matching_models), while its loss, accuracy and allocator peak do not depend on who else
     runs on the GPU (max_memory_allocated is per process). No for synthetic data (the models measured for speed),
     for a cell of several GPUs or nodes, for the LLaMA family (7B shapes, LoRA fine-tuning on real text) and for any
     model whose predicted peak is SHARED_CELL_MAX_GIB or more."""

@@ -2,7 +2,7 @@
 curve (model_config eval_every), the train and held-out loss curves per precision overlaid (mean over seeds, min–max
 band), the loss scale and skipped steps of the loss-scaled precisions, each precision's final held-out loss beside
 FP32's (FP32's mean ± the margin shaded), and the paired gaps against FP32 with the verdicts of
-amprepro.report.convergence in a table.
+amprepro.analysis.convergence in a table.
 
 Collapsed cells are shown too (their curves until the loss went non-finite): a precision that breaks is the point of
 the fragile cell (HalfEpsNorm, naive_norm_eps).
@@ -16,10 +16,11 @@ import math
 import matplotlib.pyplot as plt
 import pandas as pd
 
+from amprepro import precisions
+from amprepro.analysis import convergence, paired
 from amprepro.cellid import CellId
-from amprepro.report import convergence, paired
+from amprepro.report import reporthtml
 from amprepro.report.reportlib import read_steps
-from amprepro.train import precisions
 
 SMOOTH_STEPS = 20  # the train loss is shown as a rolling mean over this many steps (per seed, before the seed mean)
 TAIL = 0.25  # the flattening figure: the held-out loss change over the last quarter of the steps
@@ -191,7 +192,7 @@ def intro(records: list[dict]) -> str:
              f"the seeds with the Student-t 95 % interval and one-sided 95 % bounds, judged against a "
              f"{convergence.MARGIN * 100:g} % margin (under: the upper bound below it; over: the lower bound above "
              f"it; else not settled; a collapsed seed: collapsed) and against 0 (lower or higher than FP32, or no "
-             f"difference shown). amprepro.report.convergence and amprepro.report.paired say why."]
+             f"difference shown). amprepro.analysis.convergence and amprepro.analysis.paired say why."]
     for record in records:
         if record.get("kind") == "python_stdlib":
             parts.append(f"Text: the {record['files']} .py files of the Python {record['python']} standard library "
@@ -206,8 +207,6 @@ def intro(records: list[dict]) -> str:
 
 def section(summary: dict, runs_dir: str) -> str:
     """The whole section as HTML (amprepro.report.reporthtml's helpers), or its one-line empty form."""
-    from amprepro.report import reporthtml
-
     body, records = "", []
     for model in convergence.convergence_models(summary):
         data = curves(summary, runs_dir, model)

@@ -3,7 +3,7 @@
 The notebook embeds them with amprepro.report.reporthtml.figure_html (a base64 PNG, so the report opens offline). The
 data
 they plot is shaped in amprepro.report.reportlib; the colours of the precisions are the registry's
-(amprepro.train.precisions).
+(amprepro.precisions).
 """
 
 from __future__ import annotations
@@ -16,19 +16,19 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from amprepro.report import claims as claims_mod
-from amprepro.report.cellcompare import METRIC_LABEL
-from amprepro.report.claimmetrics import HIGHER_IS_BETTER, claimed_band, fmt_value
+from amprepro import precisions
+from amprepro.analysis import claims as claims_mod
+from amprepro.analysis.claimmetrics import HIGHER_IS_BETTER, claimed_band, fmt_value
+from amprepro.memory import GIB
 from amprepro.report.reportlib import (
     ESTIMATE_COLUMN,
-    GIB,
     MEMORY_PARTS,
     cells_frame,
     ok_cells,
     parts_here,
     steps_by_precision,
 )
-from amprepro.train import precisions
+from amprepro.verify.cellcompare import METRIC_LABEL
 
 VERDICT_COLOR = {"holds": "#1a7f37", "exceeds": "#175cd3", "falls_short": "#b42318"}  # as the badges in report.css
 PART_COLOR = {"mem_weights_bytes": "#30638e", "mem_gradients_bytes": "#00798c",

@@ -9,15 +9,19 @@ workflow/report/nbconvert/amprepro/static/report.css.
 from __future__ import annotations
 
 import base64
+import html
 import re
 from pathlib import Path
 
 import jinja2
+import markupsafe
 import pandas as pd
 
-from amprepro.report import claimmetrics, reportcharts
-from amprepro.report import claims as claims_mod
-from amprepro.report.cellcompare import METRIC_LABEL
+from amprepro import precisions
+from amprepro.analysis import claimmetrics
+from amprepro.analysis import claims as claims_mod
+from amprepro.memory import gib
+from amprepro.report import reportcharts
 from amprepro.report.reportcharts import breakdown_chart, png_bytes
 from amprepro.report.reportlib import (
     BREAKDOWN_WHY,
@@ -28,7 +32,7 @@ from amprepro.report.reportlib import (
     results_table,
     shorten,
 )
-from amprepro.train import precisions
+from amprepro.verify.cellcompare import METRIC_LABEL
 
 TEMPLATE_DIR = Path(__file__).resolve().parents[2] / "report" / "templates"
 VERIFY_LABEL = {"pass": "PASS", "fail": "FAIL", "no_reference": "NO REFERENCE", "not_comparable": "NOT COMPARABLE"}
@@ -40,7 +44,9 @@ ENV = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATE_DIR), autoescap
                          lstrip_blocks=True, undefined=jinja2.StrictUndefined)
 ENV.globals.update(VERIFY_LABEL=VERIFY_LABEL)
 ENV.filters["blank"] = lambda value: "" if value is None else value
-# an environment claim's (amprepro.report.envclaims) variant and baseline are no precisions: their names as written
+# escaped as html.escape escapes (quotes as &quot; and &#x27;): the FP8 section's text, as it was before its template
+ENV.filters["html_escape"] = lambda value: markupsafe.Markup(html.escape(str(value)))
+# an environment claim's (amprepro.analysis.envclaims) variant and baseline are no precisions: their names as written
 ENV.filters["precision_label"] = lambda name: precisions.label(name) if name in precisions.REGISTRY else name
 
 
@@ -59,7 +65,7 @@ def glance_html(data: dict, title: str = "") -> str:
     the same verdict and reason on every row."""
     summary, isolation = data["summary"], data["environment"].get("isolation", {})
     claims = data.get("claims")
-    # A claim judged from a committed evidence file (amprepro.report.pythonclaim) has its verdict on every run: where
+    # A claim judged from a committed evidence file (amprepro.analysis.pythonclaim) has its verdict on every run: where
     # none of this run's own claims is measurable it is shown apart, under the list of what the others need.
     evidence = [r for r in claims or [] if r.get("evidence")]
     pending = bool(claims) and len(evidence) < len(claims) and all(
@@ -104,7 +110,7 @@ def claim_needs(result: dict, summary: dict) -> str:
     """What a claim that is not measurable here needs: its reason without the run context the banner states once."""
     if result["verdict"] != "not_measurable":
         return ""
-    if result.get("needs"):  # a claim judged by its own module says what it needs (amprepro.report.loraclaim)
+    if result.get("needs"):  # a claim judged by its own module says what it needs (amprepro.analysis.loraclaim)
         return result["needs"]
     reason = (result.get("reason") or "").split(f": {claims_mod.run_context(summary)}")[0].split("; no CUDA GPU")[0]
     if set(result.get("models") or []) & {"any", "benchmark"} and reason.startswith(
@@ -113,8 +119,8 @@ def claim_needs(result: dict, summary: dict) -> str:
     missing = re.fullmatch(r"no (.+) cell ran \((.+)\)", reason)
     if missing is None:
         return reason
-    preset = ("accuracy preset" if result.get("stability_models")  # amprepro.report.optlevels
-              else "risk preset" if result.get("risk_preset") else "paper preset")  # amprepro.report.riskclaims
+    preset = ("accuracy preset" if result.get("stability_models")  # amprepro.analysis.optlevels
+              else "risk preset" if result.get("risk_preset") else "paper preset")  # amprepro.analysis.riskclaims
     return f"{missing.group(1)} cells ({missing.group(2)}), on a GPU ({preset})"
 
 
@@ -141,10 +147,8 @@ NOTHING_MEASURED = ("This run measured nothing for this claim (its verdict: not 
 
 
 def regimes_view(r: dict) -> dict:
-    """A claim's regimes table (amprepro.report.regimes) as text cells: predictions, and measurements where a
+    """A claim's regimes table (amprepro.analysis.regimes) as text cells: predictions, and measurements where a
     committed file has them."""
-    from amprepro.report.regimes import gib
-
     rows = []
     for row in r["regimes"]["rows"]:
         p, m = row["predicted"], row["measured"]

@@ -14,16 +14,14 @@ from pathlib import Path
 
 import pandas as pd
 
+from amprepro import precisions
+from amprepro.analysis import claims as claims_mod
+from amprepro.analysis import summary as summary_columns
 from amprepro.cellid import CellId
 from amprepro.files import read_json
 from amprepro.gitinfo import describe_commit
-from amprepro.report import claims as claims_mod
-from amprepro.report import summary as summary_columns
-from amprepro.report import verify as verify_mod
-from amprepro.train import precisions
-
-GIB = 2**30
-
+from amprepro.memory import GIB
+from amprepro.verify import verify as verify_mod
 
 # ----------------------------------------------------------------------------------------------------------------------
 # Inputs
@@ -214,7 +212,8 @@ def breakdown_frame(table: str, runs_dir: str | None = None) -> pd.DataFrame:
     return frame.sort_values(["model", "precision", "seed"]).reset_index(drop=True)
 
 
-def gib(value) -> str:
+def gib_cell(value) -> str:
+    """A table cell in GiB under a header that names the unit (amprepro.memory.gib writes a value with its unit)."""
     return f"{value / GIB:,.1f}" if pd.notna(value) else ""
 
 
@@ -258,10 +257,10 @@ def fixed_share_text(sub: pd.DataFrame) -> str:
     fixed = sum(row[c] for c in parts)
     names = [MEMORY_PARTS[c] for c in parts]
     named = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
-    text = (f"In strict FP32 here, {named} take {gib(fixed)} GiB of the "
-            f"{gib(row['peak_allocated_bytes'])} GiB allocator peak ({fixed / row['peak_allocated_bytes']:.0%})")
+    text = (f"In strict FP32 here, {named} take {gib_cell(fixed)} GiB of the "
+            f"{gib_cell(row['peak_allocated_bytes'])} GiB allocator peak ({fixed / row['peak_allocated_bytes']:.0%})")
     if pd.notna(row.get("mem_activations_bytes")):
-        text += f"; activations and workspace {gib(row['mem_activations_bytes'])} GiB"
+        text += f"; activations and workspace {gib_cell(row['mem_activations_bytes'])} GiB"
     return text + "."
 
 
@@ -302,8 +301,8 @@ def breakdown_table(sub: pd.DataFrame) -> dict:
         unit = row["throughput_unit"] if isinstance(row.get("throughput_unit"), str) else ""
         rows.append({"precision": str(row["precision"]), "seed": int(row["seed"]), "status": row["status"],
                      "row_class": f"status-{row['status']}",
-                     "peak": gib(row.get("peak_allocated_bytes")), **{c: gib(row[c]) for c in parts},
-                     "estimate": gib(row.get(ESTIMATE_COLUMN)),
+                     "peak": gib_cell(row.get("peak_allocated_bytes")), **{c: gib_cell(row[c]) for c in parts},
+                     "estimate": gib_cell(row.get(ESTIMATE_COLUMN)),
                      "throughput": (f"{row['throughput_per_s']:,.0f} {unit}".strip()
                                     if pd.notna(row.get("throughput_per_s")) else ""),
                      "epoch": epoch_cell(row, shared), "reason": breakdown_reason(row)})

@@ -60,7 +60,7 @@ def forget_optimizer_state(optimizer) -> None:
 # The try after a fitting guess aims just over this share of the budget (a little above HEADROOM, where a try stops
 # fitting), so that the guess and it bracket the answer in two tries; a strict-FP32 search, the slowest, then has a
 # batch that fails even when its time runs out before the bisection, and the ratios it is the denominator of are
-# bounded (amprepro.report.claimmetrics.batch_ratio).
+# bounded (amprepro.analysis.claimmetrics.batch_ratio).
 OVER_MARGIN = 0.97
 
 
@@ -201,8 +201,8 @@ def run(spec: CellSpec, cell: dict, plan: dict | None, apex: dict, up_to: int, s
                                   f"{(cell.get('reason') or '')[:160]})")
     import torch
 
-    from amprepro import memory
-    from amprepro.train import data, measure, precision, train
+    from amprepro import datakinds, memory
+    from amprepro.train import measure, precision, train
     if not torch.cuda.is_available():
         return not_searched(spec, "the largest batch is a GPU-memory measurement; torch sees no CUDA GPU here")
     spec = spec.planned(plan)
@@ -264,7 +264,7 @@ def run(spec: CellSpec, cell: dict, plan: dict | None, apex: dict, up_to: int, s
     if not fits:
         return {**base, **not_searched(spec, f"out of memory at the planned batch {planned} in the search's process "
                                              f"({note})")}
-    most = data.largest_batch(model_config["data"])
+    most = datakinds.largest_batch(model_config["data"])
     known = (model_config, spec.precision, spec.optimizer, planned, cell.get("peak_allocated_bytes") or warm_peak,
              budget, planned * up_to if most is None else min(planned * up_to, most))
     guess, how = guess_batch(*known)

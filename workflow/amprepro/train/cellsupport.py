@@ -3,8 +3,8 @@ or a combination no machine runs; and which optimizer the cell uses (one of the 
 
 from __future__ import annotations
 
+from amprepro import precisions
 from amprepro.cellspec import CellSpec
-from amprepro.train import precisions
 
 
 def cell_optimizer(train: dict, precision_name: str) -> str:

@@ -1,25 +1,16 @@
 """Data for the runs: scikit-learn's digits (real, labelled, ships inside the package) and synthetic tensors.
 
-torch is imported where it is used: amprepro.config reads the split sizes at DAG build time.
+torch is imported where it is used. The split's sizes are amprepro.datakinds' (the config checks read them at DAG
+build time).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from amprepro.datakinds import DIGITS_TEST_FRACTION
+
 DIGITS_CLASSES = 10
-DIGITS_SAMPLES = 1797  # len(sklearn.datasets.load_digits().target); tests/backbone/test_data.py checks it
-DIGITS_TEST_FRACTION = 0.2
-
-
-def digits_train_size() -> int:
-    """Samples in the digits training split: the largest batch a digits model can be given."""
-    return DIGITS_SAMPLES - int(DIGITS_SAMPLES * DIGITS_TEST_FRACTION)
-
-
-def largest_batch(data: str) -> int | None:
-    """The most samples one batch of this data can hold; None when any batch size can be generated."""
-    return digits_train_size() if data == "digits" else None
 
 
 def digits_arrays():

@@ -1,7 +1,7 @@
 """FP8 training through torchao (issue 26, docs/fp8.md): which nn.Linear layers run their matmuls in FP8, the
 conversion, why a cell cannot run it here, and how a precision with `compile` compiles the model.
 
-The filter (FP8_FILTER, kept in amprepro.train.precisions: the report states it, and every FP8 cell's metrics.json
+The filter (FP8_FILTER, kept in amprepro.precisions: the report states it, and every FP8 cell's metrics.json
 as `float8`): an nn.Linear runs in FP8 when
 - both of its dimensions are multiples of 16 (torch._scaled_mm's requirement),
 - both are at least MIN_DIM (small matmuls get slower: the casts and scales cost more than FP8 saves; torchao's own
@@ -22,10 +22,10 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from amprepro.train import precisions
-from amprepro.train.precisions import FP8_FILTER
-from amprepro.train.precisions import FP8_MIN_DIM as MIN_DIM
-from amprepro.train.precisions import FP8_OUTPUT_LAYERS as OUTPUT_LAYERS
+from amprepro import precisions
+from amprepro.precisions import FP8_FILTER
+from amprepro.precisions import FP8_MIN_DIM as MIN_DIM
+from amprepro.precisions import FP8_OUTPUT_LAYERS as OUTPUT_LAYERS
 
 TORCHAO_VERSION = "0.18.0"  # requirements.txt's pin; tests/backbone/test_fp8.py keeps them equal
 

@@ -7,7 +7,7 @@ import re
 
 import torch
 
-from amprepro.train import precisions
+from amprepro import precisions
 
 # Dense (no sparsity) peaks from NVIDIA's datasheets, TFLOP/s, per product: SXM, PCIe and NVL parts differ in clocks
 # and power. fp32 is the CUDA-core figure; tf32/fp16/bf16/fp8 are Tensor Core figures (datasheets print the sparse

@@ -1,5 +1,5 @@
 """The held-out loss of a cell, evaluated at intervals while it trains (model_config eval_every): the curve the
-convergence verdict (amprepro.report.convergence) and the report's loss-curve section read.
+convergence verdict (amprepro.analysis.convergence) and the report's loss-curve section read.
 
 The held-out set is the data's own test_set() (the stdlib corpus's fixed held-out windows, the same for every seed and
 precision). The loss is the mean cross-entropy per target (nats per byte for the text model), computed from the

@@ -131,7 +131,7 @@ def hardware(device: torch.device) -> dict:
 def software(apex: dict) -> dict:
     return {
         "python": platform.python_version(),
-        "prefix": sys.prefix,  # the interpreter the cell ran in; amprepro.report.summary checks environment.json's
+        "prefix": sys.prefix,  # the interpreter the cell ran in; amprepro.analysis.summary checks environment.json's
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,

@@ -1,4 +1,4 @@
-"""The precisions of amprepro.train.precisions as one training-step interface, chosen by name (as timm's train.py
+"""The precisions of amprepro.precisions as one training-step interface, chosen by name (as timm's train.py
 chooses by flag)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from amprepro.train import precisions
+from amprepro import precisions
 
 
 @dataclass

@@ -221,9 +221,9 @@ def base_record(spec: CellSpec, apex: dict, device, dist, plan: dict | None = No
 
 def gpu_sharing(env) -> dict:
     """{"gpu_shared": {"cells_per_gpu": K}} for a cell that ran on a GPU shared with up to K-1 other untimed cells
-    (amprepro.env.gpuslots --shared sets the variable): its throughput was measured while sharing, so the report marks
+    (amprepro.gpuslots --shared sets the variable): its throughput was measured while sharing, so the report marks
     it and verify does not compare it. {} for a cell that had its GPU to itself."""
-    from amprepro.env.gpuslots import SHARED_ENV
+    from amprepro.gpuslots import SHARED_ENV
 
     value = env.get(SHARED_ENV, "")
     return {"gpu_shared": {"cells_per_gpu": int(value)}} if value.isdigit() and int(value) > 0 else {}
@@ -387,7 +387,8 @@ def train_cell(spec: CellSpec, apex: dict, dist, device, base: dict, plan: dict 
 def train_loop(spec, dist, device, base, model, batches, trainer, breakdown, settings) -> tuple[dict, list[dict]]:
     import torch
 
-    from amprepro.train import float8, flops, heldout, measure, models, precisions
+    from amprepro import precisions
+    from amprepro.train import float8, flops, heldout, measure, models
 
     model_config, train = spec.model_config, spec.train
     curve = heldout.Curve(train["steps"], model_config.get("eval_every") if not dist.active else None)

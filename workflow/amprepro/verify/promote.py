@@ -1,7 +1,7 @@
 """Promote a finished GPU run into the reference: read its results directory, name its machine, archive its step
-logs, write reference/<gpu-slug>/runs/<run-id>/ and rebuild the aggregate (amprepro.report.reference reads it back).
+logs, write reference/<gpu-slug>/runs/<run-id>/ and rebuild the aggregate (amprepro.verify.reference reads it back).
 
-Run with `python -m amprepro.report.verify promote [RESULTS] --note "..."` (the command line is verify's).
+Run with `python -m amprepro.verify.verify promote [RESULTS] --note "..."` (the command line is verify's).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 from amprepro.cellid import CellId
 from amprepro.files import read_json, write_json
 from amprepro.gitinfo import head_commit
-from amprepro.report.reference import ReferenceError, gpu_slug, read_runs, rebuild
+from amprepro.verify.reference import ReferenceError, gpu_slug, read_runs, rebuild
 
 
 def results_file(results: Path, name: str) -> Path:

@@ -298,7 +298,7 @@ def rebuild(reference: Path) -> dict:
     runs = read_runs(reference)
     if not runs:
         raise ReferenceError(f"{reference}/runs/ holds no run: add one with "
-                             "`python -m amprepro.report.verify promote`.")
+                             "`python -m amprepro.verify.verify promote`.")
     for run in runs:
         actual = summary_sha256(reference / "runs" / run.id)
         if run.provenance.get("summary_csv_sha256") not in (None, actual):
@@ -316,8 +316,8 @@ def load_aggregate(reference: Path) -> dict:
         if (reference / "summary.csv").exists():
             raise ReferenceError(f"{reference} has the old one-run layout (summary.csv at the top); move it to "
                                  "runs/<run-id>/ as reference/README.md describes, then run "
-                                 f"`python -m amprepro.report.verify rebuild --reference {reference}`.")
-        raise ReferenceError(f"{path} is missing: build it with `python -m amprepro.report.verify rebuild --reference "
+                                 f"`python -m amprepro.verify.verify rebuild --reference {reference}`.")
+        raise ReferenceError(f"{path} is missing: build it with `python -m amprepro.verify.verify rebuild --reference "
                              f"{reference}`.")
     data = read_json(path)
     on_disk = {p.name: summary_sha256(p) for p in sorted((reference / "runs").glob("*")) if p.is_dir()} \
@@ -326,5 +326,5 @@ def load_aggregate(reference: Path) -> dict:
     if on_disk != recorded:
         raise ReferenceError(f"{path} does not match {reference}/runs/ (a run was added, removed or edited since it "
                              "was built): rebuild it with "
-                             f"`python -m amprepro.report.verify rebuild --reference {reference}`.")
+                             f"`python -m amprepro.verify.verify rebuild --reference {reference}`.")
     return data

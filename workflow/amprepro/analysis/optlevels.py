@@ -7,8 +7,8 @@ the claim's apex level against FP32 over the preset's seeds, by three signs, per
 - **collapsed**: the cell's loss ended non-finite or its loss scale fell below 1 (train.py's status "collapsed"; the
   lowest final loss scale over the seeds is given beside it);
 - **non-finite steps**: a step's loss was non-finite even if the run recovered (summary first_nonfinite_step);
-- **worse beyond the margin**: the paired final held-out loss gap against FP32 (amprepro.report.convergence.compare,
-  amprepro.report.paired) has its one-sided 95 % lower bound above the claim's margin.
+- **worse beyond the margin**: the paired final held-out loss gap against FP32 (amprepro.analysis.convergence.compare,
+  amprepro.analysis.paired) has its one-sided 95 % lower bound above the claim's margin.
 
 The claim **holds** where any sign shows (for O2: it was unstable here; for O3: it did not train as FP32 does), and
 **falls short** where none does and the gap's upper bound is below the margin (it trained like FP32, within the
@@ -19,9 +19,9 @@ article's recommended level, is given beside it for context. A verdict that diff
 
 from __future__ import annotations
 
-from amprepro.report import convergence
-from amprepro.report.paired import pct
-from amprepro.train import precisions
+from amprepro import precisions
+from amprepro.analysis import convergence
+from amprepro.analysis.paired import pct
 
 CONTEXT = "apex_o1"  # the article's recommended level ("O1：推荐默认选项"), shown beside the claim's level
 
@@ -119,7 +119,7 @@ def judge_claim(claim: dict, summary: dict) -> dict:
 
 
 def judged(claim: dict, summary: dict) -> dict:
-    from amprepro.report.claims import run_context
+    from amprepro.analysis.claimmodels import run_context
 
     wanted = claim["stability"]["models"]
     present = list(dict.fromkeys(c["model"] for c in summary.get("cells", []) if c["model"] in wanted))

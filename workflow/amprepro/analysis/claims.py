@@ -13,50 +13,27 @@ A claim names a metric (speedup, memory_reduction, accuracy_delta), a variant pr
 A one-sided claim misses on one side only: ``at_least`` can hold or fall short, ``at_most`` can hold or (for a metric
 where higher is better) exceed the claim. docs/report.md has the table.
 
-The claims file is read by amprepro.report.claimfile, values and bands are amprepro.report.claimmetrics'.
+The claims file is read by amprepro.analysis.claimfile, values and bands are amprepro.analysis.claimmetrics', one
+model against one baseline is amprepro.analysis.claimmodels'.
 
-Run as a module it prints the verdicts: ``python -m amprepro.report.claims --claims config/claims.yaml --summary ...``.
+Run as a module it prints the verdicts:
+``python -m amprepro.analysis.claims --claims config/claims.yaml --summary ...``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
 from pathlib import Path
 
-from amprepro.cellid import CellId
-from amprepro.report import regimes as regimes_mod
-from amprepro.report.claimfile import load_claims
-from amprepro.report.claimmetrics import (
-    band_side,
-    claimed_text,
-    decided_value,
-    fmt_range,
-    fmt_value,
-    metric_bounds,
-    verdict_for,
-)
-from amprepro.train.precisions import label as precision_label
-
-# not_settled: the cells ran and the paired statistics were computed, but the 95 % interval straddles the claim's
-# margin (more seeds would settle it). nothing_to_rescue: a remedy claim whose risk cells ran and were not harmed here,
-# so the remedy had nothing to rescue. Both differ from not_measurable: that one means the cells could not run here.
-VERDICT_TEXT = {"holds": "holds", "exceeds": "exceeds the claim", "falls_short": "falls short",
-                "depends_on_baseline": "depends on the baseline", "not_settled": "not settled by these seeds",
-                "nothing_to_rescue": "nothing to rescue here", "not_measurable": "not measurable here"}
-# A generic claim's verdict over several models is the worst of theirs, in this order (first = worst).
-WORST_FIRST = ["falls_short", "exceeds", "holds"]
+from amprepro.analysis import regimes as regimes_mod
+from amprepro.analysis.claimfile import load_claims
+from amprepro.analysis.claimmetrics import claimed_text
+from amprepro.analysis.claimmodels import VERDICT_TEXT, _has, _index, aggregate, evaluate_model, run_context
+from amprepro.precisions import label as precision_label
 
 # ----------------------------------------------------------------------------------------------------------------------
 # Evaluation
-
-
-def run_context(summary: dict) -> str:
-    """'smoke preset on CPU' / 'paper preset on NVIDIA H200'."""
-    preset = summary.get("preset", {}).get("preset", "?")
-    gpu = summary.get("versions", {}).get("gpu")
-    return f"{preset} preset on {gpu or 'CPU'}"
 
 
 def tensor_cores(sanity: dict | None, summary: dict) -> tuple[bool, str]:
@@ -89,7 +66,7 @@ def _model_config_field(runs_dir: str | Path | None, field: str, top: bool = Fal
 def model_archs(runs_dir: str | Path | None) -> dict:
     """Cell model name -> architecture (so claims can match an arch too). A model on the empty-shell apex
     (apex_build: shell) stands for no architecture: a claim about apex (O1's speed, O2 against O1) is about a working
-    build, and the shell is judged by its own claim (amprepro.report.envclaims)."""
+    build, and the shell is judged by its own claim (amprepro.analysis.envclaims)."""
     shells = _model_config_field(runs_dir, "apex_build")
     return {model: arch for model, arch in _model_config_field(runs_dir, "arch").items()
             if shells.get(model) != "shell"}
@@ -111,140 +88,6 @@ def matching_models(claim_models: list[str], present: list[str], archs: dict, da
     return [m for m in present if m.lower() in wanted or str(archs.get(m, "")).lower() in wanted]
 
 
-def _index(summary: dict) -> dict:
-    return {CellId.of(c): c for c in summary.get("cells", [])}
-
-
-def _has(cells: dict, model: str, precision: str) -> bool:
-    """The summary has a row (of any status) of this model at this precision."""
-    return any(c.model == model and c.precision == precision for c in cells)
-
-
-def _stats(values: list[float]) -> dict:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n_seeds": len(values)}
-
-
-def evaluate_model(claim: dict, cells: dict, model: str, baseline: str) -> dict:
-    """One model against one baseline: the per-seed values, their median and spread, and the verdict."""
-    variant, metric = claim["variant"], claim["metric"]
-    seeds = sorted({c.seed for c in cells if c.model == model and c.precision in (variant, baseline)})
-    out = {"model": model, "baseline": baseline, "variant": variant, "values": {}, "verdict": "not_measurable",
-           "reason": ""}
-    var = {s: cells.get(CellId(model, variant, s)) for s in seeds}
-    base = {s: cells.get(CellId(model, baseline, s)) for s in seeds}
-    var_rows = [r for r in var.values() if r]
-    base_rows = [r for r in base.values() if r]
-    if not var_rows:
-        out["reason"] = f"no {model}/{variant} cell in this run"
-        return out
-    collapsed = [r for r in var_rows if r["status"] == "collapsed"]
-    if collapsed:
-        step = collapsed[0].get("first_nonfinite_step")
-        out.update(verdict="falls_short", reason=f"{model}/{variant} collapsed (non-finite loss"
-                   + (f" at step {step}" if step is not None else "") + f", seed {collapsed[0]['seed']})")
-        return out
-    if not base_rows:
-        out["reason"] = f"no {model}/{baseline} cell in this run"
-        return out
-    for rows, name in ((var_rows, variant), (base_rows, baseline)):
-        if all(r["status"] != "ok" for r in rows):
-            bad = rows[0]
-            out["reason"] = f"{model}/{name} {bad['status']}: {bad.get('reason') or 'no reason recorded'}"
-            return out
-    shared = [r for r in var_rows + base_rows if r.get("gpu_shared_cells_per_gpu")]
-    if metric == "speedup" and shared:  # amprepro.plan.resources.shares_gpu keeps every judged speed off these
-        out["reason"] = (f"{shared[0]['model']}/{shared[0]['precision']} ran on a GPU shared with other untimed cells: "
-                         "its throughput is not a speed measurement")
-        return out
-    why = ""
-    for seed in seeds:
-        v, b = var.get(seed), base.get(seed)
-        if v and b and v["status"] == "ok" and b["status"] == "ok":
-            low, high, why_not = metric_bounds(metric, v, b)
-            value = None if low is None else decided_value(claim, low, high)
-            if low is not None and value is None:
-                why_not = (f"from {fmt_range(metric, low, high)} (seed {seed}), which straddles the claim's "
-                           f"{claimed_text(claim)}: the searches did not narrow it enough")
-            if value is None:
-                why = why or why_not
-            else:
-                out["values"][seed] = value
-                if low != high:
-                    out.setdefault("bounds", {})[seed] = [low, high]
-    if not out["values"]:
-        out["reason"] = why or f"no seed where both {model}/{variant} and {model}/{baseline} ran"
-        return out
-    stats = _stats(list(out["values"].values()))
-    out.update(stats)
-    out["verdict"] = verdict_for(claim, stats["median"])
-    out["borderline"] = len({verdict_for(claim, stats[k]) for k in ("min", "median", "max")}) > 1
-    out["setting"] = setting_text(var_rows[0])
-    out["measured_text"] = (measured_text(metric, stats) + bounds_text(metric, out.get("bounds"))
-                            + (f" [{out['setting']}]" if out["setting"] else ""))
-    out["reason"] = (f"{model}: {out['measured_text']}"
-                     + ("" if out["verdict"] == "holds" else f", {band_side(claim, stats['median'])}")
-                     + (" (the spread straddles the band edge)" if out["borderline"] else ""))
-    return out
-
-
-def setting_text(row: dict) -> str:
-    """Where the memory plan ran this model at another batch or LLaMA shape than the preset's, which and why
-    (amprepro.plan.memplan); empty where it ran as the preset says."""
-    note = row.get("plan_note") or ""
-    if row.get("shape_name"):  # the plan's note names the shape and its parameters
-        return f"at the {note}" if note else f"at the {row['shape_name']} shape"
-    batch, preset = row.get("batch_size"), row.get("preset_batch_size")
-    if batch is not None and preset is not None and batch != preset:
-        return f"at batch {batch}: {note}"
-    return ""
-
-
-def bounds_text(metric: str, bounds: dict | None) -> str:
-    """' (bounded: 1.41× to unbounded)' where a seed's value stands for an interval its searches left
-    (claimmetrics.decided_value)."""
-    if not bounds:
-        return ""
-    return " (bounded: " + "; ".join(f"{fmt_range(metric, low, high)}" for low, high in bounds.values()) + ")"
-
-
-def measured_text(metric: str, stats: dict) -> str:
-    text = fmt_value(metric, stats["median"])
-    if stats["n_seeds"] > 1:
-        text += (f" (min–max {fmt_value(metric, stats['min'])} to {fmt_value(metric, stats['max'])}, "
-                 f"{stats['n_seeds']} seeds)")
-    else:
-        text += " (1 seed)"
-    return text
-
-
-def _grouped_reasons(rows: list[dict]) -> str:
-    """'amp_fp16 skipped: no CUDA GPU here (cnn, transformer)' rather than the same reason once per model."""
-    groups: dict[str, list[str]] = {}
-    for r in rows:
-        why = r["reason"].removeprefix(f"{r['model']}/")
-        groups.setdefault(why, []).append(r["model"])
-    if len(groups) == 1 and len(rows) == 1:
-        return rows[0]["reason"]
-    return "; ".join(f"{why} ({', '.join(models)})" for why, models in groups.items())
-
-
-def _aggregate(per_model: list[dict]) -> dict:
-    measurable = [r for r in per_model if r["verdict"] != "not_measurable"]
-    if not measurable:
-        return {"verdict": "not_measurable", "reason": _grouped_reasons(per_model)}
-    verdicts = {r["verdict"] for r in measurable}
-    verdict = next(v for v in WORST_FIRST if v in verdicts)
-    reason = "; ".join(r["reason"] for r in measurable)
-    if len(verdicts) > 1:
-        split = "; ".join(f"{VERDICT_TEXT[v]} for {', '.join(r['model'] for r in measurable if r['verdict'] == v)}"
-                          for v in reversed(WORST_FIRST) if v in verdicts)
-        reason = f"{split} (of {len(measurable)} models): " + reason
-    missing = [r for r in per_model if r["verdict"] == "not_measurable"]
-    if missing:
-        reason += "; not measured: " + _grouped_reasons(missing)
-    return {"verdict": verdict, "reason": reason}
-
-
 def no_model_ran(claim: dict, named: set[str]) -> str:
     """What did not run, in words: the article's model and its stand-ins, or for a generic claim (models [benchmark] or
     [any]) the kind of model it is evaluated on ("no any model (generic) cell ran (benchmark)" before)."""
@@ -260,30 +103,31 @@ def evaluate_claim(claim: dict, summary: dict, sanity: dict | None = None, archs
                    specs: dict | None = None) -> dict:
     """The verdict of one claim on this run, with every number behind it; where this run cannot judge it, the proxy
     models (if the claim names some) are judged as context, and a claim with `convergence:` models takes its verdict
-    from their held-out losses (amprepro.report.convergence; records: model -> its cells' data record). A `judge:`
-    claim (about the environment) is amprepro.report.envclaims' (specs: model -> its cells' spec); a `stability:`
-    claim takes its verdict from amprepro.report.optlevels alone, a `risk:` claim from amprepro.report.riskclaims; a
-    python_speedup claim is judged from its committed evidence file instead (amprepro.report.pythonclaim)."""
+    from their held-out losses (amprepro.analysis.convergence; records: model -> its cells' data record). A `judge:`
+    claim (about the environment) is amprepro.analysis.envclaims' (specs: model -> its cells' spec); a `stability:`
+    claim takes its verdict from amprepro.analysis.optlevels alone, a `risk:` claim from amprepro.analysis.riskclaims; a
+    python_speedup claim is judged from its committed evidence file instead (amprepro.analysis.pythonclaim)."""
     if claim.get("metric") == "python_speedup":
-        from amprepro.report import pythonclaim
+        from amprepro.analysis import pythonclaim
 
         return pythonclaim.evaluate_claim(claim)
-    if claim.get("risk"):  # AMP's risk points and their remedies (amprepro.report.riskclaims)
-        from amprepro.report import riskclaims
+    if claim.get("risk"):  # AMP's risk points and their remedies (amprepro.analysis.riskclaims)
+        from amprepro.analysis import riskclaims
 
         return riskclaims.evaluate_claim(claim, summary)
     if claim.get("judge"):
-        from amprepro.report import envclaims
+        from amprepro.analysis import envclaims
 
         return envclaims.judge(claim, summary, specs)
     result = _judge(claim, summary, sanity, archs or {}, use_override, data)
-    if claim.get("stability"):  # an opt level's stability over seeds, not a metric per seed (amprepro.report.optlevels)
-        from amprepro.report import optlevels
+    # an opt level's stability over seeds, not a metric per seed (amprepro.analysis.optlevels)
+    if claim.get("stability"):
+        from amprepro.analysis import optlevels
 
         result.update(optlevels.judge_claim(claim, summary), stability_models=claim["stability"]["models"])
         return result
     if result["verdict"] == "not_measurable" and claim.get("convergence"):
-        from amprepro.report import convergence
+        from amprepro.analysis import convergence
 
         judged = convergence.judge_claim(claim, summary, records)
         if judged and judged["verdict"] == "not_measurable":
@@ -324,7 +168,7 @@ def _judge(claim: dict, summary: dict, sanity: dict | None, archs: dict, use_ove
     if use_override and claim.get("not_measurable"):
         return not_measurable(claim["not_measurable"])
     if claim.get("lora"):  # the largest shape a card LoRA-fine-tunes, over the LoRA cells
-        from amprepro.report import loraclaim
+        from amprepro.analysis import loraclaim
 
         result.update(loraclaim.judge(claim, summary))
         result["verdict_text"] = VERDICT_TEXT[result["verdict"]]
@@ -348,7 +192,7 @@ def _judge(claim: dict, summary: dict, sanity: dict | None, archs: dict, use_ove
         # Only models whose preset has this baseline (a cell that failed or was skipped still has a row).
         scoped = [m for m in models if m.lower() in named or _has(cells, m, baseline)]
         per_model = [evaluate_model(claim, cells, model, baseline) for model in scoped]
-        agg = _aggregate(per_model)
+        agg = aggregate(per_model)
         result["by_baseline"][baseline] = {**agg, "models": {r["model"]: r for r in per_model}}
     measured = {b: r for b, r in result["by_baseline"].items() if r["verdict"] != "not_measurable"}
     if not measured:

@@ -1,5 +1,5 @@
-"""Paired gaps over seeds: one implementation of the statistics the FP8 section (amprepro.report.fp8) and the accuracy
-and opt-level claims (amprepro.report.convergence, amprepro.report.optlevels) judge a loss gap with.
+"""Paired gaps over seeds: one implementation of the statistics the FP8 section (amprepro.analysis.fp8) and the accuracy
+and opt-level claims (amprepro.analysis.convergence, amprepro.analysis.optlevels) judge a loss gap with.
 
 Two cells of one seed start from the same initial weights and draw the same batches (amprepro.train.train seeds the
 model's initialisation, the text data has its own generator from the seed), so the seed's noise is shared by both:

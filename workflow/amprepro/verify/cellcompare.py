@@ -1,11 +1,11 @@
 """One cell of this run against the reference's aggregate: each metric against its band, the cell's verdict, and the
-counts and warnings over all cells (amprepro.report.verify runs the whole check and writes it)."""
+counts and warnings over all cells (amprepro.verify.verify runs the whole check and writes it)."""
 
 from __future__ import annotations
 
 from amprepro.cellid import CellId
 from amprepro.cellspec import PLANNED_KEYS  # what the memory plan may change
-from amprepro.report.reference import band, band_for
+from amprepro.verify.reference import band, band_for
 
 METRIC_LABEL = {"throughput_per_s": "throughput", "peak_allocated_bytes": "peak GPU memory",
                 "peak_reserved_bytes": "peak reserved GPU memory", "final_loss": "final loss",

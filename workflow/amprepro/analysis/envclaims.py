@@ -1,5 +1,5 @@
 """Claims about the environment, not about a precision (issue 38), judged from pairs of cells that differ in one
-environment setting. config/claims.yaml marks them with `judge: {kind: ...}`; amprepro.report.claims hands them here.
+environment setting. config/claims.yaml marks them with `judge: {kind: ...}`; amprepro.analysis.claims hands them here.
 
 - ``apex_shell``: "apex without its CUDA extensions gives no speed-up". Each cell of a model built on the empty shell
   (`apex_build: shell`: apex installed without --cpp_ext/--cuda_ext) against its full-build twin's strict FP32 and
@@ -20,8 +20,8 @@ metrics.json (`specs`: model -> its spec, claims.evaluate_run reads them).
 
 from __future__ import annotations
 
+from amprepro.analysis.claimmetrics import claimed_band, claimed_text, fmt_value, verdict_for
 from amprepro.cellspec import CellSpec
-from amprepro.report.claimmetrics import claimed_band, claimed_text, fmt_value, verdict_for
 
 # model_config keys and precision pairs that are environment, not algorithm: the same model and numerics target, set
 # up differently. The value names the setting in the report.
@@ -215,7 +215,7 @@ def shell_cell(claim: dict, row: dict, base: dict | None, full: dict | None, twi
 
 
 def label(name: str) -> str:
-    from amprepro.train import precisions
+    from amprepro import precisions
 
     return precisions.label(name) if name in precisions.REGISTRY else name
 
@@ -308,5 +308,5 @@ JUDGES = {"apex_shell": judge_shell, "environment": judge_environment}
 
 
 def judge(claim: dict, summary: dict, specs: dict | None) -> dict:
-    """The verdict of a `judge:` claim, in the form amprepro.report.claims gives every claim."""
+    """The verdict of a `judge:` claim, in the form amprepro.analysis.claims gives every claim."""
     return JUDGES[claim["judge"]["kind"]](claim, summary, specs or {})

@@ -4,7 +4,7 @@ claims with a `risk:` block (config/claims.yaml), from the risk preset's cells (
     "并非所有模型都能安全启用AMP。典型风险点包括：RNN类模型（梯度随时间步累积易溢出）；使用极高温度的Gumbel-Softmax采样；
      自定义归一化层中含有极小分母" and the remedies "对特定层禁用autocast" / "GradScaler(init_scale=2.**14)"
 
-No torch: this reads the summary's cells (amprepro.report.summary). Each precision of a model is judged against the
+No torch: this reads the summary's cells (amprepro.analysis.summary). Each precision of a model is judged against the
 same model's FP32 cells, seed by seed (a seed gives every precision of a model the same initial weights and batches),
 and put in one of three classes:
 
@@ -44,8 +44,8 @@ SETTLED = {"worse": "worse than FP32 beyond the margin", "not worse": "not worse
 def paired_interval(gaps: list[float]) -> dict | None:
     """Mean of paired per-seed gaps with its sample sd, two-sided 95 % Student-t interval (low, high) and one-sided
     95 % bounds (lower, upper); None for fewer than two gaps. The one place this module uses statistics: it reads the
-    t quantiles of amprepro.report.fp8 until a shared paired-statistics module replaces both."""
-    from amprepro.report.fp8 import seed_interval
+    t quantiles of amprepro.analysis.fp8 until a shared paired-statistics module replaces both."""
+    from amprepro.analysis.fp8 import seed_interval
 
     found = seed_interval(gaps)
     if found is None:
@@ -188,7 +188,7 @@ def judge_risk(claim: dict, summary: dict) -> dict:
             "by_baseline": {BASELINE: {"verdict": verdict, "reason": reason, "models": per_model}}}
 
 
-# A remedy's outcome as the verdict its line in the report shows (amprepro.report.claims.VERDICT_TEXT).
+# A remedy's outcome as the verdict its line in the report shows (amprepro.analysis.claims.VERDICT_TEXT).
 OUTCOME_VERDICT = {"rescues": "holds", "does not rescue": "falls_short", "nothing to rescue": "nothing_to_rescue",
                    "not measured": "not_measurable"}
 
@@ -258,7 +258,7 @@ def claimed_text(claim: dict) -> str:
 
 
 def evaluate_claim(claim: dict, summary: dict) -> dict:
-    """The whole result of a claim with a `risk:` block, in the form amprepro.report.claims gives every claim."""
+    """The whole result of a claim with a `risk:` block, in the form amprepro.analysis.claims gives every claim."""
     wanted = claim["risk"].get("models") or [m for item in claim["risk"]["remedies"]
                                              for m in (item["risky"], item["remedy"])]
     if not any(c["model"] in wanted for c in summary.get("cells", [])):  # a run without the risk preset's cells

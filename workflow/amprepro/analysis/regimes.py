@@ -4,7 +4,7 @@ that amprepro.memory predicts for one GPU's share, and the AMP saving (issue 25)
 Every row is a prediction and says so. A row carries measured values only where a committed measurement file holds
 both of its cells at exactly the row's setting: results-reference/regimes/<gpu-slug>.json, written on a GPU by
 tools/gpu/regimes_run.sh, and for the setup the paper preset measures, the committed reference's llama7b cells
-(reference/nvidia-h200/aggregate.json). The claim's own verdict (amprepro.report.claims) is untouched: this table is
+(reference/nvidia-h200/aggregate.json). The claim's own verdict (amprepro.analysis.claims) is untouched: this table is
 context beside it, in the report's claim section and in verify.json.
 
 The rows marked gpu=True are the ones tools/gpu/regimes_run.py measures on one H200 (141 GB); the others need more
@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from amprepro import archs, memory
+from amprepro.analysis.claimmetrics import fmt_value, verdict_for
 from amprepro.memory import Lora, Sharding
-from amprepro.report.claimmetrics import fmt_value, verdict_for
 
 REPO = Path(__file__).resolve().parents[3]
 MEASUREMENTS = REPO / "results-reference" / "regimes"
@@ -260,20 +260,16 @@ def for_claim(claim: dict) -> dict | None:
             "rows": rows, "measurement_error": error}
 
 
-def gib(n: int) -> str:
-    return f"{n / memory.GIB:.1f} GiB"
-
-
 def lines(rows: list[dict]) -> list[str]:
     """One line a row, for verify's printout and the session note."""
     out = []
     for r in rows:
         p = r["predicted"]
-        line = (f"{r['key']}: {r['baseline']} {gib(p['baseline_peak_bytes'])} → {r['variant']} "
-                f"{gib(p['variant_peak_bytes'])}: {r['predicted_text']}")
+        line = (f"{r['key']}: {r['baseline']} {memory.gib(p['baseline_peak_bytes'])} → {r['variant']} "
+                f"{memory.gib(p['variant_peak_bytes'])}: {r['predicted_text']}")
         if r["measured"]:
             m = r["measured"]
-            line += (f"; measured {gib(m['baseline_peak_bytes'])} → {gib(m['variant_peak_bytes'])}: "
+            line += (f"; measured {memory.gib(m['baseline_peak_bytes'])} → {memory.gib(m['variant_peak_bytes'])}: "
                      f"{fmt_value('memory_reduction', m['saving'])}")
         out.append(line)
     return out

@@ -4,7 +4,7 @@ For a model whose cells record a held-out loss (model_config eval_every; amprepr
 seed where both it and FP32 ran: the relative gap (loss - FP32's loss) / FP32's loss. Every precision of a seed
 starts from the same initial weights and draws the same batches (amprepro.train.train; tests/accuracy checks it), so
 the seed's noise is shared and the gap is the precision's effect plus run-to-run rounding. Over the seeds, the mean
-gap with its Student-t 95 % interval and one-sided 95 % bounds (amprepro.report.paired), and two one-sided questions:
+gap with its Student-t 95 % interval and one-sided 95 % bounds (amprepro.analysis.paired), and two one-sided questions:
 
 - against the margin (MARGIN, 1 % relative; the claims state theirs in config/claims.yaml): **under** (the loss is at
   95 % not more than the margin above FP32's), **over** (more than the margin above it) or **not settled** by that
@@ -25,8 +25,8 @@ from __future__ import annotations
 import math
 import statistics
 
-from amprepro.report import paired
-from amprepro.train import precisions
+from amprepro import precisions
+from amprepro.analysis import paired
 
 BASELINE = "fp32"
 MARGIN = 0.01  # relative: the section's margin, and the one config/claims.yaml states for its claims (a test checks)
@@ -231,7 +231,7 @@ def report_lines(summary: dict) -> list[str]:
 
 
 def main(argv=None) -> None:
-    from amprepro.report import print_summary_lines
+    from amprepro.analysis import print_summary_lines
 
     print_summary_lines(argv, __doc__.split("\n")[0], report_lines)
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 # Which side of the claimed band is better for the variant, per metric: more speed, a bigger memory saving and a
 # higher accuracy are all better, so a value above the band exceeds the claim and one below it falls short.
-# python_speedup: a step time under 3.10 over the one under 3.11 (amprepro.report.pythonclaim), from committed evidence.
+# python_speedup: a step time under 3.10 over the one under 3.11 (amprepro.analysis.pythonclaim), from committed
+# evidence.
 HIGHER_IS_BETTER = {"speedup": True, "memory_reduction": True, "accuracy_delta": True, "batch_ratio": True,
                     "heldout_loss_gap": False,  # final held-out loss (variant) - (baseline), nats: lower is better
-                    "lora_parameters": True,  # judged by amprepro.report.loraclaim
+                    "lora_parameters": True,  # judged by amprepro.analysis.loraclaim
                     "python_speedup": True}
 EPS = 1e-9
 
@@ -46,8 +47,8 @@ def metric_value(metric: str, variant: dict, baseline: dict) -> tuple[float | No
         if v is None or b is None:
             return None, f"no held-out loss: {variant['model']} records none (model_config eval_every)"
         return v - b, ""
-    if metric == "lora_parameters":  # a largest shape over cells, not a pair's value: amprepro.report.loraclaim
-        return None, "judged over the LoRA cells by amprepro.report.loraclaim"
+    if metric == "lora_parameters":  # a largest shape over cells, not a pair's value: amprepro.analysis.loraclaim
+        return None, "judged over the LoRA cells by amprepro.analysis.loraclaim"
     raise ValueError(f"unknown metric {metric}")
 
 

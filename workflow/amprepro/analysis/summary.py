@@ -7,10 +7,10 @@ import json
 import os
 import sys
 
+from amprepro import precisions
+from amprepro.analysis import claimmetrics, fp8
 from amprepro.cellid import CellId
 from amprepro.files import read_json, write_csv, write_json
-from amprepro.report import claimmetrics, fp8
-from amprepro.train import precisions
 
 COLUMNS = [
     "model", "precision", "seed", "status", "reason", "throughput_per_s", "throughput_unit", "step_time_median_s",
@@ -22,11 +22,11 @@ COLUMNS = [
     "mem_master_weights_bytes", "mem_activations_bytes", "mem_estimate_total_bytes",
     "batch_size", "preset_batch_size", "shape", "shape_name", "parameters", "plan_note", "heldout_loss_final",
     "largest_batch", "largest_batch_bound", "largest_batch_failing", "largest_batch_grid",
-    # LoRA cells (amprepro.train.lora; the LoRA claim, amprepro.report.loraclaim) and the allocator limit of a cap
+    # LoRA cells (amprepro.train.lora; the LoRA claim, amprepro.analysis.loraclaim) and the allocator limit of a cap
     "lora_base", "lora_shape", "lora_rank", "trainable_parameters", "initial_loss", "heldout_loss_initial",
     "memory_limit_bytes",
     "gpu_shared_cells_per_gpu",  # set where the cell shared its GPU (amprepro.plan.resources.shares_gpu)
-    *fp8.COLUMNS,  # against the precision's own baseline (FP8 against compiled bf16): amprepro.report.fp8
+    *fp8.COLUMNS,  # against the precision's own baseline (FP8 against compiled bf16): amprepro.analysis.fp8
 ]
 # Flat columns from metrics.json's nested memory records: (column, record, key).
 MEMORY_COLUMNS = [

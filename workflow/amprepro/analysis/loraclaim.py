@@ -177,7 +177,7 @@ def card_memory(summary: dict) -> int | None:
 
 
 def judge(claim: dict, summary: dict) -> dict:
-    """The claim's verdict and its texts (the keys amprepro.report.claims' results carry) and the details."""
+    """The claim's verdict and its texts (the keys amprepro.analysis.claims' results carry) and the details."""
     setting = claim["lora"]
     question = int(setting["memory_gib"] * memory.GIB)
     sides = {AMP: [], FP32: []}

@@ -1,4 +1,4 @@
-"""config/claims.yaml: its schema, reading and validation (amprepro.report.claims evaluates the claims it returns)."""
+"""config/claims.yaml: its schema, reading and validation (amprepro.analysis.claims evaluates the claims it returns)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from pathlib import Path
 import jsonschema
 import yaml
 
-from amprepro.report.claimmetrics import HIGHER_IS_BETTER
+from amprepro import precisions
+from amprepro.analysis.claimmetrics import HIGHER_IS_BETTER
 from amprepro.schemaerrors import bounded_message, field_name, first_error
-from amprepro.train import precisions
 
 _NUMBER = {"type": "number"}
 _MODEL_NAME = {"type": "string", "pattern": "^[A-Za-z0-9_]{1,64}$"}
@@ -32,8 +32,8 @@ SCHEMA = {
             "additionalProperties": False,
             "required": ["id", "source", "statement", "model", "models", "claimed", "tolerance"],
             # A python_speedup claim compares interpreters, not precisions: its runs are in a committed evidence file
-            # (amprepro.report.pythonclaim) and it has no baseline or variant precision; a claim about the environment
-            # (judge:, amprepro.report.envclaims) has no single variant precision; every other claim has all three.
+            # (amprepro.analysis.pythonclaim) and it has no baseline or variant precision; a claim about the environment
+            # (judge:, amprepro.analysis.envclaims) has no single variant precision; every other claim has all three.
             "if": {"properties": {"metric": {"const": "python_speedup"}}, "required": ["metric"]},
             "then": {"required": ["evidence"]},
             "else": {"if": {"not": {"required": ["judge"]}}, "then": {"required": ["metric", "baseline", "variant"]}},
@@ -96,7 +96,7 @@ SCHEMA = {
                     "required": ["models", "margin"],
                     "description": ("models whose final held-out loss judges an accuracy claim where its own "
                                     "models cannot: the paired gap against FP32 over seeds against margin "
-                                    "(amprepro.report.convergence)"),
+                                    "(amprepro.analysis.convergence)"),
                     "properties": {
                         "models": {"type": "array", "minItems": 1, "items": {"type": "string"}},
                         "margin": _MARGIN,
@@ -109,7 +109,7 @@ SCHEMA = {
                     "required": ["models", "margin", "verdict_words"],
                     "description": ("an apex opt level's stability on real text over seeds: collapses, non-finite "
                                     "steps and the paired held-out loss gap against margin "
-                                    "(amprepro.report.optlevels)"),
+                                    "(amprepro.analysis.optlevels)"),
                     "properties": {
                         "models": {"type": "array", "minItems": 1, "items": {"type": "string"}},
                         "margin": _MARGIN,
@@ -128,7 +128,7 @@ SCHEMA = {
                     "maxProperties": 1,
                     "description": ("an AMP risk point (models: the risky models, each precision judged against its "
                                     "FP32 cells) or its remedies (remedies: a remedy model against the risky model "
-                                    "it changes): amprepro.report.riskclaims"),
+                                    "it changes): amprepro.analysis.riskclaims"),
                     "properties": {
                         "models": {"type": "array", "minItems": 1, "uniqueItems": True, "items": _MODEL_NAME},
                         "remedies": {
@@ -145,7 +145,7 @@ SCHEMA = {
                     "additionalProperties": False,
                     "required": ["memory_gib"],
                     "description": ("metric lora_parameters: the card memory the claim is about and the setting its "
-                                    "prediction is made at (amprepro.report.loraclaim)"),
+                                    "prediction is made at (amprepro.analysis.loraclaim)"),
                     "properties": {
                         "memory_gib": {"type": "number", "exclusiveMinimum": 0},
                         "batch": {"type": "integer", "minimum": 1},
@@ -159,7 +159,7 @@ SCHEMA = {
                     "additionalProperties": False,
                     "required": ["kind"],
                     "description": ("a claim about the environment, judged from pairs of cells by "
-                                    "amprepro.report.envclaims: apex_shell (the shell's cells against strict FP32 "
+                                    "amprepro.analysis.envclaims: apex_shell (the shell's cells against strict FP32 "
                                     "and TF32 and the full build), environment (the largest memory and speed gaps "
                                     "between cells that differ only in environment settings; memory: its band)"),
                     "properties": {
@@ -261,12 +261,12 @@ def validate(data, where: str = "config/claims.yaml") -> list[dict]:
                 claim.get("lora") and ("at_least" not in claim["claimed"] or claim["variant"] != "amp_bf16")):
             raise ClaimsError(f"{where}: claim field {field}.lora: the metric lora_parameters and the lora field go "
                               "together, with claimed {at_least: parameters} and variant amp_bf16 (the bf16 base "
-                              "under AMP; amprepro.report.loraclaim). Fix: write both, or neither.")
+                              "under AMP; amprepro.analysis.loraclaim). Fix: write both, or neither.")
     return claims
 
 
 def check_risk(claim: dict, where: str) -> None:
-    """A risk claim (amprepro.report.riskclaims) compares final held-out losses with FP32's: metric heldout_loss_gap,
+    """A risk claim (amprepro.analysis.riskclaims) compares final held-out losses with FP32's: metric heldout_loss_gap,
     baseline fp32, and its margin as claimed at_least (a risk: harm beyond it) or at_most (a remedy: no harm beyond
     it)."""
     wanted = "at_least" if "models" in claim["risk"] else "at_most"

@@ -1,7 +1,7 @@
 """Give each GPU job its own GPU(s) on a machine with several, then run the job's command.
 
-    python -m amprepro.env.gpuslots --gpus N -- COMMAND [ARGS...]
-    python -m amprepro.env.gpuslots --gpus 0 --shared K -- COMMAND [ARGS...]
+    python -m amprepro.gpuslots --gpus N -- COMMAND [ARGS...]
+    python -m amprepro.gpuslots --gpus 0 --shared K -- COMMAND [ARGS...]
 
 Snakemake's `--resources gpu=N` limits how many GPU jobs run at once but does not say which GPU each job gets:
 without this every job would land on GPU 0 and two timed runs would share it. A job claims free GPUs by locking

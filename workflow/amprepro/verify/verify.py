@@ -1,8 +1,8 @@
 """Compare this run, cell by cell, with the committed reference of the same GPU model; promote a run into it.
 
-One cell's comparison is amprepro.report.cellcompare's; this module runs the whole check, writes it and prints it.
+One cell's comparison is amprepro.verify.cellcompare's; this module runs the whole check, writes it and prints it.
 
-The reference (reference/README.md, amprepro.report.reference) is several independent runs of the paper preset under
+The reference (reference/README.md, amprepro.verify.reference) is several independent runs of the paper preset under
 ``reference/<gpu-slug>/runs/`` and their aggregate, ``aggregate.json``: per cell the median of the runs, the observed
 min/max, n runs and n machines. Each cell's band is centred on the median; its half-width is
 max(floor, k x the observed range), with floor and k per metric from ``reference/tolerances.yaml`` (optionally
@@ -30,10 +30,10 @@ from pathlib import Path
 
 from amprepro.cellid import CellId
 from amprepro.files import read_json, write_csv, write_json
-from amprepro.report import promote
-from amprepro.report import reference as ref_mod
-from amprepro.report.cellcompare import compare
-from amprepro.report.reference import ReferenceError, gpu_slug, load_tolerances
+from amprepro.verify import promote
+from amprepro.verify import reference as ref_mod
+from amprepro.verify.cellcompare import compare
+from amprepro.verify.reference import ReferenceError, gpu_slug, load_tolerances
 
 CSV_COLUMNS = ["model", "precision", "seed", "verdict", "status_here", "status_reference", "metric", "here",
                "reference", "ratio", "allowed", "deviation_pct", "reference_runs", "note"]
@@ -74,7 +74,7 @@ def cell_specs(runs_dir: str | Path | None, field: str = "spec") -> dict:
 
 def machine_here(summary: dict, runs_dir: str | Path | None, probe=None) -> dict:
     """This machine's GPU count: what nvidia-smi lists where verify runs, else what the cells saw."""
-    from amprepro.env.gpuslots import visible_gpus
+    from amprepro.gpuslots import visible_gpus
 
     names, how = (probe or visible_gpus)()
     metrics = [m for _, m in promote.cell_metrics(Path(runs_dir))] if runs_dir and Path(runs_dir).is_dir() else []
@@ -186,7 +186,7 @@ def run_verify(summary_path: str, reference_dir: str, runs_dir: str | None, clai
     summary = read_json(summary_path)
     result = verify(summary, reference_dir, runs_dir)
     if claims_path:
-        from amprepro.report import claims as claims_mod
+        from amprepro.analysis import claims as claims_mod
 
         sanity = read_json(sanity_path) if sanity_path and Path(sanity_path).exists() else None
         evaluated = claims_mod.evaluate_run(claims_path, summary, sanity, runs_dir)
@@ -230,7 +230,7 @@ def report_lines(result: dict) -> list[str]:
     lines += [f"  out of tolerance: {line}" for line in result["failures"]]
     lines += [f"  warning: {line}" for line in result["warnings"]]
     if result["status"] == "no_reference" and result.get("slug"):
-        lines.append(f"  to add one from a run on this GPU: .venv/bin/python -m amprepro.report.verify promote "
+        lines.append(f"  to add one from a run on this GPU: .venv/bin/python -m amprepro.verify.verify promote "
                      f"results --note '...' (writes reference/{result['slug']}/runs/)")
     if result.get("claims"):
         lines.append("claims (informational; they do not change the exit code):")
@@ -239,7 +239,7 @@ def report_lines(result: dict) -> list[str]:
             detail = detail if len(detail) <= 140 else detail[:140].rsplit(" ", 1)[0] + " …"
             lines.append(f"  {r['id']}: {r['verdict_text']} — {detail}")
             if r.get("regimes"):
-                from amprepro.report.regimes import lines as regime_lines
+                from amprepro.analysis.regimes import lines as regime_lines
 
                 lines.append(f"    {r['id']} in other regimes (predicted unless measured; not a verdict):")
                 lines += [f"      {line}" for line in regime_lines(r["regimes"]["rows"])]

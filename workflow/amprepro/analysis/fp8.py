@@ -1,6 +1,6 @@
 """Each cell against its precision's own baseline (precisions.Precision.baseline: FP8 against compiled bf16, compiled
-bf16 against eager bf16), same model and seed: speedup, memory and the per-step loss gap; and the report's FP8
-section, which says where FP8 pays and where it does not.
+bf16 against eager bf16), same model and seed: speedup, memory and the per-step loss gap; and the words of the
+report's FP8 section, which say where FP8 pays and where it does not (its HTML: amprepro.report.fp8section).
 
 The loss gap compares the two cells' steps.csv step by step (same seed: same initial weights and the same batches):
 relative gap |loss - baseline loss| / |baseline loss| at every step where both are finite; the final gap is signed
@@ -17,20 +17,19 @@ also gives the mean of the paired final gaps (held-out and training loss), their
 Student-t interval of the mean and the one-sided 95 % upper bound, and judges it against GAP_LIMIT: under when the
 upper bound is below it (the cell's final loss is, at 95 %, not more than GAP_LIMIT above its baseline's), over when
 the one-sided lower bound is above it, otherwise not settled by that many seeds. The statistics are
-amprepro.report.paired's, which the accuracy claim uses too.
+amprepro.analysis.paired's, which the accuracy claim uses too.
 """
 
 from __future__ import annotations
 
 import csv
-import html
 import math
 from pathlib import Path
 
+from amprepro import precisions
+from amprepro.analysis import paired
+from amprepro.analysis.paired import T_ONE_SIDED_95, T_TWO_SIDED_95, t_quantile  # noqa: F401 (the FP8 tests' names)
 from amprepro.cellid import CellId
-from amprepro.report import paired
-from amprepro.report.paired import T_ONE_SIDED_95, T_TWO_SIDED_95, t_quantile  # noqa: F401 (the FP8 tests' names)
-from amprepro.train import precisions
 
 COLUMNS = ["baseline_precision", "speedup_vs_baseline", "memory_ratio_vs_baseline", "loss_gap_final_vs_baseline",
            "loss_gap_final_abs_vs_baseline", "baseline_loss_first", "baseline_loss_final", "loss_gap_max_vs_baseline",
@@ -155,7 +154,7 @@ def add_baseline(rows: list[dict], metrics: list[dict], metric_files: list[str])
 
 def seed_interval(values: list[float]) -> dict | None:
     """The mean of some seeds' paired gaps with its sample sd, two-sided 95 % interval (low, high), one-sided 95 %
-    bounds (lower, upper) and the verdict against GAP_LIMIT (amprepro.report.paired.interval); None for fewer than
+    bounds (lower, upper) and the verdict against GAP_LIMIT (amprepro.analysis.paired.interval); None for fewer than
     two."""
     return paired.interval(values, GAP_LIMIT)
 
@@ -197,15 +196,7 @@ def seed_gap_text(entry: dict) -> str:
             f"the mean of the paired gaps: {'; '.join(parts)}{left}")
 
 
-# --- the report section ---
-
-INTRO = (f"torchao float8 training on the qualifying nn.Linear layers ({precisions.FP8_FILTER}), torch.compile on, "
-         "bf16 autocast for the rest, against bf16 AMP compiled the same way: speedup and memory are compiled "
-         "against compiled. Loss gap: relative to the compiled bf16 cell, step by step over the same batches; "
-         "on synthetic data (one fixed batch) it shows numerical agreement, not convergence, and where the "
-         "batch was memorised (the loss near zero) the absolute gap says more than the relative one. MFU of an "
-         "FP8 cell counts all its model FLOPs against the FP8 peak, although attention and the layers kept in "
-         "bf16 do not run in FP8.")
+# --- the section's words (its HTML: amprepro.report.fp8section) ---
 
 SEEDS_INTRO = (f"Over seeds: one run's final gap on real text is mostly where its noise left it, so each pair's gap "
                f"(same seed: same initial weights and batches) is averaged over the seeds, with Student's t interval "
@@ -213,10 +204,6 @@ SEEDS_INTRO = (f"Over seeds: one run's final gap on real text is mostly where it
 
 
 _pct = paired.pct
-
-
-def _num(value, fmt: str) -> str:
-    return "" if value is None else format(value, fmt)
 
 
 def fp8_rows(summary: dict) -> list[dict]:
@@ -259,45 +246,6 @@ def verdicts(rows: list[dict]) -> list[str]:
     return said
 
 
-def table_html(rows: list[dict]) -> str:
-    head = ["model", "precision", "seed", "status", "throughput", "vs baseline", "speedup", "peak GiB",
-            "memory vs baseline", "final loss gap", "final gap (nats)", "max step gap", "steps compared",
-            "held-out gap", "non-finite steps", "weights in FP8", "MFU (measured peak)", "MFU (datasheet)"]
-    body = []
-    for c in rows:
-        peak = c.get("peak_allocated_bytes")
-        cells = [c["model"], precisions.label(c["precision"]), c["seed"], c["status"],
-                 f"{_num(c.get('throughput_per_s'), '.1f')} {c.get('throughput_unit') or ''}".strip(),
-                 precisions.label(c["baseline_precision"]) if c.get("baseline_precision") else "",
-                 _num(c.get("speedup_vs_baseline"), ".3f"), _num(peak / 2**30 if peak else None, ".1f"),
-                 _num(c.get("memory_ratio_vs_baseline"), ".2f"), _pct(c.get("loss_gap_final_vs_baseline"), True),
-                 _num(c.get("loss_gap_final_abs_vs_baseline"), "+.4f"), _pct(c.get("loss_gap_max_vs_baseline")),
-                 c.get("loss_gap_steps") or "", _pct(c.get("heldout_gap_final_vs_baseline"), True),
-                 "" if c.get("nonfinite_steps") is None else c["nonfinite_steps"],
-                 _pct(c.get("fp8_weight_fraction")), _pct(c.get("mfu_vs_measured_peak")),
-                 _pct(c.get("mfu_vs_datasheet"))]
-        body.append("<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in cells) + "</tr>")
-    header = "<tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head) + "</tr>"
-    return f'<div class="table-wrap"><table class="results fp8"><thead>{header}</thead><tbody>{"".join(body)}' \
-           "</tbody></table></div>"
-
-
-def section_html(summary: dict) -> str:
-    from amprepro.report import reporthtml
-
-    rows = fp8_rows(summary)
-    if not rows:
-        return reporthtml.section_html(
-            "FP8 against compiled bf16", "", "no FP8 cell in this run: the fp8 preset has them "
-            "(`--config preset=fp8`, docs/fp8.md)")
-    said = "".join(f"<li>{html.escape(line)}</li>" for line in verdicts(rows))
-    over_seeds = "".join(f"<li>{html.escape(seed_gap_text(entry))}</li>" for entry in seed_gaps(rows))
-    if over_seeds:
-        over_seeds = f"<p>{html.escape(SEEDS_INTRO)}</p><ul>{over_seeds}</ul>"
-    return reporthtml.section_html("FP8 against compiled bf16", f"<ul>{said}</ul>{over_seeds}{table_html(rows)}", "",
-                                   INTRO)
-
-
 def report_lines(summary: dict) -> list[str]:
     """The section's sentences as text: each FP8 cell's verdict, then the gaps over seeds."""
     rows = fp8_rows(summary)
@@ -306,9 +254,9 @@ def report_lines(summary: dict) -> list[str]:
 
 
 def main(argv=None) -> None:
-    from amprepro.report import print_summary_lines
+    from amprepro.analysis import print_summary_lines
 
-    print_summary_lines(argv, "The report's FP8 section as text (amprepro.report.fp8).", report_lines)
+    print_summary_lines(argv, "The report's FP8 section as text (amprepro.analysis.fp8).", report_lines)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ import json
 import statistics
 from pathlib import Path
 
-from amprepro.report.claimmetrics import band_side, claimed_text, fmt_value, verdict_for
+from amprepro.analysis.claimmetrics import band_side, claimed_text, fmt_value, verdict_for
 
 METRIC = "python_speedup"
 BASELINE, VARIANT = "py310", "py311"  # the labels tools/python_speed/run.sh gives the two interpreters

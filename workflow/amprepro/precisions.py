@@ -37,7 +37,7 @@ class Precision:
     float8_recipe: str | None = None  # torchao Float8LinearConfig.from_recipe_name; None: no FP8 matmuls
     min_capability: tuple[int, int] | None = None  # the CUDA compute capability the precision's matmuls need
     baseline: str | None = None  # the precision its speedup, memory and per-step loss are compared with, same model
-    # and seed (summary's *_vs_baseline columns, amprepro.report.fp8); None: only strict FP32 and TF32
+    # and seed (summary's *_vs_baseline columns, amprepro.analysis.fp8); None: only strict FP32 and TF32
 
     @property
     def needs_apex(self) -> bool:
