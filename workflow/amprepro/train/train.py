@@ -15,14 +15,40 @@ import sys
 import time
 
 from amprepro import archs
-from amprepro.cellid import CellId
 from amprepro.cellspec import CellSpec
 from amprepro.train.cellsupport import skip_cause
+from amprepro.train.oom import (
+    ALLOCATION_FAILURES,
+    apply_memory_limit,
+    available_memory_bytes,
+    does_not_fit,
+    measured_need,
+    out_of_memory,
+)
+from amprepro.train.record import (
+    NO_APEX,
+    STEP_FIELDS,
+    base_record,
+    cell_apex,
+    cell_plan,
+    epoch_fields,
+    failure_record,
+    gpu_sharing,
+    lora_fields,
+    not_run_record,
+    numerics,
+    write_results,
+)
 
-STEP_FIELDS = ["step", "loss", "loss_scale", "skipped", "step_time_s"]
+__all__ = ["ALLOCATION_FAILURES", "COSINE_FLOOR", "NO_APEX", "PROGRESS_EVERY", "PROGRESS_LAG", "STEP_FIELDS",
+           "apply_memory_limit", "available_memory_bytes", "base_record", "cell_apex", "cell_plan",
+           "cross_entropy", "does_not_fit", "epoch_fields", "evaluate", "failure_record", "gpu_sharing",
+           "items_per_step", "lora_fields", "lr_at", "main", "make_data", "make_optimizer", "measured_need",
+           "not_run_record", "numerics", "out_of_memory", "parse_args", "prepare_model", "put_apex_on_path", "run",
+           "seed_everything", "set_lr", "step_flops", "swap_layer_norms", "train_cell", "train_loop",
+           "write_not_run", "write_results"]
+
 PROGRESS_EVERY, PROGRESS_LAG = 20, 2  # a progress line every 20 steps, read 2 steps behind the queue (train_loop)
-# The apex record of a cell that uses no apex (cellsupport.needs_apex): its job does not wait for the apex build.
-NO_APEX = {"status": "not used", "reason": "this cell uses no apex", "commit": None}
 
 
 def seed_everything(seed: int, deterministic: bool) -> None:
@@ -116,19 +142,6 @@ def evaluate(trainer, batches) -> float | None:
     return float((trainer.logits(x).argmax(dim=-1) == y).float().mean())
 
 
-def numerics(rows: list[dict]) -> dict:
-    nonfinite = [r["step"] for r in rows if not math.isfinite(r["loss"])]
-    scales = [r["loss_scale"] for r in rows if r["loss_scale"] is not None]
-    return {
-        "nonfinite_steps": len(nonfinite),
-        "first_nonfinite_step": nonfinite[0] if nonfinite else None,
-        "skipped_steps": sum(1 for r in rows if r["skipped"]),
-        "loss_scale_initial": scales[0] if scales else None,
-        "loss_scale_final": scales[-1] if scales else None,
-        "loss_scale_min": min(scales) if scales else None,
-    }
-
-
 def swap_layer_norms(model):
     """Replace every nn.LayerNorm by apex's FusedLayerNorm with the same shape and weights."""
     from apex.normalization import FusedLayerNorm
@@ -205,149 +218,6 @@ def run(spec: CellSpec | dict, apex: dict, threads: int, dist=None, plan: dict |
         if dist.active:  # torchrun stops the other ranks; a half-written DDP record would be worse than none
             raise
         return failure_record(base, exc), []
-
-
-def base_record(spec: CellSpec, apex: dict, device, dist, plan: dict | None = None) -> dict:
-    """What every record of a cell says: the cell, where it ran (nodes, GPUs, the node of each rank), the software,
-    and the memory plan's decision for its model (the batch and shape it ran at, and why)."""
-    from amprepro.train import measure
-
-    return {"model": spec.model, "precision": spec.precision, "seed": spec.seed, "spec": spec.as_dict(),
-            "plan": plan,
-            "hardware": measure.hardware(device), "software": measure.software(apex), "world_size": dist.world,
-            "nodes": dist.nodes, "gpus_used": dist.world if device.type == "cuda" else 0, "rank_nodes": dist.hosts,
-            "process": os.environ.get("AMPREPRO_CELL_PROCESS", "a fresh interpreter"), **gpu_sharing(os.environ)}
-
-
-def gpu_sharing(env) -> dict:
-    """{"gpu_shared": {"cells_per_gpu": K}} for a cell that ran on a GPU shared with up to K-1 other untimed cells
-    (amprepro.env.gpuslots --shared sets the variable): its throughput was measured while sharing, so the report marks
-    it and verify does not compare it. {} for a cell that had its GPU to itself."""
-    from amprepro.env.gpuslots import SHARED_ENV
-
-    value = env.get(SHARED_ENV, "")
-    return {"gpu_shared": {"cells_per_gpu": int(value)}} if value.isdigit() and int(value) > 0 else {}
-
-
-def not_run_record(spec: CellSpec, apex: dict, cause: str, needs: str, reason: str, plan: dict | None = None) -> dict:
-    """The record of a cell its launcher found it cannot start (too few GPUs or nodes): no worker ever ran."""
-    import torch
-
-    from amprepro.train import distributed
-
-    base = base_record(spec.planned(plan), apex, torch.device("cpu"), distributed.Dist(hosts=[]), plan)
-    return {**base, "world_size": 0, "nodes": 0, "status": "skipped", "skip_cause": cause, "skip_needs": needs,
-            "reason": reason}
-
-
-def failure_record(base: dict, exc: Exception) -> dict:
-    """A cell that broke is a result the report shows (with the reason), not a hole that stops the summary."""
-    import traceback
-
-    traceback.print_exc()  # the whole traceback goes to the cell's log
-    message = (str(exc).strip().splitlines() or [""])[0][:300]
-    if out_of_memory(exc):
-        return {**base, "status": "skipped", "skip_cause": "machine", "skip_needs": "more GPU memory",
-                "reason": f"out of GPU memory at batch size {base['spec']['model_config']['batch_size']}: "
-                          f"{message}{measured_need(base)}. The memory plan (results/plan/plan.json) sizes the "
-                          "presets' batches; a batch written in your config is kept as written: lower it"}
-    return {**base, "status": "failed",
-            "reason": f"{type(exc).__name__}: {message} (traceback in the cell's log; after fixing, rerun with "
-                      "snakemake --forcerun <this cell's metrics.json>)"}
-
-
-# What CUDA, cuBLAS and cuDNN say when an allocation fails: memory, not a crash (issue 21: cublasCreate at 11.5 GiB).
-ALLOCATION_FAILURES = ("CUDA out of memory", "CUBLAS_STATUS_ALLOC_FAILED", "CUDNN_STATUS_ALLOC_FAILED",
-                       "CUSOLVER_STATUS_ALLOC_FAILED", "CUFFT_ALLOC_FAILED", "CUSPARSE_STATUS_ALLOC_FAILED",
-                       "cudaErrorMemoryAllocation", "CUDA error: out of memory")
-
-
-def out_of_memory(exc: BaseException) -> bool:
-    import torch
-
-    if isinstance(exc, torch.cuda.OutOfMemoryError):
-        return True
-    text = f"{exc}"
-    return isinstance(exc, RuntimeError) and any(marker in text for marker in ALLOCATION_FAILURES)
-
-
-def measured_need(base: dict) -> str:
-    """What an out-of-memory cell had allocated at its peak, next to what it was estimated to need."""
-    import torch
-
-    from amprepro import memory
-
-    parts = []
-    if torch.cuda.is_available():
-        parts.append(f"allocator peak before the failure {memory.gib(torch.cuda.max_memory_allocated())}")
-    if base.get("memory_estimate"):
-        parts.append(memory.describe_record(base["memory_estimate"]))
-    if base.get("memory_limit_bytes"):
-        parts.append(f"this cell's allocator limit {memory.gib(base['memory_limit_bytes'])}")
-    return f" ({'; '.join(parts)})" if parts else ""
-
-
-def apply_memory_limit(plan: dict | None, device) -> int | None:
-    """An emulated smaller card (gpu_memory_limit_gib): cap this process's caching allocator before the model is
-    built. Returns the limit in bytes, or None."""
-    limit = (plan or {}).get("allocator_limit_bytes")
-    if device.type != "cuda" or not limit:
-        return None
-    import torch
-
-    index = torch.cuda.current_device() if device.index is None else device.index  # the call wants an index
-    total = torch.cuda.get_device_properties(index).total_memory
-    torch.cuda.set_per_process_memory_fraction(min(1.0, limit / total), index)
-    return limit
-
-
-def available_memory_bytes() -> int | None:
-    """The memory this machine can still give a process (Linux's MemAvailable), or None where it cannot be read."""
-    try:
-        with open("/proc/meminfo") as handle:
-            for line in handle:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
-
-
-def does_not_fit(spec: CellSpec, base: dict, plan: dict | None, device) -> dict | None:
-    """The skip record of a cell that cannot fit: the plan said so (a batch written in the config), or, run without a
-    plan, its estimate exceeds the GPU's free memory, or, on a CPU (where the plan fits nothing), its estimate exceeds
-    the machine's available memory (the 7B shape of the fp8 presets on a laptop: killed by the kernel otherwise, with
-    an empty log)."""
-    from amprepro import memory
-
-    estimate = base["memory_estimate"]
-    if device.type == "cpu":
-        available = available_memory_bytes()
-        if available is not None and estimate["total_bytes"] > available:
-            return {**base, "status": "skipped", "skip_cause": "machine", "skip_needs": "more memory (a GPU)",
-                    "reason": f"does not fit: {memory.describe_record(estimate)} exceeds the {memory.gib(available)} "
-                              "of memory available on this machine, which has no GPU for it; run it on a GPU"}
-    if plan is not None and not plan.get("fits", True):
-        return {**base, "status": "skipped", "skip_cause": "machine", "skip_needs": "more GPU memory",
-                "reason": f"{plan['why']}; run it on a GPU with more memory or lower its batch_size"}
-    if plan is None and device.type == "cuda":
-        import torch
-
-        free = torch.cuda.mem_get_info(device)[0]
-        base["free_bytes_at_start"] = free
-        if estimate["total_bytes"] > free:
-            return {**base, "status": "skipped", "skip_cause": "machine", "skip_needs": "more GPU memory",
-                    "reason": f"does not fit: {memory.describe_record(estimate)} exceeds the {memory.gib(free)} "
-                              "free on this GPU at start; run it on a GPU with more memory"}
-    return None
-
-
-def epoch_fields(model_config: dict, tokens_per_s: float) -> dict:
-    """The derived epoch time for the preset's stated token count (token models only): tokens / (tokens/s)."""
-    tokens = model_config.get("epoch_tokens")
-    if not tokens or model_config["data"] != "synthetic_tokens":
-        return {"epoch_tokens": tokens, "epoch_hours_derived": None}
-    return {"epoch_tokens": tokens, "epoch_hours_derived": tokens / tokens_per_s / 3600}
 
 
 def train_cell(spec: CellSpec, apex: dict, dist, device, base: dict, plan: dict | None = None
@@ -485,18 +355,6 @@ def train_loop(spec, dist, device, base, model, batches, trainer, breakdown, set
     return metrics, rows
 
 
-def lora_fields(model_config: dict, model, rows: list[dict], curve) -> dict:
-    """A LoRA cell's own record (amprepro.train.lora.record) and where its loss started: the first step's training
-    loss and the held-out loss before the first step (with eval_every), beside final_loss and heldout_loss_final."""
-    if model_config.get("lora") is None:
-        return {}
-    from amprepro.train import lora
-
-    first = curve.rows[0]["loss"] if curve.rows and curve.rows[0]["step"] == 0 else None
-    return {**lora.record(model, lora.setting(model_config)), "initial_loss": rows[0]["loss"],
-            "heldout_loss_initial": first}
-
-
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--spec", required=True, help="JSON of this cell's settings")
@@ -506,28 +364,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--steps", required=True)
     parser.add_argument("--plan", help="results/plan/models/<model>.json: the memory plan's view for this model")
     return parser.parse_args(argv)
-
-
-def write_results(args: argparse.Namespace, metrics: dict, rows: list[dict]) -> None:
-    """Steps first, metrics last: metrics.json only exists once the run is complete."""
-    from amprepro.files import write_csv, write_json
-
-    write_csv(args.steps, rows, STEP_FIELDS)
-    write_json(args.metrics, metrics)
-    print(f"{CellId.of(metrics)}: {metrics['status']} "
-          f"{metrics.get('reason', '')}")
-
-
-def cell_apex(path: str | None) -> dict:
-    from amprepro.files import read_json
-
-    return read_json(path) if path else NO_APEX
-
-
-def cell_plan(path: str | None) -> dict | None:
-    from amprepro.files import read_json
-
-    return read_json(path) if path else None
 
 
 def write_not_run(argv: list[str], cause: str, needs: str, reason: str) -> None:
