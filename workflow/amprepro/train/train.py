@@ -7,16 +7,24 @@ is a finding (status "collapsed", first non-finite step recorded), not a crash.
 from __future__ import annotations
 
 import argparse
-import collections
-import math
 import os
 import random
 import sys
-import time
 
 from amprepro import archs
 from amprepro.cellspec import CellSpec
 from amprepro.train.cellsupport import skip_cause
+from amprepro.train.loop import (
+    COSINE_FLOOR,
+    PROGRESS_EVERY,
+    PROGRESS_LAG,
+    evaluate,
+    items_per_step,
+    lr_at,
+    set_lr,
+    step_flops,
+    train_loop,
+)
 from amprepro.train.oom import (
     ALLOCATION_FAILURES,
     apply_memory_limit,
@@ -47,8 +55,6 @@ __all__ = ["ALLOCATION_FAILURES", "COSINE_FLOOR", "NO_APEX", "PROGRESS_EVERY", "
            "not_run_record", "numerics", "out_of_memory", "parse_args", "prepare_model", "put_apex_on_path", "run",
            "seed_everything", "set_lr", "step_flops", "swap_layer_norms", "train_cell", "train_loop",
            "write_not_run", "write_results"]
-
-PROGRESS_EVERY, PROGRESS_LAG = 20, 2  # a progress line every 20 steps, read 2 steps behind the queue (train_loop)
 
 
 def seed_everything(seed: int, deterministic: bool) -> None:
@@ -98,48 +104,10 @@ def make_optimizer(name: str, params, lr: float, weight_decay: float, device):
     return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=(name == "adamw_fused") or None)
 
 
-COSINE_FLOOR = 0.1  # lr_schedule cosine: from lr down to this fraction of it at the last step
-
-
-def lr_at(train: dict, step: int) -> float:
-    """The learning rate of a step. First train.lr_warmup_steps steps (0 by default): a linear ramp, lr x (step + 1) /
-    (lr_warmup_steps + 1), as nanoGPT's. Then train.lr (lr_schedule constant, the default), or a cosine decay from
-    train.lr at the first step after the ramp to COSINE_FLOOR x train.lr at the last step (lr_schedule cosine)."""
-    ramp = train.get("lr_warmup_steps", 0)
-    if step < ramp:
-        return train["lr"] * (step + 1) / (ramp + 1)
-    decay_steps = train["steps"] - 1 - ramp
-    if train.get("lr_schedule", "constant") == "constant" or decay_steps < 1:
-        return train["lr"]
-    progress = (step - ramp) / decay_steps
-    return train["lr"] * (COSINE_FLOOR + (1 - COSINE_FLOOR) * 0.5 * (1 + math.cos(math.pi * progress)))
-
-
-def set_lr(optimizer, train: dict, step: int) -> None:
-    if train.get("lr_schedule", "constant") != "constant" or train.get("lr_warmup_steps", 0):
-        for group in optimizer.param_groups:
-            group["lr"] = lr_at(train, step)
-
-
 def cross_entropy(logits, target):
     import torch.nn.functional as F
 
     return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), target.reshape(-1))
-
-
-def items_per_step(x, model_config: dict, world: int) -> tuple[int, str]:
-    """Items one step trained on, counted from x, the batch that reached this rank's model (every rank gets as many)."""
-    if model_config["data"] in ("synthetic_tokens", "python_stdlib"):
-        return x.numel() * world, "tokens"
-    return x.shape[0] * world, "samples"
-
-
-def evaluate(trainer, batches) -> float | None:
-    test = batches.test_set()
-    if test is None:
-        return None
-    x, y = test
-    return float((trainer.logits(x).argmax(dim=-1) == y).float().mean())
 
 
 def swap_layer_norms(model):
@@ -174,25 +142,6 @@ def prepare_model(model_config: dict, device):
     if model_config.get("channels_last"):
         model = model.to(memory_format=torch.channels_last)
     return model
-
-
-def step_flops(trainer, model, x, y, world: int) -> tuple[int | None, str]:
-    """FLOPs of one global training step (forward + backward; the counted step is not applied), and how counted."""
-    from amprepro.train import flops, models
-
-    if isinstance(model, models.Llama):  # counting would cost another (7B) step and would count the recompute
-        from amprepro.train import lora
-
-        if lora.adapters(model):
-            return lora.flops_per_token(model, x.shape[1]) * x.numel() * world, "analytic (LoRA: amprepro.train.lora)"
-        return model.model_flops_per_token(x.shape[1]) * x.numel() * world, "analytic"
-    try:
-        total = flops.count_training_flops(lambda: trainer.forward_loss(x, y).backward())
-    except Exception as exc:  # counting is best effort: some custom kernels have no FLOP formula
-        print(f"FLOP counting failed: {exc}", flush=True)
-        total = None
-    trainer.zero_grad()
-    return (total * world if total else None), "FlopCounterMode"
 
 
 def run(spec: CellSpec | dict, apex: dict, threads: int, dist=None, plan: dict | None = None
@@ -252,107 +201,6 @@ def train_cell(spec: CellSpec, apex: dict, dist, device, base: dict, plan: dict 
                       {"tf32": tf32, "optimizer": optimizer_name, "apex_cast_cache": trainer.apex_cast_cache,
                        "apex_build": spec.apex_build if spec.needs_apex else None,
                        "apex_fused_kernels": trainer.apex_fused_kernels, "float8": fp8})
-
-
-def train_loop(spec, dist, device, base, model, batches, trainer, breakdown, settings) -> tuple[dict, list[dict]]:
-    import torch
-
-    from amprepro.train import float8, flops, heldout, measure, models, precisions
-
-    model_config, train = spec.model_config, spec.train
-    curve = heldout.Curve(train["steps"], model_config.get("eval_every") if not dist.active else None)
-    curve.maybe(0, trainer, batches)
-    settings["compiled"] = None
-    if model_config.get("compile") or precisions.get(spec.precision).compile:
-        trainer.model, settings["compiled"] = float8.compile_model(trainer.model)
-
-    def next_batch():
-        x, y = batches.next()
-        x, y = dist.shard(x), dist.shard(y)
-        if model_config.get("channels_last") and x.dim() == 4:
-            x = x.contiguous(memory_format=torch.channels_last)
-        return x, y
-
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    energy = flops.EnergyMeter(device)
-    # Every step's loss, loss scale and skip flag stay on the device until the GPU is past them: reading them as each
-    # step is queued would make the host wait for that step before queueing the next (fp16 ViT-B/16 measured 3.6 %
-    # slower than timm's benchmark.py, which reads nothing in its timed loop; issue 40). Every PROGRESS_EVERY steps the
-    # rows up to PROGRESS_LAG steps back are read and the progress line printed, while the GPU still has the last
-    # PROGRESS_LAG steps queued, so it never waits for the host; the rest are read after the last step.
-    pending, rows, started, energy_start = collections.deque(), [], time.time(), None
-
-    def settle(upto: float) -> None:
-        while pending and pending[0][0] <= upto:
-            step, loss, result, timer = pending.popleft()
-            loss, (scale, skipped), seconds = float(loss), result.read_back(), timer.settle()
-            rows.append({"step": step, "loss": loss, "loss_scale": scale, "skipped": skipped, "step_time_s": seconds})
-            if step % PROGRESS_EVERY == 0 and dist.is_main:
-                print(f"step {step:5d} loss {loss:.4f} scale {scale} {seconds * 1000:.1f} ms", flush=True)
-
-    for step in range(train["steps"]):
-        if step == train["warmup_steps"]:
-            if device.type == "cuda":  # the host runs ahead of the GPU: the warm-up's energy ends when its work does
-                torch.cuda.synchronize(device)
-            energy_start = energy.read_joules()
-        x, y = next_batch()
-        set_lr(trainer.optimizer, train, step)
-        with measure.StepTimer(device, sync=False) as timer:
-            result = trainer.step(x, y)
-            loss = dist.mean(result.loss)
-        pending.append((step, loss, result, timer))
-        if step % PROGRESS_EVERY == PROGRESS_LAG:
-            settle(step - PROGRESS_LAG)
-        curve.maybe(step + 1, trainer, batches)
-    settle(math.inf)
-    energy_end = energy.read_joules()
-    load = measure.host_load()
-    energy_j = dist.total(energy_end - energy_start if None not in (energy_start, energy_end) else None, device)
-    # Counted after training, on the last batch, so counting changes neither the data order nor the timings. Every
-    # rank counts its own share (under DDP the backward's all-reduce needs them all); the global step is world times.
-    flops_per_step, flops_method = step_flops(trainer, model, x, y, dist.world)
-    gpu_name = base["hardware"]["gpu_name"]
-
-    items, unit = items_per_step(x, model_config, dist.world)
-    stats = measure.step_stats([r["step_time_s"] for r in rows], train["warmup_steps"], items)
-    checks = numerics(rows)
-    collapsed = not math.isfinite(rows[-1]["loss"]) or (checks["loss_scale_min"] is not None
-                                                       and checks["loss_scale_min"] < 1.0)
-    achieved = flops_per_step / stats["step_time_median_s"] / 1e12 if flops_per_step else None
-    timed_items = items * stats["timed_steps"]
-    memory_stats = measure.memory_stats(device)
-    metrics = {
-        **base,
-        "status": "collapsed" if collapsed else "ok",
-        "reason": (f"non-finite loss from step {checks['first_nonfinite_step']}; loss scale min "
-                   f"{checks['loss_scale_min']}" if collapsed else ""),
-        "throughput_unit": f"{unit}/s",
-        **stats,
-        **memory_stats,
-        "memory_breakdown_bytes": breakdown.result(memory_stats["peak_allocated_bytes"]),
-        **checks,
-        "final_loss": rows[-1]["loss"],
-        "final_loss_mean10": sum(r["loss"] for r in rows[-10:]) / len(rows[-10:]),
-        "eval_accuracy": evaluate(trainer, batches) if not dist.active else None,
-        **curve.fields(),
-        **({"data_record": batches.record} if getattr(batches, "record", None) else {}),
-        "parameters": models.parameter_count(model),
-        **lora_fields(model_config, model, rows, curve),
-        "flops_per_step": flops_per_step,
-        "flops_method": flops_method,
-        "achieved_tflops": achieved,
-        "items_per_step": items,
-        "datasheet_peak_tflops": dist.total(flops.datasheet_peak(gpu_name, spec.precision), device),
-        "datasheet_note": flops.datasheet_note(gpu_name),
-        "energy_j_per_item": energy_j / timed_items if energy_j is not None else None,
-        **epoch_fields(model_config, stats["throughput_per_s"]),
-        **settings,
-        "host_load": load,
-        "host_threads": measure.thread_pools(),
-        "wall_seconds": time.time() - started,
-    }
-    return metrics, rows
 
 
 def parse_args(argv=None) -> argparse.Namespace:
