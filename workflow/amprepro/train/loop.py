@@ -67,24 +67,23 @@ def step_flops(trainer, model, x, y, world: int) -> tuple[int | None, str]:
     return (total * world if total else None), "FlopCounterMode"
 
 
-def train_loop(spec, dist, device, base, model, batches, trainer, breakdown, settings) -> tuple[dict, list[dict]]:
+def train_loop(spec, dist, device, base, cell, batches, breakdown, settings) -> tuple[dict, list[dict]]:
+    """The steps of a cell built by amprepro.train.cell.build_cell (its compile left to here: after the held-out loss
+    before the first step), and its record. settings: what the record says about the build (tf32, cell.settings())."""
     import torch
 
-    from amprepro.train import float8, flops, heldout, measure, models, precisions
+    from amprepro.train import flops, heldout, measure, models
 
     model_config, train = spec.model_config, spec.train
+    model, trainer = cell.model, cell.trainer
     curve = heldout.Curve(train["steps"], model_config.get("eval_every") if not dist.active else None)
     curve.maybe(0, trainer, batches)
-    settings["compiled"] = None
-    if model_config.get("compile") or precisions.get(spec.precision).compile:
-        trainer.model, settings["compiled"] = float8.compile_model(trainer.model)
+    cell.compile()
+    settings["compiled"] = cell.compiled
 
     def next_batch():
         x, y = batches.next()
-        x, y = dist.shard(x), dist.shard(y)
-        if model_config.get("channels_last") and x.dim() == 4:
-            x = x.contiguous(memory_format=torch.channels_last)
-        return x, y
+        return cell.inputs(dist.shard(x)), dist.shard(y)
 
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
