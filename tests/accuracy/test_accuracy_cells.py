@@ -177,8 +177,8 @@ def start_of(spec_dict, monkeypatch, stand_in: bool):
     """The cell's initial weights and its first three batches, as train_cell hands them to the loop."""
     seen = {}
 
-    def loop(spec, dist, device, base, model, batches, trainer, breakdown, settings):
-        seen["weights"] = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    def loop(spec, dist, device, base, cell, batches, breakdown, settings):
+        seen["weights"] = {k: v.detach().clone() for k, v in cell.model.state_dict().items()}
         seen["batches"] = [batches.next() for _ in range(3)]
         return {}, []
 

@@ -9,7 +9,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from amprepro import config, memory
 from amprepro.analysis import summary
-from amprepro.train import flops, measure, models, train
+from amprepro.train import cell, flops, measure, models, train
 
 NO_APEX = {"status": "skipped", "reason": "no apex source configured"}
 VOCAB, DIM, LAYERS, FFN = 32000, 4096, 32, 11008
@@ -130,7 +130,7 @@ def test_tiny_llama_trains_on_the_cpu_and_writes_the_new_fields(precision):
 
 def test_a_cell_the_plan_says_cannot_fit_is_skipped_with_both_numbers_and_nothing_built(monkeypatch):
     built = []
-    monkeypatch.setattr(train, "prepare_model", lambda *a: built.append(a))
+    monkeypatch.setattr(cell, "prepare_model", lambda *a: built.append(a))
     plan = {"model": "llama_tiny", "batch_size": 4096, "shape": None, "fits": False, "source": "config",
             "why": "does not fit: llama_tiny/fp32 at batch 4096 estimate 350% of the budget; estimated peak 0.3 GiB "
                    "against 0.1 GiB here; the batch is the config's, kept as written"}
@@ -160,7 +160,7 @@ def test_an_allocation_failure_is_memory_not_a_crash_and_names_the_batch_and_est
     def too_big(model_config, device):
         raise error
 
-    monkeypatch.setattr(train, "prepare_model", too_big)
+    monkeypatch.setattr(cell, "prepare_model", too_big)
     metrics, _ = train.run(tiny_spec(), NO_APEX, threads=1)
     assert metrics["status"] == "skipped" and metrics["skip_cause"] == "machine", metrics["reason"]
     assert metrics["skip_needs"] == "more GPU memory"
@@ -172,7 +172,7 @@ def test_any_other_runtime_error_is_still_a_failure(monkeypatch):
     def broken(model_config, device):
         raise RuntimeError("CUBLAS_STATUS_EXECUTION_FAILED")
 
-    monkeypatch.setattr(train, "prepare_model", broken)
+    monkeypatch.setattr(cell, "prepare_model", broken)
     metrics, _ = train.run(tiny_spec(), NO_APEX, threads=1)
     assert metrics["status"] == "failed"
 

@@ -217,23 +217,23 @@ def test_a_gpu_job_where_torch_sees_no_cuda_keeps_the_presets_batches():
 def test_on_a_cpu_a_cell_larger_than_the_available_memory_is_skipped_before_it_is_built(monkeypatch):
     import torch
 
-    from amprepro.train import train
+    from amprepro.train import oom
 
-    assert train.available_memory_bytes() > 0  # Linux: /proc/meminfo's MemAvailable
+    assert oom.available_memory_bytes() > 0  # Linux: /proc/meminfo's MemAvailable
     spec = CellSpec.of({"model": "llama7b_text", "precision": "amp_bf16", "seed": 0,
                         "model_config": {"arch": "llama", "data": "python_stdlib", "batch_size": 1, "seq_len": 2048,
                                          "activation_checkpointing": True},
                         "train": {"steps": 40, "warmup_steps": 5, "lr": 2e-5, "optimizer": "adamw_fused"}})
     estimate = memory.estimate(spec.model_config, spec.precision, spec.optimizer).as_record()
     assert estimate["total_bytes"] > 64 * memory.GIB  # the 7B shape
-    monkeypatch.setattr(train, "available_memory_bytes", lambda: 24 * memory.GIB)
+    monkeypatch.setattr(oom, "available_memory_bytes", lambda: 24 * memory.GIB)
     cpu_plan = {"fits": True, "why": "the preset's batch 1: no GPU here, nothing to fit"}
-    record = train.does_not_fit(spec, {"memory_estimate": estimate}, cpu_plan, torch.device("cpu"))
+    record = oom.does_not_fit(spec, {"memory_estimate": estimate}, cpu_plan, torch.device("cpu"))
     assert (record["status"], record["skip_cause"], record["skip_needs"]) == \
            ("skipped", "machine", "more memory (a GPU)")
     assert record["reason"] == (f"does not fit: {memory.describe_record(estimate)} exceeds the 24.0 GiB of memory "
                                 "available on this machine, which has no GPU for it; run it on a GPU")
-    monkeypatch.setattr(train, "available_memory_bytes", lambda: estimate["total_bytes"])  # just fits
-    assert train.does_not_fit(spec, {"memory_estimate": estimate}, cpu_plan, torch.device("cpu")) is None
-    monkeypatch.setattr(train, "available_memory_bytes", lambda: None)  # unreadable: not judged
-    assert train.does_not_fit(spec, {"memory_estimate": estimate}, cpu_plan, torch.device("cpu")) is None
+    monkeypatch.setattr(oom, "available_memory_bytes", lambda: estimate["total_bytes"])  # just fits
+    assert oom.does_not_fit(spec, {"memory_estimate": estimate}, cpu_plan, torch.device("cpu")) is None
+    monkeypatch.setattr(oom, "available_memory_bytes", lambda: None)  # unreadable: not judged
+    assert oom.does_not_fit(spec, {"memory_estimate": estimate}, cpu_plan, torch.device("cpu")) is None

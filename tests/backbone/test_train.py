@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from amprepro.train import precision, train
+from amprepro.train import cell, precision, train
 
 NO_APEX = {"status": "skipped", "reason": "no apex source configured"}
 
@@ -151,7 +151,7 @@ def test_a_cell_that_breaks_is_recorded_as_failed_with_the_reason(monkeypatch, c
     def broken(model_config, device):
         raise TypeError("zero_grad() got an unexpected keyword argument 'set_to_none'")
 
-    monkeypatch.setattr(train, "prepare_model", broken)
+    monkeypatch.setattr(cell, "prepare_model", broken)
     metrics, rows = train.run(spec(), NO_APEX, 1)
     assert metrics["status"] == "failed" and rows == []
     assert metrics["reason"].startswith("TypeError: zero_grad() got an unexpected keyword argument")
@@ -163,7 +163,7 @@ def test_out_of_memory_is_a_skip_that_names_the_batch_size(monkeypatch):
     def too_big(model_config, device):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
 
-    monkeypatch.setattr(train, "prepare_model", too_big)
+    monkeypatch.setattr(cell, "prepare_model", too_big)
     metrics, _ = train.run(spec(), NO_APEX, 1)
     assert metrics["status"] == "skipped"
     assert metrics["reason"].startswith("out of GPU memory at batch size 32: CUDA out of memory")

@@ -3,14 +3,15 @@
     python -m amprepro.train.batchsearch --spec SPEC_JSON --cell METRICS_JSON --plan VIEW_JSON [--apex APEX_JSON]
         --up-to 8 --seconds S --out results/largest_batch/<model>/<precision>.json
 
-One process per precision (apex O1 patches torch for the whole process). It builds the model, optimizer and precision
-exactly as the cell does (amprepro.train.train), tries the planned batch first (one step: the cell ran there), then
-tries larger batches, STEPS_PER_TRY training steps each, under the same allocator cap as the cells
-(gpu_memory_limit_gib). Every try starts as a fresh cell's steps do: no gradients, no optimizer state (its first step
-allocates them), the cache emptied. A batch fits when its steps finish with their
-allocator peak at most amprepro.memory.HEADROOM of the budget (a margin for what a cell's later steps need beyond the
-try's); an allocation failure (CUDA OOM, cuBLAS/cuDNN ALLOC_FAILED) or a peak above that means it does not, and
-everything it held is freed before the next try.
+One process per precision (apex O1 patches torch for the whole process). It builds its trial through the cell's own
+factory, amprepro.train.cell.build_cell (the model, FP8 conversion, optimizer, the precision with its GradScaler or
+apex amp.initialize, channels_last, the compile where the precision compiles), and its batches through Cell.inputs, so
+it measures what the cell runs. It tries the planned batch first (one step: the cell ran there), then tries larger
+batches, STEPS_PER_TRY training steps each, under the same allocator cap as the cells (gpu_memory_limit_gib). Every
+try starts as a fresh cell's steps do: no gradients, no optimizer state (its first step allocates them), the cache
+emptied. A batch fits when its steps finish with their allocator peak at most amprepro.memory.HEADROOM of the budget
+(a margin for what a cell's later steps need beyond the try's); an allocation failure (CUDA OOM, cuBLAS/cuDNN
+ALLOC_FAILED) or a peak above that means it does not, and everything it held is freed before the next try.
 
 The search (search()) is bounded: batches on the planned batch's grid (multiples of 8 where it is one), at most
 `up_to` times the planned batch, and at most `seconds` of trial steps. It starts from a guess (the memory model's
@@ -24,6 +25,9 @@ not, allocator peak, seconds.
 
 After an out-of-memory try the process goes on; fragmentation left by it can only make a later try fail that a fresh
 process would fit, so the answer errs low, never high.
+
+Compiled precisions and compiled models are not searched: amprepro.config.largest_batch_searches leaves them out (a
+try's steps would time the compiler). A search started for one anyway builds it compiled, as its cell runs.
 """
 
 from __future__ import annotations
@@ -202,22 +206,19 @@ def run(spec: CellSpec, cell: dict, plan: dict | None, apex: dict, up_to: int, s
     import torch
 
     from amprepro import datakinds, memory
-    from amprepro.train import measure, precision, train
+    from amprepro.train import measure, oom, precision
+    from amprepro.train.cell import build_cell, make_data, seed_everything
     if not torch.cuda.is_available():
         return not_searched(spec, "the largest batch is a GPU-memory measurement; torch sees no CUDA GPU here")
     spec = spec.planned(plan)
     device = torch.device("cuda")
-    train.seed_everything(spec.seed, False)
+    seed_everything(spec.seed, False)
     precision.configure_tf32(spec.precision)
-    limit = train.apply_memory_limit(plan, device)
+    limit = oom.apply_memory_limit(plan, device)
     budget = limit or torch.cuda.mem_get_info(device)[0] + torch.cuda.memory_reserved(device)
-    model_config, settings = spec.model_config, spec.train
-    model = train.prepare_model(model_config, device)
-    trainable = [p for p in model.parameters() if p.requires_grad]  # a LoRA model's adapters only
-    optimizer = train.make_optimizer(spec.optimizer, trainable, settings["lr"], settings.get("weight_decay", 0.0),
-                                     device)
-    trainer = precision.Trainer(spec.precision, model, optimizer, train.cross_entropy, device,
-                                recomputes=getattr(model, "checkpointing", False))
+    model_config = spec.model_config
+    built = build_cell(spec, device, plan)  # as the training run builds its cell (amprepro.train.train.train_cell)
+    trainer = built.trainer
 
     data_seconds = {}  # per batch tried: the part of its try that made its batch (synthetic data: on the device)
 
@@ -229,10 +230,9 @@ def run(spec: CellSpec, cell: dict, plan: dict | None, apex: dict, up_to: int, s
         torch.cuda.empty_cache()
         started = time.perf_counter()
         try:
-            x, y = train.make_data({**model_config, "batch_size": batch}, spec.seed, device, model,
-                                   on_device=True).next()
-            if model_config.get("channels_last") and x.dim() == 4:
-                x = x.contiguous(memory_format=torch.channels_last)
+            x, y = make_data({**model_config, "batch_size": batch}, spec.seed, device, built.model,
+                             on_device=True).next()
+            x = built.inputs(x)
             torch.cuda.synchronize(device)
             data_seconds[batch] = round(time.perf_counter() - started, 3)
             for _ in range(steps):
@@ -240,7 +240,7 @@ def run(spec: CellSpec, cell: dict, plan: dict | None, apex: dict, up_to: int, s
             torch.cuda.synchronize(device)
             fits = True
         except Exception as exc:  # only an allocation failure is an answer; anything else is raised
-            if not train.out_of_memory(exc):
+            if not oom.out_of_memory(exc):
                 raise
             fits, note = False, (str(exc).strip().splitlines() or [""])[0][:200]
         peak = torch.cuda.max_memory_allocated(device)
@@ -287,13 +287,14 @@ def main(argv=None) -> None:
     parser.add_argument("--seconds", type=float, default=10.0, help="trial-step seconds this search may spend")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
+    from amprepro.train import record as records
     from amprepro.train import train
 
     spec = CellSpec.from_json(args.spec)
-    apex = train.cell_apex(args.apex)
+    apex = records.cell_apex(args.apex)
     train.put_apex_on_path(apex)
     started = time.monotonic()
-    record = run(spec, read_json(args.cell), train.cell_plan(args.plan), apex, args.up_to, args.seconds)
+    record = run(spec, read_json(args.cell), records.cell_plan(args.plan), apex, args.up_to, args.seconds)
     record["wall_seconds"] = round(time.monotonic() - started, 2)
     write_json(args.out, record)
     print(f"{spec.model}/{spec.precision}: {record['status']} "

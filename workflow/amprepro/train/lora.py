@@ -13,7 +13,7 @@ results-reference/regimes, the 7b-lora rows) hold for it:
   keeps for its weight's gradient (memory counts it).
 The frozen base is held in FP32 or in bf16 (`base`): a bf16 base needs autocast bf16 (amp_bf16), which
 amprepro.config checks before anything runs. A cell builds a bf16 base in bf16 on the meta device and materialises it
-so (amprepro.train.train.prepare_model): an FP32 copy first would need twice the memory (OpenLLaMA-3B: 12.8 GiB, over
+so (amprepro.train.cell.prepare_model): an FP32 copy first would need twice the memory (OpenLLaMA-3B: 12.8 GiB, over
 a 12 GiB card, for a base that trains in 6.4).
 """
 
@@ -60,7 +60,7 @@ def apply(model: nn.Module, lora: dict) -> nn.Module:
     """Freeze every parameter of the (materialised) model, cast it to bf16 for a bf16 base, and wrap each targeted
     linear of the blocks in a LoraLinear. Returns the model, changed in place."""
     if lora["base"] == "bf16":  # parameters and buffers (RoPE's tables), as the measured regimes did; a no-op where
-        model.to(torch.bfloat16)  # the cell built the base in bf16 on the meta device (train.prepare_model)
+        model.to(torch.bfloat16)  # the cell built the base in bf16 on the meta device (cell.prepare_model)
     for parameter in model.parameters():
         parameter.requires_grad_(False)
     targets = set(lora["targets"])
