@@ -24,6 +24,7 @@ from snakemake.cli import parse_config
 from snakemake.utils import update_config
 
 from amprepro import config as amprepro_config
+from amprepro.config import cli
 from workflow_testing import REPO, copy_workflow, job_env, snakemake
 
 MARKER = "PWNED"
@@ -418,9 +419,9 @@ def check_here(root, files: list[str], monkeypatch, capsys) -> tuple[int, str, s
     """`python -m amprepro.config check FILES` in ROOT, through its main in this process: (exit code, stdout, stderr).
     Its REPO (where it finds config/config.yaml and the presets) is the workflow copy, as in the copy's interpreter."""
     monkeypatch.chdir(root)
-    monkeypatch.setattr(amprepro_config, "REPO", root)
+    monkeypatch.setattr(cli, "REPO", root)
     capsys.readouterr()
-    code = amprepro_config.main(["check", *(files or ["config/config.yaml"])])
+    code = cli.main(["check", *(files or ["config/config.yaml"])])
     captured = capsys.readouterr()
     return code, captured.out, captured.err
 

@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from amprepro import config as cfg
+from amprepro.config import cli, reading, schema
 
 REPO = Path(__file__).resolve().parents[2]
 PRESETS = REPO / "config" / "presets"
@@ -114,23 +115,23 @@ def test_a_yaml_error_names_the_line_to_fix(tmp_path, text, message):
 
 def test_a_yaml_error_without_a_position_names_the_file():
     error = yaml.YAMLError("something odd\nsecond line")
-    assert cfg._yaml_message(Path("c.yaml"), error) == (
+    assert reading._yaml_message(Path("c.yaml"), error) == (
         "c.yaml: not valid YAML ('something odd'). Fix: check the indentation, brackets and quotes on that line or "
         "the one before (a value with ': ' or ' #' needs quotes).")
     unclosed = yaml.MarkedYAMLError(context="while scanning a quoted scalar",
                                     context_mark=yaml.Mark("c", 0, 4, 6, None, None), problem="found end")
-    assert cfg._yaml_message(Path("c.yaml"), unclosed) == (
+    assert reading._yaml_message(Path("c.yaml"), unclosed) == (
         "c.yaml, line 5, column 7: not valid YAML (a quoted value starts here and is not closed; the reader stopped "
         "at the end: 'found end'). Fix: add its closing quote on that line, or quote the value.")
 
 
 def test_a_config_of_more_values_than_a_real_one_is_refused():
-    assert cfg.MAX_NODES == 100_000
-    cfg._check_size({"a": [0] * 99_998})  # the dict, the list and its items: exactly MAX_NODES values
-    assert refused(cfg._check_size, {"a": [0] * 99_999}) == (
+    assert schema.MAX_NODES == 100_000
+    schema._check_size({"a": [0] * 99_998})  # the dict, the list and its items: exactly MAX_NODES values
+    assert refused(schema._check_size, {"a": [0] * 99_999}) == (
         "Config error at config: more than 100000 values (YAML aliases that expand?). Fix: write the config out "
         "plainly; a real one has a few hundred.")
-    assert refused(cfg._check_size, {"a": {str(i): i for i in range(99_999)}}).startswith(
+    assert refused(schema._check_size, {"a": {str(i): i for i in range(99_999)}}).startswith(
         "Config error at config: more than 100000 values")
 
 
@@ -141,7 +142,7 @@ def test_a_config_of_more_values_than_a_real_one_is_refused():
     ("abc", "abc"), ("[1, 2]", "[1, 2]"), ("{a: 1}", "{a: 1}"), ("a: [", "a: ["), ("1e", "1e"),
 ])
 def test_a_text_is_read_as_the_yaml_scalar_it_is(text, value):
-    parsed = cfg._scalar(text)
+    parsed = schema._scalar(text)
     assert parsed == value and type(parsed) is type(value)
 
 
@@ -388,32 +389,32 @@ def test_the_searches_are_the_first_seeds_uncompiled_cells_and_share_the_seconds
 def test_config_check_says_what_would_run_or_exits_1_with_the_error(tmp_path, capsys):
     good = tmp_path / "good.yaml"
     good.write_text("preset: smoke\nruns: {seeds: [0, 1]}\n")
-    assert cfg.main(["check", str(good)]) == 0
+    assert cli.main(["check", str(good)]) == 0
     assert capsys.readouterr().out == f"{good}: OK. preset: smoke set in the config; 24 cells.\n"
     other = tmp_path / "other.yaml"
     other.write_text("runs: {precisions: [fp32]}\n")
-    assert cfg.main(["check", str(good), str(other)]) == 0  # merged in order
+    assert cli.main(["check", str(good), str(other)]) == 0  # merged in order
     assert capsys.readouterr().out == f"{good}, {other}: OK. preset: smoke set in the config; 4 cells.\n"
     bad = tmp_path / "bad.yaml"
     bad.write_text("preset: fast\n")
-    assert cfg.main(["check", str(bad)]) == 1
+    assert cli.main(["check", str(bad)]) == 1
     captured = capsys.readouterr()
     assert captured.out == "" and captured.err.startswith("ERROR: Config error at config.preset: 'fast' is not one of")
     apex = tmp_path / "apex.yaml"
     apex.write_text("preset: smoke\napex: {required: true, source: {url: null, path: null, tarball: null}}\n")
-    assert cfg.main(["check", str(apex)]) == 1
+    assert cli.main(["check", str(apex)]) == 1
     assert capsys.readouterr().err.startswith("ERROR: Config error at config.apex.source: apex is required here")
     with pytest.raises(SystemExit) as usage:
-        cfg.main([])
+        cli.main([])
     assert usage.value.code == 2 and "python -m amprepro.config" in capsys.readouterr().err
 
 
 def test_a_gpu_probe_decides_the_preset_and_whether_apex_is_required(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("apex: {required: auto, source: {url: null, path: null, tarball: null}}\n")
-    assert cfg.checked([str(path)], probe=lambda: ([], "no nvidia-smi on PATH")) == (
+    assert cli.checked([str(path)], probe=lambda: ([], "no nvidia-smi on PATH")) == (
         f"{path}: OK. preset: auto chose smoke because no nvidia-smi on PATH; 12 cells.")
-    assert refused(cfg.checked, [str(path)], probe=lambda: (["NVIDIA H200"], "nvidia-smi lists 1 GPU(s)")).startswith(
+    assert refused(cli.checked, [str(path)], probe=lambda: (["NVIDIA H200"], "nvidia-smi lists 1 GPU(s)")).startswith(
         "Config error at config.apex.source: apex is required here")
 
 
@@ -448,12 +449,12 @@ def test_a_yaml_error_that_is_no_unclosed_construct_names_where_the_reader_stopp
 def test_a_long_yaml_problem_is_cut_and_a_tab_in_it_gets_the_tab_fix():
     long = "x" * 150
     mark = yaml.Mark("c", 0, 0, 0, None, None)
-    generic = cfg._yaml_message(Path("c.yaml"), yaml.MarkedYAMLError(problem=long, problem_mark=mark))
+    generic = reading._yaml_message(Path("c.yaml"), yaml.MarkedYAMLError(problem=long, problem_mark=mark))
     assert generic.startswith(f"c.yaml, line 1, column 1: not valid YAML ('{'x' * 119}... (152 characters)). Fix: ")
-    unclosed = cfg._yaml_message(Path("c.yaml"), yaml.MarkedYAMLError(
+    unclosed = reading._yaml_message(Path("c.yaml"), yaml.MarkedYAMLError(
         context="while parsing a flow sequence", context_mark=mark, problem=long, problem_mark=mark))
     assert f"the reader stopped at line 1: '{'x' * 79}... (152 characters)). Fix: add its ]" in unclosed
-    tab = cfg._yaml_message(Path("c.yaml"), yaml.MarkedYAMLError(problem="found a\ttab", problem_mark=mark))
+    tab = reading._yaml_message(Path("c.yaml"), yaml.MarkedYAMLError(problem="found a\ttab", problem_mark=mark))
     assert tab.endswith("Fix: indent with spaces; YAML does not allow tabs there.")
 
 
@@ -487,7 +488,7 @@ def test_the_run_matrix_checks_name_the_model():
 def test_gpu_true_in_the_file_chooses_the_paper_preset_without_a_probe(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("gpu: true\n")
-    said = cfg.checked([str(path)], probe=lambda: ([], "no nvidia-smi on PATH"))
+    said = cli.checked([str(path)], probe=lambda: ([], "no nvidia-smi on PATH"))
     assert said.startswith(f"{path}: OK. preset: auto chose paper because the config says the jobs run on GPU nodes "
                            "(gpu: true); ")
     runs = cfg.resolve_runs(cfg.validate_config(cfg.deep_merge(BASE, {"preset": "paper"})), PRESETS, [], "x")[0]
@@ -496,7 +497,7 @@ def test_gpu_true_in_the_file_chooses_the_paper_preset_without_a_probe(tmp_path)
 
 def test_config_help_names_the_command_and_what_check_does(capsys):
     with pytest.raises(SystemExit) as stopped:
-        cfg.main(["--help"])
+        cli.main(["--help"])
     assert stopped.value.code == 0
     out = " ".join(capsys.readouterr().out.split())
     assert out.startswith("usage: python -m amprepro.config [-h] {check} ...")

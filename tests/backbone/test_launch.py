@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from snakemake.cli import get_argument_parser
 
-from amprepro.env import launch
+from amprepro.env import launch, launchargs, runlock
 from workflow_testing import HOLD_SOURCE, REPO, SNAKEMAKE, copy_workflow, hold_env, job_env
 
 # Its output is there while the job still runs: killed then, the output is incomplete for Snakemake.
@@ -60,7 +60,7 @@ def parsed(command: list[str]):
 
 
 def test_cores_default_to_every_usable_core_and_incomplete_outputs_rerun(env):
-    command, said = launch.snakemake_command([], env)
+    command, said = launchargs.snakemake_command([], env)
     args = parsed(command)
     assert args.cores == len(os.sched_getaffinity(0))
     assert args.rerun_incomplete
@@ -70,7 +70,7 @@ def test_cores_default_to_every_usable_core_and_incomplete_outputs_rerun(env):
 
 @pytest.mark.parametrize("cores", ["8", "all"])
 def test_cores_setting_is_used(env, cores):
-    command, _ = launch.snakemake_command(["verify"], {**env, "CORES": cores})
+    command, _ = launchargs.snakemake_command(["verify"], {**env, "CORES": cores})
     args = parsed(command)
     assert str(args.cores) == cores or (cores == "all" and args.cores == len(os.sched_getaffinity(0)))
     assert args.targets == ["verify"]
@@ -78,13 +78,14 @@ def test_cores_setting_is_used(env, cores):
 
 @pytest.mark.parametrize("cores", ["0", "-1", "8; rm -rf ~", "four"])
 def test_a_bad_cores_setting_is_refused_with_the_fix(env, cores):
-    with pytest.raises(launch.SettingError, match=r"CORES=.* is not a whole number above 0 or 'all'; e\.g\. make run"):
-        launch.snakemake_command([], {**env, "CORES": cores})
+    with pytest.raises(launchargs.SettingError,
+                       match=r"CORES=.* is not a whole number above 0 or 'all'; e\.g\. make run"):
+        launchargs.snakemake_command([], {**env, "CORES": cores})
 
 
 def test_gpus_nvidia_smi_lists_become_the_gpu_resource(env, tmp_path):
     fake_nvidia_smi(tmp_path / "bin", gpus=2)
-    command, said = launch.snakemake_command([], env)
+    command, said = launchargs.snakemake_command([], env)
     assert parsed(command).resources["gpu"].value == 2
     assert "2 GPU(s) (nvidia-smi -L)" in said
 
@@ -92,66 +93,67 @@ def test_gpus_nvidia_smi_lists_become_the_gpu_resource(env, tmp_path):
 def test_amprepro_gpu_count_wins_over_nvidia_smi(env, tmp_path, monkeypatch):
     fake_nvidia_smi(tmp_path / "bin", gpus=2)
     monkeypatch.setenv("AMPREPRO_GPU_COUNT", "1")
-    command, said = launch.snakemake_command([], dict(os.environ))
+    command, said = launchargs.snakemake_command([], dict(os.environ))
     assert parsed(command).resources["gpu"].value == 1
     assert "1 GPU(s) (AMPREPRO_GPU_COUNT)" in said
-    with pytest.raises(launch.SettingError, match="AMPREPRO_GPU_COUNT='two' is not a whole number"):
-        launch.snakemake_command([], {**env, "AMPREPRO_GPU_COUNT": "two"})
+    with pytest.raises(launchargs.SettingError, match="AMPREPRO_GPU_COUNT='two' is not a whole number"):
+        launchargs.snakemake_command([], {**env, "AMPREPRO_GPU_COUNT": "two"})
 
 
 def test_the_users_gpu_resource_is_kept_and_other_resources_get_the_gpus(env, tmp_path):
     fake_nvidia_smi(tmp_path / "bin", gpus=2)
-    command, said = launch.snakemake_command([], {**env, "SNAKEMAKE_ARGS": "--resources gpu=1 mem_mb=9000"})
+    command, said = launchargs.snakemake_command([], {**env, "SNAKEMAKE_ARGS": "--resources gpu=1 mem_mb=9000"})
     assert {name: r.value for name, r in parsed(command).resources.items()} == {"gpu": 1, "mem_mb": 9000,
                                                                                 "gpu_share": 8}
     assert "GPUs as SNAKEMAKE_ARGS sets" in said
     # Snakemake keeps only the last --resources: the GPUs must join the user's, not come as a second one.
-    command, _ = launch.snakemake_command([], {**env, "SNAKEMAKE_ARGS": "--resources mem_mb=9000 -n"})
+    command, _ = launchargs.snakemake_command([], {**env, "SNAKEMAKE_ARGS": "--resources mem_mb=9000 -n"})
     assert {name: r.value for name, r in parsed(command).resources.items()} == {"gpu": 2, "gpu_share": 16,
                                                                                 "mem_mb": 9000}
     assert command.count("--resources") == 1
-    with pytest.raises(launch.SettingError, match="with a space"):
-        launch.snakemake_command([], {**env, "SNAKEMAKE_ARGS": "--resources=mem_mb=9000"})
+    with pytest.raises(launchargs.SettingError, match="with a space"):
+        launchargs.snakemake_command([], {**env, "SNAKEMAKE_ARGS": "--resources=mem_mb=9000"})
 
 
 def test_cells_that_share_a_gpu_get_k_slots_per_gpu(env, tmp_path):
     """gpu_share: CELLS_PER_SHARED_GPU per GPU (a timed cell takes a GPU's worth, a shared one 1), beside gpu."""
     fake_nvidia_smi(tmp_path / "bin", gpus=2)
-    command, _ = launch.snakemake_command([], env)
+    command, _ = launchargs.snakemake_command([], env)
     resources = {name: r.value for name, r in parsed(command).resources.items()}
-    assert resources == {"gpu": 2, "gpu_share": 2 * launch.CELLS_PER_SHARED_GPU} and command.count("--resources") == 1
-    command, _ = launch.snakemake_command([], {**env, "SNAKEMAKE_ARGS": "--resources gpu_share=4"})
+    assert resources == {"gpu": 2, "gpu_share": 2 * launchargs.CELLS_PER_SHARED_GPU} and command.count(
+        "--resources") == 1
+    command, _ = launchargs.snakemake_command([], {**env, "SNAKEMAKE_ARGS": "--resources gpu_share=4"})
     assert {name: r.value for name, r in parsed(command).resources.items()} == {"gpu": 2, "gpu_share": 4}
-    command, _ = launch.snakemake_command([], {**env, "SNAKEMAKE_ARGS": "--resources gpu=1 gpu_share=3"})
+    command, _ = launchargs.snakemake_command([], {**env, "SNAKEMAKE_ARGS": "--resources gpu=1 gpu_share=3"})
     assert {name: r.value for name, r in parsed(command).resources.items()} == {"gpu": 1, "gpu_share": 3}
 
 
 def test_a_target_after_the_gpu_resource_stays_a_target(env, tmp_path):
     fake_nvidia_smi(tmp_path / "bin", gpus=1)
-    command, _ = launch.snakemake_command([], {**env, "SNAKEMAKE_ARGS": "results/summary/summary.json"})
+    command, _ = launchargs.snakemake_command([], {**env, "SNAKEMAKE_ARGS": "results/summary/summary.json"})
     args = parsed(command)
     assert args.targets == ["results/summary/summary.json"] and args.resources["gpu"].value == 1
 
 
 def test_user_cores_and_profiles_are_left_alone(env):
-    command, said = launch.snakemake_command([], {**env, "CORES": "8", "SNAKEMAKE_ARGS": "--cores 3"})
+    command, said = launchargs.snakemake_command([], {**env, "CORES": "8", "SNAKEMAKE_ARGS": "--cores 3"})
     assert parsed(command).cores == 3 and "cores as SNAKEMAKE_ARGS sets" in said
-    command, said = launch.snakemake_command([], {**env, "SNAKEMAKE_ARGS": "--workflow-profile profiles/slurm"})
+    command, said = launchargs.snakemake_command([], {**env, "SNAKEMAKE_ARGS": "--workflow-profile profiles/slurm"})
     assert "--cores" not in command and "--resources" not in command and "profile" in said
 
 
 def test_snakemake_args_are_split_into_words_never_run_by_a_shell(env):
-    words = launch.snakemake_command([], {**env, "SNAKEMAKE_ARGS": "--config 'title=a b' $(touch pwned) ;"})[0]
+    words = launchargs.snakemake_command([], {**env, "SNAKEMAKE_ARGS": "--config 'title=a b' $(touch pwned) ;"})[0]
     assert words[-5:] == ["--config", "title=a b", "$(touch", "pwned)", ";"]
-    with pytest.raises(launch.SettingError, match="SNAKEMAKE_ARGS cannot be split"):
-        launch.snakemake_command([], {**env, "SNAKEMAKE_ARGS": "--config 'title=a b"})
+    with pytest.raises(launchargs.SettingError, match="SNAKEMAKE_ARGS cannot be split"):
+        launchargs.snakemake_command([], {**env, "SNAKEMAKE_ARGS": "--config 'title=a b"})
 
 
 def test_the_directory_checked_is_the_one_snakemake_works_in(env, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    assert launch.workdir_of(env) == tmp_path
-    assert launch.workdir_of({**env, "SNAKEMAKE_ARGS": "-n --directory elsewhere"}) == tmp_path / "elsewhere"
-    assert launch.workdir_of({**env, "SNAKEMAKE_ARGS": "-d /srv/run -n"}) == Path("/srv/run")
+    assert launchargs.workdir_of(env) == tmp_path
+    assert launchargs.workdir_of({**env, "SNAKEMAKE_ARGS": "-n --directory elsewhere"}) == tmp_path / "elsewhere"
+    assert launchargs.workdir_of({**env, "SNAKEMAKE_ARGS": "-d /srv/run -n"}) == Path("/srv/run")
 
 
 def test_a_bad_setting_stops_before_anything_is_touched(env, tmp_path, monkeypatch, capsys):
@@ -174,7 +176,7 @@ def test_a_bad_setting_stops_before_anything_is_touched(env, tmp_path, monkeypat
     (["tail", "-f", "results/logs/runs/cnn/fp32/seed0.log"], False),
 ])
 def test_what_counts_as_a_process_of_a_run(argv, pipeline):
-    assert launch.is_pipeline_command(argv) is pipeline
+    assert runlock.is_pipeline_command(argv) is pipeline
 
 
 # ---- live runs and dead runs -----------------------------------------------------------------------------------
@@ -195,7 +197,7 @@ def start_sleeping_snakemake(workdir: Path) -> subprocess.Popen:
                                stderr=subprocess.DEVNULL, start_new_session=True, env=job_env())
     # the job's first line written, not only its output file opened: `echo started > slow.txt` creates the file
     # before it writes, and a kill in between left it empty (once, on a loaded 2-core machine)
-    wait_for(lambda: launch.snakemake_locks(workdir) and (workdir / "slow.txt").exists()
+    wait_for(lambda: runlock.snakemake_locks(workdir) and (workdir / "slow.txt").exists()
              and (workdir / "slow.txt").read_text() == "started\n", 60, "the sleeping job to start")
     return process
 
@@ -230,7 +232,7 @@ def test_a_live_launcher_is_named_and_its_lock_kept(env, tmp_path, monkeypatch, 
     """A real process holding the run lock (its command line does not look like a pipeline process at all)."""
     monkeypatch.chdir(tmp_path)
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from pathlib import Path; from amprepro.env.launch import RunLock;"
+        [sys.executable, "-c", "import sys, time; from pathlib import Path; from amprepro.env.runlock import RunLock;"
          " assert RunLock(Path.cwd()).acquire(); print('held', flush=True); time.sleep(120)"],
         cwd=tmp_path, stdout=subprocess.PIPE, text=True, env={**job_env(), "PYTHONPATH": str(REPO / "workflow")})
     try:
@@ -251,14 +253,14 @@ def test_a_live_snakemake_in_the_directory_is_named_and_its_lock_kept(env, tmp_p
     monkeypatch.chdir(tmp_path)
     running = start_sleeping_snakemake(tmp_path)
     try:
-        locks = launch.snakemake_locks(tmp_path)
+        locks = runlock.snakemake_locks(tmp_path)
         assert launch.main([], env) == launch.ANOTHER_RUN_ACTIVE
         err = capsys.readouterr().err
         assert f"pid {running.pid} (" in err and "snakemake --cores 1" in err
-        assert launch.snakemake_locks(tmp_path) == locks
+        assert runlock.snakemake_locks(tmp_path) == locks
         elsewhere = tmp_path / "elsewhere"
         elsewhere.mkdir()
-        assert launch.pipeline_processes(elsewhere) == []  # a run in another directory is no concern of this one
+        assert runlock.pipeline_processes(elsewhere) == []  # a run in another directory is no concern of this one
     finally:
         kill_group(running)
 
@@ -269,7 +271,7 @@ def test_the_lock_of_a_killed_run_is_removed_and_its_job_rerun(env, tmp_path, mo
     plain = subprocess.run([*SNAKEMAKE, "--cores", "1"], cwd=tmp_path, capture_output=True, text=True,
                            env=job_env())
     assert plain.returncode != 0 and "IncompleteFilesException" in plain.stderr  # what a plain `snakemake` says
-    assert launch.snakemake_locks(tmp_path)  # and behind that, the dead run's lock
+    assert runlock.snakemake_locks(tmp_path)  # and behind that, the dead run's lock
     assert (tmp_path / "slow.txt").read_text() == "started\n"
     (tmp_path / "pause").write_text("0")
     # a shell rule, no cell: a cell server would import torch & co. (more CPU than the rest of this test) for nothing
@@ -278,7 +280,7 @@ def test_the_lock_of_a_killed_run_is_removed_and_its_job_rerun(env, tmp_path, mo
     assert "removed the lock of an earlier run that is no longer alive" in err
     assert "re-running 1 output(s) it left incomplete" in err
     assert (tmp_path / "slow.txt").read_text() == "done\n"
-    assert not launch.snakemake_locks(tmp_path)
+    assert not runlock.snakemake_locks(tmp_path)
 
 
 @pytest.mark.parametrize("words, form", [
@@ -301,10 +303,10 @@ def test_the_dotted_config_form_is_refused_before_snakemake_with_the_form_that_w
 
 
 def test_a_config_word_without_a_value_is_refused_and_the_nested_form_passes(env):
-    with pytest.raises(launch.SettingError, match="a config value is NAME=VALUE, e.g. --config preset=smoke"):
-        launch.check_config_values(["--config", "preset"])
-    launch.check_config_values(["--config", "preset=smoke", "runs={seeds: [0, 1]}", "--cores", "2"])
-    launch.check_config_values(["--configfile", "x.yaml"])  # no --config at all
+    with pytest.raises(launchargs.SettingError, match="a config value is NAME=VALUE, e.g. --config preset=smoke"):
+        launchargs.check_config_values(["--config", "preset"])
+    launchargs.check_config_values(["--config", "preset=smoke", "runs={seeds: [0, 1]}", "--cores", "2"])
+    launchargs.check_config_values(["--configfile", "x.yaml"])  # no --config at all
 
 
 def test_ctrl_c_says_it_was_interrupted_and_the_next_run_continues(env, tmp_path):
@@ -370,7 +372,7 @@ def start_make_run(workdir: Path, snakemake_args: str, output: Path, **settings:
 
 
 def command_line(pid: int) -> str:
-    return " ".join(launch.command_of(pid))
+    return " ".join(runlock.command_of(pid))
 
 
 def result_files(workdir: Path) -> dict[str, int]:
@@ -499,7 +501,7 @@ def test_make_run_finishes_after_sigkill_at_every_stage_keeping_what_was_done(tm
                                  in process for process in ran), ran  # Snakemake's OMP_NUM_THREADS=1, applied
     assert_whole(workdir, now)
     assert set(RESULT_FILES) <= set(now)
-    assert not launch.snakemake_locks(workdir) and not launch.incomplete_markers(workdir)
+    assert not runlock.snakemake_locks(workdir) and not runlock.incomplete_markers(workdir)
 
 
 @pytest.fixture(scope="module")
@@ -531,13 +533,13 @@ def test_a_job_that_outlives_its_killed_snakemake_keeps_the_lock_until_it_ends(k
         os.kill(snakemake_pids[0], signal.SIGKILL)  # Snakemake only: its job lives on
         assert run.wait(timeout=60) != 0
         assert Path(f"/proc/{job_pids[0]}").exists()
-        locks = launch.snakemake_locks(workdir)
+        locks = runlock.snakemake_locks(workdir)
         assert locks
 
         refused = make(workdir, "run", f"{cell} {SMOKE}", timeout=120, CORES="2")
         assert refused.returncode != 0 and "Error 75" in refused.stderr, refused.stderr[-3000:]
         assert "another run is active in" in refused.stderr and f"pid {job_pids[0]} (" in refused.stderr
-        assert launch.snakemake_locks(workdir) == locks and not (workdir / cell).exists()
+        assert runlock.snakemake_locks(workdir) == locks and not (workdir / cell).exists()
     finally:
         kill_group(run)  # the job left behind is still in the first run's process group
 
@@ -554,10 +556,10 @@ def test_a_configfile_that_snakemake_would_misread_stops_make_run_first(env, tmp
     (tmp_path / "good.yaml").write_text("preset: smoke\n")
     (tmp_path / "tpl.yaml").write_text("__use_yte__: true\npreset: smoke\n")
     env["SNAKEMAKE_ARGS"] = args.format(file="tpl.yaml")
-    with pytest.raises(launch.SettingError, match="tpl.yaml: sets __use_yte__"):
-        launch.check_config_files(launch.user_args(env))
+    with pytest.raises(launchargs.SettingError, match="tpl.yaml: sets __use_yte__"):
+        launchargs.check_config_files(launchargs.user_args(env))
     env["SNAKEMAKE_ARGS"] = args.format(file="good.yaml")
-    launch.check_config_files(launch.user_args(env))
+    launchargs.check_config_files(launchargs.user_args(env))
 
 
 @pytest.mark.e2e
@@ -574,9 +576,9 @@ def test_a_forked_cell_ends_with_its_killed_snakemake_and_the_next_run_goes_on(k
         members = group_members(run.pid)
         snakemake_pids = [pid for pid in members if "-m snakemake" in command_line(pid)]
         forked = [pid for pid in members if "-m amprepro.plan.cellserver" in command_line(pid)]  # server, cells
-        servers = [pid for pid in forked if launch.parent_of(pid) not in forked]
+        servers = [pid for pid in forked if runlock.parent_of(pid) not in forked]
         assert len(snakemake_pids) == 1 and len(servers) == 1, [command_line(pid) for pid in members]
-        cells = [pid for pid in forked if launch.parent_of(pid) == servers[0]]
+        cells = [pid for pid in forked if runlock.parent_of(pid) == servers[0]]
         assert cells, [command_line(pid) for pid in members]
         os.kill(snakemake_pids[0], signal.SIGKILL)
         assert run.wait(timeout=60) != 0
@@ -598,4 +600,4 @@ def test_a_forked_cell_ends_with_its_killed_snakemake_and_the_next_run_goes_on(k
                                               ("--executor slurm", False), ("--workflow-profile profiles/slurm", False),
                                               ("--use-apptainer", False)])
 def test_the_cell_server_starts_only_for_jobs_in_this_python(args, served):
-    assert launch.serves_cells(launch.user_args({"SNAKEMAKE_ARGS": args})) is served
+    assert launchargs.serves_cells(launchargs.user_args({"SNAKEMAKE_ARGS": args})) is served

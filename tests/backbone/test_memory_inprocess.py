@@ -14,6 +14,8 @@ import pytest
 from amprepro import memory, precisions
 from amprepro.cellspec import CellSpec
 from amprepro.memory import Lora, Sharding
+from amprepro.memory.activations import _bytes
+from amprepro.memory.llama import _llama_dtypes
 from amprepro.plan import memplan
 
 GIB = memory.GIB
@@ -180,9 +182,9 @@ def test_gpt_and_the_digits_models_parameters_are_the_built_models():
 
 
 def test_the_bytes_of_each_precisions_matmul_inputs_residual_and_gelu():
-    assert memory._bytes("fp32") == (4, 4, 4) and memory._bytes("amp_bf16") == (2, 4, 2)
-    assert memory._bytes("apex_o1") == (2, 4, 4)  # apex O1 runs GELU in FP32
-    assert memory._bytes("apex_o2") == (2, 2, 2) and memory._bytes("bf16_weights") == (2, 2, 2)
+    assert _bytes("fp32") == (4, 4, 4) and _bytes("amp_bf16") == (2, 4, 2)
+    assert _bytes("apex_o1") == (2, 4, 4)  # apex O1 runs GELU in FP32
+    assert _bytes("apex_o2") == (2, 2, 2) and _bytes("bf16_weights") == (2, 2, 2)
     d = 768
     # LayerNorm inputs 2 r d, the linears' and SDPA's 11 c d, GELU's input 4 g d
     assert memory.transformer_block_bytes_per_token(d, "fp32") == (8 + 44 + 16) * d
@@ -223,7 +225,7 @@ def test_resnet50_activations_are_its_saved_tensors_and_the_input(precision, c, 
 
 @pytest.mark.parametrize("precision", ["fp32", "amp_bf16", "apex_o1"])
 def test_vit_and_gpt_activations_are_their_blocks_and_heads(precision):
-    c, r, g = memory._bytes(precision)
+    c, r, g = _bytes(precision)
     d = 768
     for arch in ("vit_b_16", "vit_base_patch16_224"):
         for size in (224, 384):
@@ -757,14 +759,14 @@ def test_the_command_line_on_a_gpu_plans_against_its_card_and_probes_with_the_jo
 
 def test_each_precisions_llama_dtypes():
     # (matmul bytes, residual bytes, an adapter input's bytes, autocast, FP32 weights cast at each use)
-    assert memory._llama_dtypes("fp32") == (4, 4, 4, False, False)
-    assert memory._llama_dtypes("amp_bf16") == (2, 4, 2, True, True)
-    assert memory._llama_dtypes("apex_o1") == (2, 4, 2, True, True)  # apex O1's patched functions autocast
-    assert memory._llama_dtypes("apex_o2") == (2, 2, 4, False, False)
-    assert memory._llama_dtypes("bf16_weights") == (2, 2, 4, False, False)
-    assert memory._llama_dtypes("fp32", Lora(base="bf16")) == (2, 2, 4, False, False)
-    assert memory._llama_dtypes("amp_bf16", Lora(base="bf16")) == (2, 2, 2, True, False)
-    assert memory._llama_dtypes("amp_bf16", Lora(base="fp32")) == (2, 4, 2, True, True)
+    assert _llama_dtypes("fp32") == (4, 4, 4, False, False)
+    assert _llama_dtypes("amp_bf16") == (2, 4, 2, True, True)
+    assert _llama_dtypes("apex_o1") == (2, 4, 2, True, True)  # apex O1's patched functions autocast
+    assert _llama_dtypes("apex_o2") == (2, 2, 4, False, False)
+    assert _llama_dtypes("bf16_weights") == (2, 2, 4, False, False)
+    assert _llama_dtypes("fp32", Lora(base="bf16")) == (2, 2, 4, False, False)
+    assert _llama_dtypes("amp_bf16", Lora(base="bf16")) == (2, 2, 2, True, False)
+    assert _llama_dtypes("amp_bf16", Lora(base="fp32")) == (2, 4, 2, True, True)
 
 
 @pytest.mark.parametrize("precision, lora, seq_len", [("fp32", None, 2048), ("amp_bf16", None, 1024),
@@ -774,7 +776,7 @@ def test_the_llama_heads_kept_tensors_loss_and_first_gradients(precision, lora, 
     shape = memory.LLAMA_SHAPES["llama"]
     d, v, batch = shape["dim"], shape["vocab_size"], 2
     tokens = batch * seq_len
-    c, r, _, autocast, _ = memory._llama_dtypes(precision, lora)
+    c, r, _, autocast, _ = _llama_dtypes(precision, lora)
     norm_input = 4 * d if r == 4 else 2 * 4 * d  # the FP32 residual, or two FP32 copies of a 16-bit one
     kept = tokens * norm_input
     if lora is None:  # the normalised input (FP32 or r bytes) and the LM head's input
@@ -808,7 +810,7 @@ def test_which_of_the_heads_first_gradients_is_the_largest():
 def test_a_llama_blocks_inputs_saved_tensors_and_extras(name, precision, lora):
     shape = memory.LLAMA_SHAPES[name]
     batch, seq_len = 3, 256
-    c, r, _, autocast, _ = memory._llama_dtypes(precision, lora)
+    c, r, _, autocast, _ = _llama_dtypes(precision, lora)
     tokens = batch * seq_len
     inputs = shape["layers"] * tokens * shape["dim"] * r
     saved = tokens * sum(memory.llama_block_terms(shape, precision, lora).values())
@@ -909,7 +911,7 @@ def test_korthikantis_count_term_by_term_by_name():
 
 
 def backward_end_by_hand(shape, seq_len, precision, batch, lora, sharding, cast_kept):
-    c, r, _, _, casts = memory._llama_dtypes(precision, lora)
+    c, r, _, _, casts = _llama_dtypes(precision, lora)
     _, saved, extra = memory.llama_block_bytes(shape, batch, seq_len, precision, lora)
     tokens, d, f = batch * seq_len, shape["dim"], shape["ffn_dim"]
     block = sum(i * o for i, o in memory.llama_linear_shapes(shape).values())
@@ -936,7 +938,7 @@ def moments_by_hand(name, precision, batch, seq_len, ckpt, optimizer, sharding, 
     v, d = shape["vocab_size"], shape["dim"]
     p = memory.precision_of(precision)
     o1, o2 = p.apex_opt_level == "O1", p.apex_opt_level == "O2"
-    casts = memory._llama_dtypes(precision, lora)[4]
+    casts = _llama_dtypes(precision, lora)[4]
     casts = casts and sharding.stage < 3
     head_cast = 2 * v * d if casts else 0
     if lora:

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from amprepro import memory
+from amprepro import memory, precisions
 from amprepro.analysis import claims as claims_mod
 from amprepro.analysis import regimes
 from amprepro.memory import Lora, Sharding
@@ -91,7 +91,7 @@ def test_checkpointing_off_keeps_every_block_and_scales_with_the_micro_batch():
 
 
 def test_the_block_count_per_precision_is_the_saved_tensors_of_the_built_block():
-    """Bytes per token of LLaMA-7B's block, counted by hand from what autograd keeps (amprepro.memory's docstring):
+    """Bytes per token of LLaMA-7B's block, counted by hand from what autograd keeps (amprepro.memory.llama):
     FP32/TF32 48 h + 16 ffn; bf16 AMP 32 h + 8 ffn; bf16 weights 36 h + 8 ffn; LoRA (frozen norms and weights) over
     FP32 40 h + 16 ffn, AMP over FP32 26 h + 8 ffn, AMP over bf16 34 h + 8 ffn (each within 0.3 % of the H200's
     measured peak, results-reference/regimes); OpenLLaMA-3B's head size 100 is padded to 104 under flash attention."""
@@ -131,7 +131,7 @@ def test_bf16_weights_hold_8_bytes_per_parameter_and_no_master_copy():
     assert (e.weights, e.gradients, e.optimizer_state, e.master_weights, e.cast_cache) == (
         2 * PARAMS, 2 * PARAMS, 4 * PARAMS, 0, 0)
     assert e.total / est("fp32").total == pytest.approx(0.5, abs=0.01)
-    assert memory.BF16_WEIGHTS.name not in memory.precisions.REGISTRY  # a memory-model precision, no cell trains it
+    assert memory.BF16_WEIGHTS.name not in precisions.REGISTRY  # a memory-model precision, no cell trains it
 
 
 def test_lora_states_exist_for_the_adapters_only():

@@ -8,8 +8,9 @@ import pytest
 import yaml
 
 from amprepro import config as cfg
-from amprepro import memory, precisions
+from amprepro import precisions
 from amprepro.analysis import claimfile
+from amprepro.memory.activations import _bytes
 from amprepro.report import reportlib
 from amprepro.train import flops
 
@@ -47,7 +48,7 @@ def test_a_new_entry_needs_no_other_edit(fp8):
     assert list(frame["precision"].astype(str)) == ["fp32", fp8]
     assert precisions.color(fp8) == "#123456" and precisions.label(fp8) == "fp8 (test entry)"
     assert flops.datasheet_peak("NVIDIA H200", fp8) == flops.DATASHEET_TFLOPS["H200 SXM"]["bf16"]
-    assert memory._bytes(fp8)[0] == 1  # the memory model reads the entry too
+    assert _bytes(fp8)[0] == 1  # the memory model reads the entry too
 
 
 def test_apex_precisions_are_the_ones_with_an_opt_level():

@@ -39,10 +39,10 @@ BUGS = [
     ("claims: borderline threshold", A + "analysis/claimmodels.py",
      'for k in ("min", "median", "max")}) > 1', 'for k in ("min", "median", "max")}) > 2',
      ["tests/report/test_claims.py"]),
-    ("config: warmup >= steps -> >", A + "config.py",
+    ("config: warmup >= steps -> >", A + "config/runs.py",
      'if train["warmup_steps"] >= train["steps"]:', 'if train["warmup_steps"] > train["steps"]:',
      ["tests/backbone/test_config.py"]),
-    ("config: float->int coerce dropped", A + "config.py",
+    ("config: float->int coerce dropped", A + "config/schema.py",
      '    if isinstance(value, float) and value.is_integer() and "integer" in types and "number" not in types:\n'
      "        return int(value)\n", "",
      ["tests/backbone/test_config.py"]),

@@ -1,9 +1,9 @@
 """mutmut 3.8 for a package that lives below workflow/ (amprepro imports as `amprepro`, from workflow/amprepro).
 
-mutmut names each mutant after its file's path with only a leading `src/` taken off, so workflow/amprepro/config.py
-would be `workflow.amprepro.config`, while the tests import it (and mutmut's trampolines record it) as
-`amprepro.config`: mutmut then stops ("tests recorded trampoline hits but none match any mutant key"). This takes a
-leading `workflow/` off as well, and otherwise runs mutmut's own command line unchanged:
+mutmut names each mutant after its file's path with only a leading `src/` taken off, so
+workflow/amprepro/config/schema.py would be `workflow.amprepro.config.schema`, while the tests import it (and mutmut's
+trampolines record it) as `amprepro.config.schema`: mutmut then stops ("tests recorded trampoline hits but none match
+any mutant key"). This takes a leading `workflow/` off as well, and otherwise runs mutmut's own command line unchanged:
 
     .venv/bin/python tools/mutation/mutmut_workflow.py run --max-children 2
 """

@@ -9,8 +9,8 @@ Adding an arch (tests/backbone/test_archs.py does it at test time):
 1. an Arch entry in REGISTRY below (its shape, the data it reads, its defaults, its resources);
 2. its builder: a function (arch: Arch, model_config: dict) -> nn.Module in amprepro.train.models.BUILDERS under the
    entry's `builder` name, unless an existing builder fits (a GPT of a new size: builder "gpt", a new `shape`);
-3. for a new `family` only: its formulas in amprepro.memory.FAMILIES (parameters, activations), which every cell's
-   memory estimate and the memory plan need.
+3. for a new `family` only: its formulas (parameters, activations) in amprepro.memory.FAMILIES (written in
+   amprepro.memory.cellpeak), which every cell's memory estimate and the memory plan need.
 Nothing else names an arch: the schema's enum, the config checks and the resources follow the entry.
 
 Defaults for a setting a model's config leaves out (the one place each is written):
