@@ -36,9 +36,16 @@ TEXT_SEQ_LEN = 128
 
 # Shapes: what the memory model needs to know without building the model (torchvision and timm need not be importable
 # here). Parameter counts are the built models' (reference/nvidia-h200: weights bytes / 4).
-RESNET50 = {"parameters": 25_557_032, "bn_channels": 26_560, "blocks": ((64, 3, 1), (128, 4, 2), (256, 6, 2),
-                                                                        (512, 3, 2))}
+RESNET50 = {"parameters": 25_557_032, "bn_channels": 26_560, "stem": 64, "classes": 1000,
+            "blocks": ((64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2))}
 VIT_B_16 = {"layers": 12, "dim": 768, "patch": 16, "classes": 1000}
+# The smoke models, built for the digits (8x8 grey images, 10 classes; small_cnn on 3-channel images takes the data's
+# channels and classes instead): the keyword arguments of amprepro.train.models.SmallCNN and TinyTransformer.
+SMALL_CNN = {"channels": (32, 64), "kernel": 3, "in_channels": 1, "num_classes": 10}
+TINY_TRANSFORMER = {"width": 8, "tokens": 8, "dim": 64, "depth": 2, "heads": 4, "num_classes": 10}
+# The AMP risk models over bytes (amprepro.train.riskmodels.ByteLSTM and GumbelBytes: their keyword arguments).
+LSTM_BYTES = {"vocab_size": 256, "embed": 64, "hidden": 384}
+GUMBEL_BYTES = {"vocab_size": 256, "dim": 192, "context": 8, "groups": 8, "codes": 32}
 # Published LLaMA-family shapes, largest first: the ladder a card too small for the 7B shape steps down (issue 21).
 # Built as published (grouped KV heads where the original has them: kv_heads), with untied embeddings as the 7B shape
 # has: SmolLM ties its input and output embeddings, so its parameter count here is higher (memory.parameters()).
@@ -80,9 +87,9 @@ class Arch:
 REGISTRY: dict[str, Arch] = {
     a.name: a
     for a in (
-        Arch("small_cnn", "cnn", "small_cnn", 4.3e-4, reads=IMAGE_DATA,
+        Arch("small_cnn", "cnn", "small_cnn", 4.3e-4, shape=SMALL_CNN, reads=IMAGE_DATA,
              description="two convolutions and a linear head, for the digits (smoke) or 3-channel images"),
-        Arch("tiny_transformer", "image_transformer", "tiny_transformer", 1.0e-3,
+        Arch("tiny_transformer", "image_transformer", "tiny_transformer", 1.0e-3, shape=TINY_TRANSFORMER,
              description="two pre-norm encoder layers reading a digit's rows as tokens (smoke)"),
         Arch("resnet50", "resnet", "torchvision", 1.1e-2, shape=RESNET50, reads=IMAGE_DATA, package="torchvision",
              image_size=IMAGE_SIZE, host_built_parameters=25_600_000, description="torchvision's ResNet-50"),
@@ -108,11 +115,11 @@ REGISTRY: dict[str, Arch] = {
              description="the LLaMA class at smoke size, for CPU tests"),
         # The second article's AMP risk points (amprepro.train.riskmodels; config/presets/risk.yaml). Time budget:
         # gpt_bytes's per token, not measured for these.
-        Arch("lstm_bytes", "lstm", "lstm_bytes", 1.9e-4, shape={"embed": 64, "hidden": 384}, reads=(TEXT_DATA,),
+        Arch("lstm_bytes", "lstm", "lstm_bytes", 1.9e-4, shape=LSTM_BYTES, reads=(TEXT_DATA,),
              seq_len=TEXT_SEQ_LEN, risky_layer="the LSTM",
              description="an LSTM language model over bytes (0.81 M parameters): gradients summed over time steps"),
-        Arch("gumbel_bytes", "gumbel", "gumbel_bytes", 1.9e-4,
-             shape={"dim": 192, "context": 8, "groups": 8, "codes": 32}, reads=(TEXT_DATA,), seq_len=TEXT_SEQ_LEN,
+        Arch("gumbel_bytes", "gumbel", "gumbel_bytes", 1.9e-4, shape=GUMBEL_BYTES, reads=(TEXT_DATA,),
+             seq_len=TEXT_SEQ_LEN,
              gumbel_tau=True, risky_layer="the Gumbel-softmax sampler",
              description="a byte model through a Gumbel-softmax bottleneck (0.64 M parameters) at gumbel_tau"),
     )

@@ -34,16 +34,16 @@ def transformer_block_bytes_per_token(d: int, precision: str) -> int:
 def resnet50_bytes_per_item(image_size: int, precision: str) -> tuple[int, int]:
     """(saved, first gradient) per image."""
     c = _bytes(precision)[0]
-    h = image_size // 4
-    stem = 64 * (image_size // 2) ** 2
-    elements = 2 * stem + 64 * h * h
+    h, stem_width = image_size // 4, RESNET50["stem"]
+    stem = stem_width * (image_size // 2) ** 2
+    elements = 2 * stem + stem_width * h * h
     for width, count, stride in RESNET50["blocks"]:
         for i in range(count):
             out = h // (stride if i == 0 else 1)
             elements += 2 * width * h * h + 2 * width * out * out + 2 * 4 * width * out * out
             elements += 4 * width * out * out if i == 0 else 0
             h = out
-    indices = 8 * 64 * (image_size // 4) ** 2
+    indices = 8 * stem_width * (image_size // 4) ** 2
     cast_input = 3 * image_size**2 * c if c != 4 else 0  # the 16-bit copy of the image the first convolution keeps
     return elements * c + indices + cast_input, stem * c
 
@@ -88,4 +88,4 @@ def _risk_activations(shape: dict, model_config: dict, precision: str, batch: in
     else:
         codes = shape["groups"] * shape["codes"]
         per_token = 8 * shape["dim"] * c + codes * (c + 12)
-    return batch * archs.data_seq_len(model_config) * (per_token + 12 * 256 + 8)
+    return batch * archs.data_seq_len(model_config) * (per_token + 12 * shape["vocab_size"] + 8)

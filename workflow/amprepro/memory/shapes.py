@@ -68,7 +68,7 @@ def llama_unit_parameters(shape: dict) -> int:
 
 def _resnet_parameters(shape: dict, model_config: dict) -> tuple[int, int]:
     total = shape["parameters"]
-    return total, total - 2 * shape["bn_channels"] - 1000
+    return total, total - 2 * shape["bn_channels"] - shape["classes"]  # less BatchNorm's and the head's bias
 
 
 def _vit_parameters(shape: dict, model_config: dict) -> tuple[int, int]:
@@ -86,23 +86,30 @@ def _gpt_parameters(shape: dict, model_config: dict) -> tuple[int, int]:
 
 
 def _small_cnn_parameters(shape: dict, model_config: dict) -> tuple[int, int]:
-    return 1 * 32 * 9 + 32 + 2 * 32 + 32 * 64 * 9 + 64 + 2 * 64 + 64 * 10 + 10, 32 * 9 + 32 * 64 * 9 + 640
+    """amprepro.train.models.SmallCNN at its entry's shape (the digits' channels and classes): each convolution with
+    its bias and its BatchNorm's weight and bias, the linear head."""
+    (c1, c2), k2, c0, classes = shape["channels"], shape["kernel"] ** 2, shape["in_channels"], shape["num_classes"]
+    matmul = c0 * c1 * k2 + c1 * c2 * k2 + c2 * classes
+    return matmul + c1 + 2 * c1 + c2 + 2 * c2 + classes, matmul
 
 
 def _tiny_transformer_parameters(shape: dict, model_config: dict) -> tuple[int, int]:
-    d = 64
-    return 8 * d + d + 8 * d + 2 * _transformer_block_parameters(d, 4 * d) + 2 * d + d * 10 + 10, 2 * 12 * d * d
+    """amprepro.train.models.TinyTransformer: the row embedding, the position table, the pre-norm encoder layers, the
+    final norm, the head (matmul parameters: the encoder layers' linears only)."""
+    d, width, tokens, depth, classes = (shape[k] for k in ("dim", "width", "tokens", "depth", "num_classes"))
+    blocks = depth * _transformer_block_parameters(d, 4 * d)
+    return width * d + d + tokens * d + blocks + 2 * d + d * classes + classes, depth * 12 * d * d
 
 
 def _lstm_parameters(shape: dict, model_config: dict) -> tuple[int, int]:
     """amprepro.train.riskmodels.ByteLSTM: byte embedding, one LSTM layer, linear head (the risk preset)."""
-    e, h, vocab = shape["embed"], shape["hidden"], 256
+    e, h, vocab = shape["embed"], shape["hidden"], shape["vocab_size"]
     recurrent = 4 * h * (e + h)  # weight_ih and weight_hh of the four gates
     return vocab * e + recurrent + 8 * h + h * vocab + vocab, recurrent + h * vocab
 
 
 def _gumbel_parameters(shape: dict, model_config: dict) -> tuple[int, int]:
     """amprepro.train.riskmodels.GumbelBytes: embedding, causal convolution, code logits, code book, MLP, head."""
-    d, k, codes, vocab = shape["dim"], shape["context"], shape["groups"] * shape["codes"], 256
+    d, k, codes, vocab = shape["dim"], shape["context"], shape["groups"] * shape["codes"], shape["vocab_size"]
     matmul = k * d * d + 2 * d * codes + 4 * d * d + d * vocab
     return vocab * d + matmul + d + codes + 2 * d + d + vocab, matmul  # + the biases

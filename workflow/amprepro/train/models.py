@@ -19,24 +19,28 @@ _GPT2, _LLAMA7B = archs.get("gpt"), archs.get("llama")  # the classes' default s
 
 
 class SmallCNN(nn.Module):
-    def __init__(self, num_classes: int = 10, in_channels: int = 1):
+    """Two convolutions (each with BatchNorm and ReLU), global average pooling, a linear head; sizes: the small_cnn
+    entry's shape (amprepro.archs.SMALL_CNN)."""
+
+    def __init__(self, *, channels: tuple[int, int], kernel: int, in_channels: int, num_classes: int):
         super().__init__()
+        first, second = channels
         self.features = nn.Sequential(
-            nn.Conv2d(in_channels, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(),
-            nn.Conv2d(32, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(),
+            nn.Conv2d(in_channels, first, kernel, padding=kernel // 2), nn.BatchNorm2d(first), nn.ReLU(),
+            nn.Conv2d(first, second, kernel, padding=kernel // 2), nn.BatchNorm2d(second), nn.ReLU(),
             nn.AdaptiveAvgPool2d(1),
         )
-        self.head = nn.Linear(64, num_classes)
+        self.head = nn.Linear(second, num_classes)
 
     def forward(self, x):
         return self.head(self.features(x).flatten(1))
 
 
 class TinyTransformer(nn.Module):
-    """Reads an (N, 1, H, W) image as H tokens of W features: attention, LayerNorm and GELU on a real task."""
+    """Reads an (N, 1, H, W) image as H tokens of W features: attention, LayerNorm and GELU on a real task. Sizes: the
+    tiny_transformer entry's shape (amprepro.archs.TINY_TRANSFORMER)."""
 
-    def __init__(self, width: int = 8, tokens: int = 8, dim: int = 64, depth: int = 2, heads: int = 4,
-                 num_classes: int = 10):
+    def __init__(self, *, width: int, tokens: int, dim: int, depth: int, heads: int, num_classes: int):
         super().__init__()
         self.embed = nn.Linear(width, dim)
         self.position = nn.Parameter(torch.zeros(1, tokens, dim))
@@ -294,8 +298,8 @@ def build_small_cnn(arch: archs.Arch, model_config: dict) -> nn.Module:
     if model_config.get("data") in archs.IMAGE_DATA:
         from amprepro.train import imagedata
 
-        return SmallCNN(num_classes=imagedata.num_classes(model_config), in_channels=3)
-    return SmallCNN()
+        return SmallCNN(**{**arch.shape, "in_channels": 3, "num_classes": imagedata.num_classes(model_config)})
+    return SmallCNN(**arch.shape)
 
 
 def build_gpt(arch: archs.Arch, model_config: dict) -> nn.Module:
@@ -330,7 +334,7 @@ def build_torchvision(arch: archs.Arch, model_config: dict) -> nn.Module:
 # device. A new arch of a new kind adds its builder here (amprepro.archs says how to add an arch).
 BUILDERS = {
     "small_cnn": build_small_cnn,
-    "tiny_transformer": lambda arch, model_config: TinyTransformer(),
+    "tiny_transformer": lambda arch, model_config: TinyTransformer(**arch.shape),
     "gpt": build_gpt,
     "llama": build_llama,
     "timm": build_timm,

@@ -22,8 +22,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-VOCAB = 256  # bytes (amprepro.train.textdata)
-# Their archs (sizes) are amprepro.archs entries: lstm_bytes (0.81 M parameters) and gumbel_bytes (0.64 M).
+# Their archs (sizes, the byte vocabulary included) are amprepro.archs entries: lstm_bytes (0.81 M parameters) and
+# gumbel_bytes (0.64 M).
 DEFAULT_GUMBEL_TAU = 1.0
 
 
@@ -37,7 +37,7 @@ def in_fp32(fn, *inputs):
 
 
 class ByteLSTM(nn.Module):
-    """Byte embedding -> one nn.LSTM layer -> linear head over the 256 bytes; next-byte prediction at every position.
+    """Byte embedding -> one nn.LSTM layer -> linear head over the bytes; next-byte prediction at every position.
 
     Why it is an AMP risk: the gradient of the recurrent weights W_hh is a sum over every time step of the window
     (sum_t delta_t h_{t-1}^T), computed by the fused RNN kernel in the autocast dtype; over 512 steps, and multiplied
@@ -48,12 +48,12 @@ class ByteLSTM(nn.Module):
     risky_layer_fp32: the LSTM runs in float32 outside autocast (in_fp32); the embedding and head keep the precision.
     """
 
-    def __init__(self, embed: int = 64, hidden: int = 384, risky_layer_fp32: bool = False):
+    def __init__(self, *, vocab_size: int, embed: int, hidden: int, risky_layer_fp32: bool = False):
         super().__init__()
-        self.vocab_size, self.risky_layer_fp32 = VOCAB, risky_layer_fp32
-        self.embed = nn.Embedding(VOCAB, embed)
+        self.vocab_size, self.risky_layer_fp32 = vocab_size, risky_layer_fp32
+        self.embed = nn.Embedding(vocab_size, embed)
         self.lstm = nn.LSTM(embed, hidden, batch_first=True)
-        self.head = nn.Linear(hidden, VOCAB)
+        self.head = nn.Linear(hidden, vocab_size)
 
     def _recur(self, x):
         return self.lstm(x)[0]
@@ -87,17 +87,17 @@ class GumbelBytes(nn.Module):
     risky_layer_fp32: the sampler (noise, division, softmax) runs in float32 outside autocast (in_fp32).
     """
 
-    def __init__(self, dim: int = 192, context: int = 8, groups: int = 8, codes: int = 32,
+    def __init__(self, *, vocab_size: int, dim: int, context: int, groups: int, codes: int,
                  tau: float = DEFAULT_GUMBEL_TAU, risky_layer_fp32: bool = False):
         super().__init__()
-        self.vocab_size, self.context, self.groups, self.codes = VOCAB, context, groups, codes
+        self.vocab_size, self.context, self.groups, self.codes = vocab_size, context, groups, codes
         self.tau, self.risky_layer_fp32 = tau, risky_layer_fp32
-        self.embed = nn.Embedding(VOCAB, dim)
+        self.embed = nn.Embedding(vocab_size, dim)
         self.mix = nn.Conv1d(dim, dim, context)  # left-padded below: position t sees bytes t-context+1 .. t
         self.to_codes = nn.Linear(dim, groups * codes)
         self.code_book = nn.Linear(groups * codes, dim, bias=False)
         self.mlp = nn.Sequential(nn.Linear(dim, 2 * dim), nn.GELU(), nn.Linear(2 * dim, dim))
-        self.head = nn.Linear(dim, VOCAB)
+        self.head = nn.Linear(dim, vocab_size)
 
     def _sample(self, logits):
         grouped = logits.view(*logits.shape[:-1], self.groups, self.codes)
@@ -118,11 +118,12 @@ class GumbelBytes(nn.Module):
 
 
 def build_lstm(arch, model_config: dict) -> ByteLSTM:
-    """The builder of an lstm-family arch entry (amprepro.archs: shape embed, hidden)."""
+    """The builder of an lstm-family arch entry (amprepro.archs: shape vocab_size, embed, hidden)."""
     return ByteLSTM(**arch.shape, risky_layer_fp32=bool(model_config.get("risky_layer_fp32", False)))
 
 
 def build_gumbel(arch, model_config: dict) -> GumbelBytes:
-    """The builder of a gumbel-family arch entry (amprepro.archs: shape dim, context, groups, codes; gumbel_tau)."""
+    """The builder of a gumbel-family arch entry (amprepro.archs: shape vocab_size, dim, context, groups, codes;
+    gumbel_tau)."""
     return GumbelBytes(**arch.shape, tau=model_config.get("gumbel_tau", DEFAULT_GUMBEL_TAU),
                        risky_layer_fp32=bool(model_config.get("risky_layer_fp32", False)))
