@@ -135,6 +135,14 @@ class ModelSettings:
         values["image_size"] = archs.image_size(value)  # the arch's default, else archs.IMAGE_SIZE
         return cls(**values, written=tuple(value))
 
+    @classmethod
+    def of_entry(cls, entry: ModelSettings | dict) -> ModelSettings:
+        """The record of a model entry of the run matrix (runs.models.<name>): its precisions, seeds and train are the
+        matrix's (MATRIX_KEYS), the rest is the model's."""
+        if isinstance(entry, ModelSettings):
+            return entry
+        return cls.of({key: value for key, value in entry.items() if key not in MATRIX_KEYS})
+
     def as_dict(self) -> dict:
         """The model_config the record was built from: the keys the config wrote, their values as written."""
         return {key: self.lora.as_dict() if key == "lora" and self.lora is not None else getattr(self, key)
@@ -149,6 +157,12 @@ class ModelSettings:
         """Tokens (bytes) per sample of a token data kind: the config's seq_len, else the data kind's default
         (amprepro.archs.data_seq_len)."""
         return archs.data_seq_len(self.as_dict())
+
+    @property
+    def budget_seq_len(self) -> int:
+        """Tokens per sample the job's time limit counts for a token data kind (amprepro.plan.resources): the config's
+        seq_len, else SYNTHETIC_TOKENS_SEQ_LEN for both kinds (a bound over python_stdlib's shorter windows)."""
+        return self.seq_len if self.is_set("seq_len") else archs.SYNTHETIC_TOKENS_SEQ_LEN
 
     @property
     def folder_image_size(self) -> int:
