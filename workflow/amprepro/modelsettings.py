@@ -148,6 +148,11 @@ class ModelSettings:
         return {key: self.lora.as_dict() if key == "lora" and self.lora is not None else getattr(self, key)
                 for key in self.written}
 
+    def resolved(self) -> dict:
+        """Every setting with its value, defaults filled in (lora as LoraSettings.resolved(), or None)."""
+        return {f.name: (self.lora.resolved() if f.name == "lora" and self.lora is not None else getattr(self, f.name))
+                for f in dataclasses.fields(self) if f.name != "written"}
+
     def is_set(self, key: str) -> bool:
         """Whether the config wrote this setting (rather than left it to its default)."""
         return key in self.written
