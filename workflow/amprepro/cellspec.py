@@ -1,9 +1,11 @@
 """A cell's settings as one typed record, built once from the run matrix (at DAG build time) and read by every stage
 after it: the rules (its JSON is the train job's --spec), the memory plan, the cell itself, verify and the report.
 
-The JSON form (as_dict) is what metrics.json's "spec" and the reference's aggregate carry. The plan's decision (the
-batch and shape this GPU runs the model at, and why) is applied once, in the cell, by planned(): the record then says
-both what was asked for and what ran.
+The model's settings are a typed record too (`settings`: amprepro.modelsettings.ModelSettings, defaults applied once
+from the arch registry); stages read its fields. The JSON form (as_dict; its model_config written back from that record,
+key for key as the config wrote it) is what metrics.json's "spec" and the reference's aggregate carry. The plan's
+decision (the batch and shape this GPU runs the model at, and why) is applied once, in the cell, by planned(): the
+record then says both what was asked for and what ran.
 """
 
 from __future__ import annotations
