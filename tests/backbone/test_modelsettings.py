@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -121,3 +122,22 @@ def test_every_setting_of_the_schema_is_a_field():
     assert fields == settings
     lora = schema["$defs"]["model"]["properties"]["lora"]["properties"]
     assert [f.name for f in dataclasses.fields(LoraSettings) if f.name != "written"] == list(lora)
+
+
+# Where a model_config is still read as a dict, and why: the registry's default functions (the record applies them),
+# verify's comparison of two cells' JSON forms key by key, and the claims' reader of one raw metrics.json field.
+DICT_READERS = {"archs.py", "verify/cellcompare.py", "analysis/claims.py"}
+DICT_READ = re.compile(r"""model_config\b["']?\]?\s*(\.get\(|\[)|\.get\(["']model_config["'][^)]*\)\s*(\.get\(|\[)""")
+
+
+def test_no_other_module_reads_a_model_config_dict():
+    package = REPO / "workflow" / "amprepro"
+    readers = {str(path.relative_to(package)) for path in package.rglob("*.py") if DICT_READ.search(path.read_text())}
+    assert readers == DICT_READERS
+
+
+def test_the_dict_read_pattern_sees_each_spelling():
+    for line in ('x = model_config.get("seq_len", 2048)', "x = model_config['arch']", "spec['model_config'].get('a')",
+                 'spec.get("model_config", {}).get("arch")', 'cell["spec"]["model_config"]["batch_size"]'):
+        assert DICT_READ.search(line), line
+    assert not DICT_READ.search("settings = ModelSettings.of(spec.model_config)")

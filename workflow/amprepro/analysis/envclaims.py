@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from amprepro.analysis.claimmetrics import claimed_band, claimed_text, fmt_value, verdict_for
 from amprepro.cellspec import CellSpec
-from amprepro.modelsettings import MATRIX_KEYS
+from amprepro.modelsettings import MATRIX_KEYS, ModelSettings
 
 # model_config keys and precision pairs that are environment, not algorithm: the same model and numerics target, set
 # up differently. The value names the setting in the report.
@@ -47,6 +47,11 @@ def setup(spec: dict, precision: str) -> tuple[dict, str, dict]:
     config = cell.settings.resolved()  # every setting, defaults filled in (amprepro.modelsettings)
     train = {k: v for k, v in cell.train.items() if k not in MEASUREMENT_KEYS | {"optimizer", "apex_optimizer"}}
     return config, cell.optimizer, train
+
+
+def _settings(specs: dict, model: str) -> ModelSettings:
+    """A model's settings from its spec (its model_config; a model entry's precisions and seeds left out)."""
+    return ModelSettings.of_entry((specs.get(model) or {}).get("model_config") or {})
 
 
 def environment_difference(a: tuple[str, str], b: tuple[str, str], specs: dict) -> str | None:
@@ -85,7 +90,7 @@ def _arch_models(claim: dict, summary: dict, specs: dict) -> dict[str, list[str]
     wanted = {m.lower() for m in claim["models"]}
     groups: dict[str, list[str]] = {}
     for model in present:
-        arch = str((specs.get(model) or {}).get("model_config", {}).get("arch", model))
+        arch = str(_settings(specs, model).arch or model)
         if arch.lower() in wanted or model.lower() in wanted:
             groups.setdefault(arch, []).append(model)
     return groups
@@ -139,7 +144,7 @@ def judge_shell(claim: dict, summary: dict, specs: dict) -> dict:
     result = _base(claim, variant="apex on the empty shell (apex_build: shell)", baselines=claim["baseline"])
     cells = {(c["model"], c["precision"], int(c["seed"])): c for c in summary.get("cells", [])}
     groups = _arch_models(claim, summary, specs)
-    shells = {arch: [m for m in models if (specs.get(m) or {}).get("model_config", {}).get("apex_build") == "shell"]
+    shells = {arch: [m for m in models if m in specs and _settings(specs, m).apex_build == "shell"]
               for arch, models in groups.items()}
     result["matched_models"] = [m for models in shells.values() for m in models]
     if not result["matched_models"]:
