@@ -12,6 +12,7 @@ from torch import nn
 
 from amprepro import archs, memory
 from amprepro import config as cfg
+from amprepro.modelsettings import ModelSettings
 from amprepro.plan import resources
 from amprepro.train import models, train
 
@@ -23,22 +24,22 @@ TOY_MLP = archs.Arch("toy_mlp", "toy_mlp_family", "toy_mlp", 1.0e-4, shape={"hid
                      description="a test entry of a family of its own")
 
 
-def build_toy_gpt(arch: archs.Arch, model_config: dict) -> nn.Module:
-    return models.GPT(seq_len=model_config.get("seq_len", arch.seq_len), **arch.shape)
+def build_toy_gpt(arch: archs.Arch, settings: ModelSettings | dict) -> nn.Module:
+    return models.GPT(seq_len=ModelSettings.of(settings).seq_len, **arch.shape)  # the entry's unless the config's
 
 
-def build_toy_mlp(arch: archs.Arch, model_config: dict) -> nn.Module:
+def build_toy_mlp(arch: archs.Arch, settings: ModelSettings) -> nn.Module:
     """An 8x8 digit through one hidden layer."""
     return nn.Sequential(nn.Flatten(), nn.Linear(64, arch.shape["hidden"]), nn.ReLU(),
                          nn.Linear(arch.shape["hidden"], 10))
 
 
-def toy_mlp_parameters(shape: dict, model_config: dict) -> tuple[int, int]:
+def toy_mlp_parameters(shape: dict, settings: ModelSettings) -> tuple[int, int]:
     h = shape["hidden"]
     return 64 * h + h + h * 10 + 10, 64 * h + h * 10
 
 
-def toy_mlp_activations(shape: dict, model_config: dict, precision: str, batch: int) -> int:
+def toy_mlp_activations(shape: dict, settings: ModelSettings, precision: str, batch: int) -> int:
     return batch * 4 * (64 + 2 * shape["hidden"] + 10)  # the input, the hidden layer before and after ReLU, logits
 
 

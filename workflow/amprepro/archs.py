@@ -7,13 +7,15 @@ item) all read this table. No torch import: the DAG build and the report read it
 
 Adding an arch (tests/backbone/test_archs.py does it at test time):
 1. an Arch entry in REGISTRY below (its shape, the data it reads, its defaults, its resources);
-2. its builder: a function (arch: Arch, model_config: dict) -> nn.Module in amprepro.train.models.BUILDERS under the
-   entry's `builder` name, unless an existing builder fits (a GPT of a new size: builder "gpt", a new `shape`);
+2. its builder: a function (arch: Arch, settings: amprepro.modelsettings.ModelSettings) -> nn.Module in
+   amprepro.train.models.BUILDERS under the entry's `builder` name, unless an existing builder fits (a GPT of a new
+   size: builder "gpt", a new `shape`);
 3. for a new `family` only: its formulas (parameters, activations) in amprepro.memory.FAMILIES (written in
    amprepro.memory.cellpeak), which every cell's memory estimate and the memory plan need.
 Nothing else names an arch: the schema's enum, the config checks and the resources follow the entry.
 
-Defaults for a setting a model's config leaves out (the one place each is written):
+Defaults for a setting a model's config leaves out (the one place each is written; amprepro.modelsettings applies them
+once, when a cell's record is built, and every stage reads the record's fields):
 - seq_len: the model's context length (GPT's position table, LLaMA's RoPE tables, the memory model) is the entry's
   `seq_len` (GPT 1024, LLaMA 2048). The data's windows are not always as long: synthetic_tokens draws
   SYNTHETIC_TOKENS_SEQ_LEN (1024) tokens per sample for every arch, a LLaMA too, and python_stdlib reads

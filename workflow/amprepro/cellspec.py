@@ -1,9 +1,11 @@
 """A cell's settings as one typed record, built once from the run matrix (at DAG build time) and read by every stage
 after it: the rules (its JSON is the train job's --spec), the memory plan, the cell itself, verify and the report.
 
-The JSON form (as_dict) is what metrics.json's "spec" and the reference's aggregate carry. The plan's decision (the
-batch and shape this GPU runs the model at, and why) is applied once, in the cell, by planned(): the record then says
-both what was asked for and what ran.
+The model's settings are a typed record too (`settings`: amprepro.modelsettings.ModelSettings, defaults applied once
+from the arch registry); stages read its fields. The JSON form (as_dict; its model_config written back from that record,
+key for key as the config wrote it) is what metrics.json's "spec" and the reference's aggregate carry. The plan's
+decision (the batch and shape this GPU runs the model at, and why) is applied once, in the cell, by planned(): the
+record then says both what was asked for and what ran.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import json
 from dataclasses import dataclass, field
 
 from amprepro import precisions
+from amprepro.modelsettings import ModelSettings
 
 # Model settings the memory plan may change; everything else in model_config is the config's, as written.
 PLANNED_KEYS = ("batch_size", "shape")
@@ -26,8 +29,14 @@ class CellSpec:
     model: str
     precision: str
     seed: int
-    model_config: dict = field(default_factory=dict)
+    model_config: dict = field(default_factory=dict)  # the JSON form, as the config wrote it (settings' as_dict())
     train: dict = field(default_factory=dict)
+    # The model settings as a typed record, defaults applied (amprepro.modelsettings): built once, from model_config,
+    # when the spec is; every stage reads it rather than the dict.
+    settings: ModelSettings = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "settings", ModelSettings.of(self.model_config))
 
     @classmethod
     def of(cls, value: CellSpec | dict) -> CellSpec:
@@ -44,18 +53,18 @@ class CellSpec:
 
     def as_dict(self) -> dict:
         return {"model": self.model, "precision": self.precision, "seed": self.seed,
-                "model_config": copy.deepcopy(self.model_config), "train": copy.deepcopy(self.train)}
+                "model_config": copy.deepcopy(self.settings.as_dict()), "train": copy.deepcopy(self.train)}
 
     def to_json(self) -> str:
         return json.dumps(self.as_dict(), sort_keys=True)
 
     @property
     def arch(self) -> str:
-        return self.model_config["arch"]
+        return self.settings.arch
 
     @property
     def batch_size(self) -> int:
-        return self.model_config["batch_size"]
+        return self.settings.batch_size
 
     @property
     def optimizer(self) -> str:
@@ -69,12 +78,12 @@ class CellSpec:
         """Whether the cell uses apex at all (amp, FusedAdam, FusedLayerNorm). A cell that does not never waits for
         the apex build: its job does not depend on it (workflow/rules/runs.smk)."""
         return (precisions.get(self.precision).needs_apex or self.optimizer == "apex_fused_adam"
-                or bool(self.model_config.get("fused_layer_norm")))
+                or self.settings.fused_layer_norm)
 
     @property
     def apex_build(self) -> str:
         """full (the default) or shell: which apex build the cell runs on (APEX_VIEWS)."""
-        return self.model_config.get("apex_build", "full")
+        return self.settings.apex_build
 
     @property
     def apex_view(self) -> str | None:

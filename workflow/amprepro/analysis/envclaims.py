@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from amprepro.analysis.claimmetrics import claimed_band, claimed_text, fmt_value, verdict_for
 from amprepro.cellspec import CellSpec
+from amprepro.modelsettings import MATRIX_KEYS, ModelSettings
 
 # model_config keys and precision pairs that are environment, not algorithm: the same model and numerics target, set
 # up differently. The value names the setting in the report.
@@ -31,12 +32,9 @@ ENV_SETTINGS = {"channels_last": "channels_last", "compile": "torch.compile vs e
 ENV_PRECISIONS = {frozenset({"fp32", "tf32"}): "TF32 on vs off",
                   frozenset({"amp_bf16", "amp_bf16_compile"}): "torch.compile vs eager"}
 ENV_OPTIMIZERS = {"adamw", "adamw_fused", "apex_fused_adam"}  # the same AdamW update, fused or not
-# What a model entry lists (its cells) and how long a cell is measured (the median step time and the peak do not
-# depend on the step count): not settings of the cell.
-NOT_SETTINGS = {"precisions", "seeds"}
+# How long a cell is measured (the median step time and the peak do not depend on the step count): not settings of
+# the cell. What a model entry lists (its cells: amprepro.modelsettings.MATRIX_KEYS) is not either.
 MEASUREMENT_KEYS = {"steps", "warmup_steps"}
-DEFAULTS = {"image_size": 224, "channels_last": False, "compile": False, "fused_layer_norm": False,
-            "apex_build": "full"}
 VERDICT_TEXT = {"holds": "holds", "exceeds": "exceeds the claim", "falls_short": "falls short",
                 "not_measurable": "not measurable here"}
 WORST_FIRST = ["falls_short", "exceeds", "holds"]
@@ -44,10 +42,16 @@ WORST_FIRST = ["falls_short", "exceeds", "holds"]
 
 def setup(spec: dict, precision: str) -> tuple[dict, str, dict]:
     """(model settings with defaults filled in, the cell's optimizer, the other train settings) of one cell."""
-    cell = CellSpec.of({**spec, "precision": precision})
-    config = {**DEFAULTS, **{k: v for k, v in cell.model_config.items() if k not in NOT_SETTINGS}}
+    written = {k: v for k, v in (spec.get("model_config") or {}).items() if k not in MATRIX_KEYS}
+    cell = CellSpec.of({**spec, "precision": precision, "model_config": written})
+    config = cell.settings.resolved()  # every setting, defaults filled in (amprepro.modelsettings)
     train = {k: v for k, v in cell.train.items() if k not in MEASUREMENT_KEYS | {"optimizer", "apex_optimizer"}}
     return config, cell.optimizer, train
+
+
+def _settings(specs: dict, model: str) -> ModelSettings:
+    """A model's settings from its spec (its model_config; a model entry's precisions and seeds left out)."""
+    return ModelSettings.of_entry((specs.get(model) or {}).get("model_config") or {})
 
 
 def environment_difference(a: tuple[str, str], b: tuple[str, str], specs: dict) -> str | None:
@@ -86,7 +90,7 @@ def _arch_models(claim: dict, summary: dict, specs: dict) -> dict[str, list[str]
     wanted = {m.lower() for m in claim["models"]}
     groups: dict[str, list[str]] = {}
     for model in present:
-        arch = str((specs.get(model) or {}).get("model_config", {}).get("arch", model))
+        arch = str(_settings(specs, model).arch or model)
         if arch.lower() in wanted or model.lower() in wanted:
             groups.setdefault(arch, []).append(model)
     return groups
@@ -140,7 +144,7 @@ def judge_shell(claim: dict, summary: dict, specs: dict) -> dict:
     result = _base(claim, variant="apex on the empty shell (apex_build: shell)", baselines=claim["baseline"])
     cells = {(c["model"], c["precision"], int(c["seed"])): c for c in summary.get("cells", [])}
     groups = _arch_models(claim, summary, specs)
-    shells = {arch: [m for m in models if (specs.get(m) or {}).get("model_config", {}).get("apex_build") == "shell"]
+    shells = {arch: [m for m in models if m in specs and _settings(specs, m).apex_build == "shell"]
               for arch, models in groups.items()}
     result["matched_models"] = [m for models in shells.values() for m in models]
     if not result["matched_models"]:

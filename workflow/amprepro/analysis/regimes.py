@@ -20,6 +20,7 @@ from pathlib import Path
 from amprepro import archs, memory
 from amprepro.analysis.claimmetrics import fmt_value, verdict_for
 from amprepro.memory import Lora, Sharding
+from amprepro.modelsettings import ModelSettings
 
 REPO = Path(__file__).resolve().parents[3]
 MEASUREMENTS = REPO / "results-reference" / "regimes"
@@ -167,10 +168,9 @@ def reference_cells(path: Path = REFERENCE_AGGREGATE) -> dict:
             cell = cells.get(f"{model}/{precision}/0")
             if not cell or cell.get("status") != "ok":
                 continue
-            mc = cell["spec"]["model_config"]
-            if (mc.get("arch"), mc.get("shape") or "llama", mc.get("batch_size"), mc.get("seq_len"),
-                    mc.get("activation_checkpointing", True)) != ("llama", regime.shape, regime.batch,
-                                                                   regime.seq_len, regime.checkpointing):
+            s = ModelSettings.of(cell["spec"]["model_config"])
+            if (s.arch, s.shape or "llama", s.batch_size, s.seq_len, s.activation_checkpointing) != (
+                    "llama", regime.shape, regime.batch, regime.seq_len, regime.checkpointing):
                 continue
             out[(key, side)] = {"regime": key, "side": side, "status": "ok", "setting": regime.setting(
                 getattr(regime, side)), "peak_allocated_bytes": int(cell["metrics"]["peak_allocated_bytes"]["median"]),

@@ -11,6 +11,7 @@ from amprepro import precisions
 from amprepro.analysis import claimmetrics, fp8
 from amprepro.cellid import CellId
 from amprepro.files import read_json, write_csv, write_json
+from amprepro.modelsettings import ModelSettings
 
 COLUMNS = [
     "model", "precision", "seed", "status", "reason", "throughput_per_s", "throughput_unit", "step_time_median_s",
@@ -93,17 +94,17 @@ def add_mfu(rows: list[dict], metrics: list[dict], peak: dict) -> list[dict]:
 def add_plan(rows: list[dict], metrics: list[dict]) -> list[dict]:
     """The batch (and LLaMA shape) each cell ran at, and the memory plan's reason (amprepro.plan.memplan)."""
     for row, m in zip(rows, metrics):
-        model_config = (m.get("spec") or {}).get("model_config") or {}
+        settings = ModelSettings.of((m.get("spec") or {}).get("model_config") or {})
         plan = m.get("plan") or {}
-        row["batch_size"] = model_config.get("batch_size")
-        row["preset_batch_size"] = plan.get("preset_batch_size", model_config.get("batch_size"))
-        row["shape"] = model_config.get("shape")
+        row["batch_size"] = settings.batch_size
+        row["preset_batch_size"] = plan.get("preset_batch_size", settings.batch_size)
+        row["shape"] = settings.shape
         row["shape_name"] = plan.get("shape_name")
         row["parameters"] = m.get("parameters")
         row["plan_note"] = plan.get("why")
-        lora = model_config.get("lora")  # from the spec: a skipped cell has no record of its own
-        row["lora_base"] = None if lora is None else lora.get("base", "fp32")
-        row["lora_shape"] = None if lora is None else model_config.get("shape") or model_config.get("arch")
+        lora = settings.lora  # from the spec: a skipped cell has no record of its own
+        row["lora_base"] = None if lora is None else lora.base
+        row["lora_shape"] = None if lora is None else settings.shape or settings.arch
     return rows
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from amprepro import archs, precisions
 from amprepro.config.errors import ConfigError
 from amprepro.datakinds import largest_batch
+from amprepro.modelsettings import ModelSettings
 
 LLAMA_ARCHS = tuple(archs.where(family="llama"))  # a view of the arch registry (amprepro.archs)
 
@@ -42,7 +43,7 @@ def check_lora(model: str, settings: dict, runs_precisions: list[str] | None = N
     """A `lora` setting only under the precisions its frozen base trains in."""
     if "lora" not in settings:
         return
-    base = (settings["lora"] or {}).get("base", "fp32")
+    base = ModelSettings.of_entry(settings).lora.base
     precisions_here = settings.get("precisions") or runs_precisions or []
     wrong = [p for p in precisions_here if p not in LORA_PRECISIONS[base]]
     if wrong:
@@ -85,14 +86,15 @@ def check_data_settings(model: str, settings: dict) -> None:
             raise ConfigError(f"Config error at runs.models.{model}.arch: data {data} needs an arch that reads "
                               f"3-channel images of any size ({', '.join(archs.reading(data))}). Fix: use one of "
                               "them.")
-        if not settings.get("data_path"):
+        if not ModelSettings.of_entry(settings).data_path:
             raise ConfigError(f"Config error at runs.models.{model}.data_path: data {data} needs the dataset's "
                               "directory. Fix: set data_path (docs: amprepro.train.imagedata).")
 
 
 def check_batch(model: str, settings: dict) -> None:
     """A batch the data can supply, split evenly over the model's GPUs: throughput counts exactly this batch."""
-    batch, gpus, most = settings["batch_size"], settings.get("gpus", 1), largest_batch(settings["data"])
+    given = ModelSettings.of_entry(settings)
+    batch, gpus, most = given.batch_size, given.gpus, largest_batch(given.data)
     if most is not None and batch > most:
         raise ConfigError(
             f"Config error at runs.models.{model}.batch_size: {batch} is more than the {most} samples of the "
@@ -124,7 +126,7 @@ def check_apex_source(apex: dict, required: bool) -> None:
 def check_remedies(model: str, settings: dict, train: dict, model_precisions: list[str]) -> None:
     """The second article's AMP remedies only where they act: risky_layer_fp32 on a model with a risky layer under a
     torch.autocast precision, grad_scaler_init_scale where every precision of the model has a GradScaler."""
-    if settings.get("risky_layer_fp32"):
+    if ModelSettings.of_entry(settings).risky_layer_fp32:
         arch = archs.get(settings["arch"])
         if not arch.risky_layer and not (arch.naive_norm_eps and "naive_norm_eps" in settings):
             risky = [name for name in archs.names() if archs.get(name).risky_layer]

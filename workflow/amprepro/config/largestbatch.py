@@ -5,6 +5,7 @@ from __future__ import annotations
 from amprepro import precisions
 from amprepro.config.errors import ConfigError
 from amprepro.config.matrix import cells
+from amprepro.modelsettings import ModelSettings
 
 
 def check_largest_batch(runs: dict) -> None:
@@ -16,7 +17,8 @@ def check_largest_batch(runs: dict) -> None:
             raise ConfigError(
                 f"Config error at runs.largest_batch.models: {model} is not a model of this run "
                 f"({', '.join(sorted(runs['models']))}). Fix: name one of them, or remove it.")
-        if settings.get("gpus", 1) > 1 or settings.get("nodes", 1) > 1 or settings.get("compile"):
+        given = ModelSettings.of_entry(settings)
+        if given.gpus > 1 or given.nodes > 1 or given.compile:
             raise ConfigError(
                 f"Config error at runs.largest_batch.models: {model} is data-parallel or compiled; the search tries "
                 "batches in one process, one step each. Fix: name its single-GPU, uncompiled model instead.")

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from amprepro.cellspec import CellSpec
+from amprepro.modelsettings import MATRIX_KEYS
 from amprepro.presets import deep_merge
 
 
@@ -24,7 +25,7 @@ def cell_spec(runs: dict, model: str, precision: str, seed: int) -> CellSpec:
     cell_spec_json are its JSON forms."""
     settings = runs["models"][model]
     return CellSpec(model=model, precision=precision, seed=int(seed),
-                    model_config={k: v for k, v in settings.items() if k not in ("precisions", "seeds", "train")},
+                    model_config={k: v for k, v in settings.items() if k not in MATRIX_KEYS},
                     train=deep_merge(runs["train"], settings.get("train", {})))
 
 

@@ -14,9 +14,9 @@ precision, r = of the residual stream, g = of GELU's input: FP32 under apex O1, 
 
 from __future__ import annotations
 
-from amprepro import archs
 from amprepro.memory.regimes import precision_of
 from amprepro.memory.shapes import RESNET50, vit_tokens
+from amprepro.modelsettings import ModelSettings
 
 
 def _bytes(precision: str) -> tuple[int, int, int]:
@@ -48,33 +48,33 @@ def resnet50_bytes_per_item(image_size: int, precision: str) -> tuple[int, int]:
     return elements * c + indices + cast_input, stem * c
 
 
-def _resnet_activations(shape: dict, model_config: dict, precision: str, batch: int) -> int:
-    size = archs.image_size(model_config)
+def _resnet_activations(shape: dict, settings: ModelSettings, precision: str, batch: int) -> int:
+    size = settings.image_size
     saved, first_grad = resnet50_bytes_per_item(size, precision)
     return batch * (saved + first_grad + 3 * size**2 * 4)
 
 
-def _vit_activations(shape: dict, model_config: dict, precision: str, batch: int) -> int:
+def _vit_activations(shape: dict, settings: ModelSettings, precision: str, batch: int) -> int:
     c = _bytes(precision)[0]
-    d, tokens, size = shape["dim"], vit_tokens(model_config, shape), archs.image_size(model_config)
+    d, tokens, size = shape["dim"], vit_tokens(settings, shape), settings.image_size
     per_item = shape["layers"] * tokens * transformer_block_bytes_per_token(d, precision)
     return batch * (per_item + tokens * d * 4 * 2 + 3 * size**2 * (4 + (c if c != 4 else 0)))
 
 
-def _gpt_activations(shape: dict, model_config: dict, precision: str, batch: int) -> int:
-    tokens = batch * archs.seq_len(model_config)
+def _gpt_activations(shape: dict, settings: ModelSettings, precision: str, batch: int) -> int:
+    tokens = batch * settings.seq_len
     blocks = shape["layers"] * transformer_block_bytes_per_token(shape["dim"], precision)
     return tokens * (blocks + 12 * shape["vocab_size"] + 2 * shape["dim"] * 4 + 8)
 
 
-def _small_activations(shape: dict, model_config: dict, precision: str, batch: int) -> int:
+def _small_activations(shape: dict, settings: ModelSettings, precision: str, batch: int) -> int:
     return batch * 64 * 64 * 4 * 4  # under 1 MiB at batch 64: the workspace dominates
 
 
 LSTM_STATES_PER_TOKEN = 10  # values of width `hidden` an LSTM step holds for its backward (_risk_activations)
 
 
-def _risk_activations(shape: dict, model_config: dict, precision: str, batch: int) -> int:
+def _risk_activations(shape: dict, settings: ModelSettings, precision: str, batch: int) -> int:
     """Saved activations of a risk arch, an upper estimate per token: every intermediate of its layers in the compute
     dtype (the LSTM's gates, cell and hidden states; the Gumbel model's convolution, MLP and code book), the sampler's
     logits, noise and softmax in FP32, and the byte logits as the GPT's (12 bytes per logit)."""
@@ -83,9 +83,9 @@ def _risk_activations(shape: dict, model_config: dict, precision: str, batch: in
         # the remedy (risky_layer_fp32) runs the LSTM outside autocast on an FP32 input: its states are FP32 then;
         # cuDNN's training reserve keeps the four gates, the cell and hidden state and tanh(cell) per step, and the
         # backward's gate gradients take as much again (measured on the H200: 0.386 GiB at batch 32 x 512, FP32)
-        lstm = 4 if model_config.get("risky_layer_fp32") else c
+        lstm = 4 if settings.risky_layer_fp32 else c
         per_token = shape["embed"] * c + LSTM_STATES_PER_TOKEN * shape["hidden"] * lstm
     else:
         codes = shape["groups"] * shape["codes"]
         per_token = 8 * shape["dim"] * c + codes * (c + 12)
-    return batch * archs.data_seq_len(model_config) * (per_token + 12 * shape["vocab_size"] + 8)
+    return batch * settings.data_seq_len * (per_token + 12 * shape["vocab_size"] + 8)

@@ -70,6 +70,7 @@ from amprepro.memory.shapes import (
     llama_unit_parameters,
     lora_parameters,
 )
+from amprepro.modelsettings import ModelSettings
 
 WORKSPACE_BYTES = 68 * 2**20
 # A batch measured to fit (a plan's probe, a largest-batch try) fits for the cells only when its allocator peak is at
@@ -114,68 +115,73 @@ class Estimate:
             "peak_moment": self.peak_moment}
 
 
-# Each family's formulas: (parameters(shape, model_config), activation_bytes(shape, model_config, precision, batch)),
-# shape being the arch entry's (amprepro.archs). A family missing here has no memory model (a ValueError naming it).
+# Each family's formulas: (parameters(shape, settings), activation_bytes(shape, settings, precision, batch)), shape
+# being the arch entry's (amprepro.archs), settings the model's (amprepro.modelsettings.ModelSettings). A family
+# missing here has no memory model (a ValueError naming it).
 FAMILIES = {
     "cnn": (_small_cnn_parameters, _small_activations),
     "image_transformer": (_tiny_transformer_parameters, _small_activations),
     "resnet": (_resnet_parameters, _resnet_activations),
     "vit": (_vit_parameters, _vit_activations),
     "gpt": (_gpt_parameters, _gpt_activations),
-    "llama": (lambda shape, model_config: llama_parameters(llama_shape(model_config)), _llama_activations),
+    "llama": (lambda shape, settings: llama_parameters(llama_shape(settings)), _llama_activations),
     "lstm": (_lstm_parameters, _risk_activations),
     "gumbel": (_gumbel_parameters, _risk_activations),
 }
 
 
-def _arch(model_config: dict) -> archs.Arch:
-    arch = model_config["arch"]
+def _arch(settings: ModelSettings) -> archs.Arch:
+    arch = settings.arch
     if arch not in archs.REGISTRY or archs.REGISTRY[arch].family not in FAMILIES:
         raise ValueError(f"no memory model for arch {arch!r}")
     return archs.REGISTRY[arch]
 
 
-def parameters(model_config: dict) -> tuple[int, int]:
+def parameters(settings: ModelSettings | dict) -> tuple[int, int]:
     """(parameters, matmul parameters: the weights a cast cache holds a 16-bit copy of) of a model config's arch."""
-    arch = _arch(model_config)
-    return FAMILIES[arch.family][0](arch.shape, model_config)
+    settings = ModelSettings.of(settings)
+    arch = _arch(settings)
+    return FAMILIES[arch.family][0](arch.shape, settings)
 
 
-def activation_bytes(model_config: dict, precision: str, batch: int) -> int:
+def activation_bytes(settings: ModelSettings | dict, precision: str, batch: int) -> int:
     """Saved activations plus the first gradients of the backward, and the input batch, for `batch` items."""
-    arch = _arch(model_config)
-    return FAMILIES[arch.family][1](arch.shape, model_config, precision, batch)
+    settings = ModelSettings.of(settings)
+    arch = _arch(settings)
+    return FAMILIES[arch.family][1](arch.shape, settings, precision, batch)
 
 
-def cell_batch(model_config: dict) -> int:
-    return model_config["batch_size"] // model_config.get("gpus", 1)  # each data-parallel rank's share
+def cell_batch(settings: ModelSettings | dict) -> int:
+    settings = ModelSettings.of(settings)
+    return settings.batch_size // settings.gpus  # each data-parallel rank's share
 
 
-def estimate(model_config: dict, precision: str, optimizer: str, batch: int | None = None,
+def estimate(settings: ModelSettings | dict, precision: str, optimizer: str, batch: int | None = None,
              apex_cast_cache: bool | None = None, sharding: Sharding = UNSHARDED, lora: Lora | None = None) -> Estimate:
     """The predicted allocator peak of one cell (one GPU's share) at `batch` (default: the config's); for the LLaMA
     shapes also sharded (ZeRO-1/2/3) or with LoRA on a frozen base (amprepro.memory.regimes has the rules; `lora`, or
-    the config's own `lora` setting)."""
-    batch = cell_batch(model_config) if batch is None else batch
-    lora = lora or lora_of(model_config)
+    the config's own `lora` setting). settings: the model's (a model_config is read as one)."""
+    settings = ModelSettings.of(settings)
+    batch = cell_batch(settings) if batch is None else batch
+    lora = lora or lora_of(settings)
     p = precision_of(precision)
-    total_params, matmul_params = parameters(model_config)
-    llama = is_llama(model_config)
+    total_params, matmul_params = parameters(settings)
+    llama = is_llama(settings)
     if (sharding != UNSHARDED or lora) and not llama:
-        raise ValueError(f"sharding and LoRA are modelled for the LLaMA shapes only, not {model_config['arch']!r}")
+        raise ValueError(f"sharding and LoRA are modelled for the LLaMA shapes only, not {settings.arch!r}")
     if lora and p.needs_apex:
         raise ValueError(f"LoRA is modelled under torch.amp or none, not {precision} (amp_bf16 or fp32)")
     if sharding.stage == 3 and p.apex_opt_level == "O1":
         raise ValueError("ZeRO-3 is modelled with FSDP's MixedPrecision (amp_bf16), not apex O1's cast cache")
-    recomputes = llama and model_config.get("activation_checkpointing", True)
+    recomputes = llama and settings.activation_checkpointing
     o1 = p.apex_opt_level == "O1"
     if apex_cast_cache is None:
         apex_cast_cache = o1 and not recomputes
-    trainable = lora_parameters(llama_shape(model_config), lora) if lora else total_params
+    trainable = lora_parameters(llama_shape(settings), lora) if lora else total_params
     w, g, o, m = (b * trainable for b in p.bytes_per_parameter[:4])
     cast = p.bytes_per_parameter[4] * matmul_params
     if llama:
-        shape = llama_shape(model_config)
+        shape = llama_shape(settings)
         casts = _llama_dtypes(precision, lora)[4] and sharding.stage < 3  # FP32 matmul weights cast at each use
         head_cast = 2 * shape["vocab_size"] * shape["dim"] if casts else 0  # outside the checkpoints: saved
     if lora:  # frozen base + FP32 adapters; only the adapters have gradients and AdamW state
@@ -194,7 +200,7 @@ def estimate(model_config: dict, precision: str, optimizer: str, batch: int | No
     masters_later = 4 * trainable if o2 else 0  # not yet allocated during the backward
     temporaries = 0 if optimizer in IN_PLACE_OPTIMIZERS else p.bytes_per_parameter[2] // 2 * trainable
     ranks, stage = sharding.ranks, sharding.stage
-    unit = llama_unit_parameters(llama_shape(model_config)) if stage >= 2 else 0
+    unit = llama_unit_parameters(llama_shape(settings)) if stage >= 2 else 0
     unit_grad, gathered = 0, 0
     if stage >= 1:
         o, m, temporaries = o // ranks, m // ranks, temporaries // ranks
@@ -206,7 +212,7 @@ def estimate(model_config: dict, precision: str, optimizer: str, batch: int | No
         gathered = 2 * unit * p.compute_bytes  # the unit computing and the one prefetched
     states = w + gathered + m + o + grads_kept
     if llama:
-        seq_len = archs.seq_len(model_config)
+        seq_len = settings.seq_len
         block_inputs, saved, extra = llama_block_bytes(shape, batch, seq_len, precision, lora)
         kept, loss, first = llama_head_bytes(shape, batch, seq_len, precision, lora)
         kept += block_inputs if recomputes else shape["layers"] * (saved + extra)
@@ -216,9 +222,9 @@ def estimate(model_config: dict, precision: str, optimizer: str, batch: int | No
         cast_saved = cast if (not recomputes or cast_kept) else head_cast if o1 else min(cast, head_cast)
         moments = {"forward end": states + cast + kept + loss,
                    "backward start": states - grads_kept + cast_saved + activations}
-        end = llama_backward_end_bytes(model_config, precision, batch, lora, sharding, cast_kept=bool(cast_kept))
+        end = llama_backward_end_bytes(settings, precision, batch, lora, sharding, cast_kept=bool(cast_kept))
     else:
-        activations = activation_bytes(model_config, precision, batch)
+        activations = activation_bytes(settings, precision, batch)
         moments = {"forward end": states + cast + activations}
         end = 0
     moments["backward end"] = w + gathered + m + g - masters_later + unit_grad + o + cast_kept + end

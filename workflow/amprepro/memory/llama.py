@@ -21,9 +21,9 @@ RMSNorm's FP32 inputs and normalised inputs, RoPE's rotated q and k, flash atten
 
 from __future__ import annotations
 
-from amprepro import archs
 from amprepro.memory.regimes import Lora, Sharding, precision_of
 from amprepro.memory.shapes import is_llama, kv_dim, llama_linear_shapes, llama_shape, lora_parameters
+from amprepro.modelsettings import ModelSettings
 
 
 def _llama_dtypes(precision: str, lora: Lora | None = None) -> tuple[int, int, int, bool, bool]:
@@ -115,9 +115,9 @@ def llama_activation_bytes(shape: dict, batch: int, seq_len: int, precision: str
     return blocks + kept + first
 
 
-def _llama_activations(shape: dict, model_config: dict, precision: str, batch: int) -> int:
-    return llama_activation_bytes(llama_shape(model_config), batch, archs.seq_len(model_config), precision,
-                                  model_config.get("activation_checkpointing", True))
+def _llama_activations(shape: dict, settings: ModelSettings, precision: str, batch: int) -> int:
+    return llama_activation_bytes(llama_shape(settings), batch, settings.seq_len, precision,
+                                  settings.activation_checkpointing)
 
 
 def korthikanti_layer_bytes(shape: dict, batch: int, seq_len: int) -> int:
@@ -152,7 +152,7 @@ def korthikanti_terms(shape: dict, seq_len: int) -> dict[str, int]:
             "flash attention's head padding": padded - unpadded if padded else 0}
 
 
-def llama_backward_end_bytes(model_config: dict, precision: str, batch: int, lora: Lora | None = None,
+def llama_backward_end_bytes(settings: ModelSettings | dict, precision: str, batch: int, lora: Lora | None = None,
                              sharding: Sharding | None = None, cast_kept: bool = False) -> int:
     """What the end of a LLaMA's backward holds beyond the model states (every gradient counted): the larger of
     - the embedding's backward, the last (the embedding's gradient is the last allocated): the gradient of its output,
@@ -163,10 +163,11 @@ def llama_backward_end_bytes(model_config: dict, precision: str, batch: int, lor
       not yet allocated then: its own and the embedding's (divided over the ranks from ZeRO-2 on; apex O2's FP32
       master gradients, allocated after the backward, estimate() leaves out of the moment).
     0 for other models."""
-    if not is_llama(model_config):
+    settings = ModelSettings.of(settings)
+    if not is_llama(settings):
         return 0
     sharding = sharding or Sharding()
-    shape, seq_len = llama_shape(model_config), archs.seq_len(model_config)
+    shape, seq_len = llama_shape(settings), settings.seq_len
     c, r, _, _, casts = _llama_dtypes(precision, lora)
     _, saved, extra = llama_block_bytes(shape, batch, seq_len, precision, lora)
     tokens, d, f = batch * seq_len, shape["dim"], shape["ffn_dim"]

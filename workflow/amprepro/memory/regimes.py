@@ -28,6 +28,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from amprepro import precisions
+from amprepro.modelsettings import LORA_TARGETS as SETTING_TARGETS
+from amprepro.modelsettings import ModelSettings
 
 # A precision the memory model knows beyond the registry: bf16 weights trained by torch's AdamW on bf16 parameters
 # (moments in bf16), no FP32 master copy. No cell trains it (the registry is the pipeline's); the regimes table and the
@@ -64,7 +66,7 @@ class Sharding:
 UNSHARDED = Sharding()
 
 
-LORA_TARGETS = ("qkv", "out", "gate_up", "down")  # amprepro.train.models.LlamaBlock's linears, by module name
+LORA_TARGETS = SETTING_TARGETS  # amprepro.train.models.LlamaBlock's linears, by module name (amprepro.modelsettings)
 
 
 @dataclass(frozen=True)
@@ -87,12 +89,11 @@ class Lora:
                f"frozen {'FP32' if self.base == 'fp32' else 'bf16'} base"
 
 
-def lora_of(model_config: dict) -> Lora | None:
+def lora_of(settings: ModelSettings | dict) -> Lora | None:
     """The model config's `lora` setting (amprepro.train.lora: rank, alpha, targets, base) as the memory model's Lora,
-    or None. Defaults as amprepro.train.lora.DEFAULTS (rank 16, every linear, FP32 base)."""
-    given = model_config.get("lora")
+    or None. Its defaults are the setting's (amprepro.modelsettings.LoraSettings: rank 16, every linear, FP32 base)."""
+    given = ModelSettings.of(settings).lora
     if given is None:
         return None
-    return Lora(rank=given.get("rank", 16), base=given.get("base", "fp32"),
-                targets=tuple(given.get("targets", LORA_TARGETS)))
+    return Lora(rank=given.rank, base=given.base, targets=given.targets)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from amprepro import archs
 from amprepro.memory.regimes import Lora
+from amprepro.modelsettings import ModelSettings
 
 # The shape tables live in the arch registry (amprepro.archs); these names are the memory model's views of them.
 RESNET50 = archs.RESNET50
@@ -16,14 +17,15 @@ LLAMA_SHAPES = {key: shape for a in archs.REGISTRY.values() for key, _, shape in
 LLAMA_NAMES = {key: name for key, name, _ in LLAMA_LADDER}
 
 
-def llama_shape(model_config: dict) -> dict:
+def llama_shape(settings: ModelSettings | dict) -> dict:
     """The config's `shape` (a key of LLAMA_SHAPES), else its arch's own shape."""
-    key = model_config.get("shape") or model_config["arch"]
+    settings = ModelSettings.of(settings)
+    key = settings.shape or settings.arch
     return LLAMA_SHAPES[key] if key in LLAMA_SHAPES else archs.get(key).shape
 
 
-def vit_tokens(model_config: dict, shape: dict = VIT_B_16) -> int:
-    return (archs.image_size(model_config) // shape["patch"]) ** 2 + 1
+def vit_tokens(settings: ModelSettings | dict, shape: dict = VIT_B_16) -> int:
+    return (ModelSettings.of(settings).image_size // shape["patch"]) ** 2 + 1
 
 
 def kv_dim(shape: dict) -> int:
@@ -31,9 +33,9 @@ def kv_dim(shape: dict) -> int:
     return shape.get("kv_heads", shape["heads"]) * (shape["dim"] // shape["heads"])
 
 
-def is_llama(model_config: dict) -> bool:
+def is_llama(settings: ModelSettings | dict) -> bool:
     """A LLaMA-family arch: the memory model's LLaMA moments, sharding and LoRA apply."""
-    arch = archs.REGISTRY.get(model_config["arch"])
+    arch = archs.REGISTRY.get(ModelSettings.of(settings).arch)
     return arch is not None and arch.family == "llama"
 
 
@@ -66,26 +68,26 @@ def llama_unit_parameters(shape: dict) -> int:
     return max(block, shape["vocab_size"] * shape["dim"])
 
 
-def _resnet_parameters(shape: dict, model_config: dict) -> tuple[int, int]:
+def _resnet_parameters(shape: dict, settings: ModelSettings) -> tuple[int, int]:
     total = shape["parameters"]
     return total, total - 2 * shape["bn_channels"] - shape["classes"]  # less BatchNorm's and the head's bias
 
 
-def _vit_parameters(shape: dict, model_config: dict) -> tuple[int, int]:
-    d, tokens, patch, classes = shape["dim"], vit_tokens(model_config, shape), shape["patch"], shape["classes"]
+def _vit_parameters(shape: dict, settings: ModelSettings) -> tuple[int, int]:
+    d, tokens, patch, classes = shape["dim"], vit_tokens(settings, shape), shape["patch"], shape["classes"]
     matmul = shape["layers"] * (4 * d * d + 8 * d * d) + 3 * patch**2 * d + d * classes
     blocks = shape["layers"] * _transformer_block_parameters(d, 4 * d)
     return blocks + 3 * patch**2 * d + d + tokens * d + d + 2 * d + d * classes + classes, matmul
 
 
-def _gpt_parameters(shape: dict, model_config: dict) -> tuple[int, int]:
-    d, seq = shape["dim"], archs.seq_len(model_config)
+def _gpt_parameters(shape: dict, settings: ModelSettings) -> tuple[int, int]:
+    d, seq = shape["dim"], settings.seq_len
     blocks = shape["layers"] * _transformer_block_parameters(d, 4 * d)
     matmul = shape["layers"] * 12 * d * d + shape["vocab_size"] * d
     return shape["vocab_size"] * d + seq * d + blocks + 2 * d, matmul
 
 
-def _small_cnn_parameters(shape: dict, model_config: dict) -> tuple[int, int]:
+def _small_cnn_parameters(shape: dict, settings: ModelSettings) -> tuple[int, int]:
     """amprepro.train.models.SmallCNN at its entry's shape (the digits' channels and classes): each convolution with
     its bias and its BatchNorm's weight and bias, the linear head."""
     (c1, c2), k2, c0, classes = shape["channels"], shape["kernel"] ** 2, shape["in_channels"], shape["num_classes"]
@@ -93,7 +95,7 @@ def _small_cnn_parameters(shape: dict, model_config: dict) -> tuple[int, int]:
     return matmul + c1 + 2 * c1 + c2 + 2 * c2 + classes, matmul
 
 
-def _tiny_transformer_parameters(shape: dict, model_config: dict) -> tuple[int, int]:
+def _tiny_transformer_parameters(shape: dict, settings: ModelSettings) -> tuple[int, int]:
     """amprepro.train.models.TinyTransformer: the row embedding, the position table, the pre-norm encoder layers, the
     final norm, the head (matmul parameters: the encoder layers' linears only)."""
     d, width, tokens, depth, classes = (shape[k] for k in ("dim", "width", "tokens", "depth", "num_classes"))
@@ -101,14 +103,14 @@ def _tiny_transformer_parameters(shape: dict, model_config: dict) -> tuple[int, 
     return width * d + d + tokens * d + blocks + 2 * d + d * classes + classes, depth * 12 * d * d
 
 
-def _lstm_parameters(shape: dict, model_config: dict) -> tuple[int, int]:
+def _lstm_parameters(shape: dict, settings: ModelSettings) -> tuple[int, int]:
     """amprepro.train.riskmodels.ByteLSTM: byte embedding, one LSTM layer, linear head (the risk preset)."""
     e, h, vocab = shape["embed"], shape["hidden"], shape["vocab_size"]
     recurrent = 4 * h * (e + h)  # weight_ih and weight_hh of the four gates
     return vocab * e + recurrent + 8 * h + h * vocab + vocab, recurrent + h * vocab
 
 
-def _gumbel_parameters(shape: dict, model_config: dict) -> tuple[int, int]:
+def _gumbel_parameters(shape: dict, settings: ModelSettings) -> tuple[int, int]:
     """amprepro.train.riskmodels.GumbelBytes: embedding, causal convolution, code logits, code book, MLP, head."""
     d, k, codes, vocab = shape["dim"], shape["context"], shape["groups"] * shape["codes"], shape["vocab_size"]
     matmul = k * d * d + 2 * d * codes + 4 * d * d + d * vocab

@@ -45,12 +45,12 @@ PROBE_SECONDS = 40  # all probes of one plan: past this, a close call is taken a
 
 def group_key(spec: CellSpec) -> str:
     """Models whose cells share a memory profile: arch, data, sizes (defaults filled in) and the preset's batch."""
-    c = spec.model_config
-    image = archs.image_size(c) if c["data"] == "synthetic_images" else None
-    tokens = (archs.seq_len(c) or archs.SYNTHETIC_TOKENS_SEQ_LEN) if c["data"] == "synthetic_tokens" else None
-    lora = [c["lora"]] if c.get("lora") is not None else []  # a LoRA model (its base, its adapters) is its own group
-    return json.dumps([c["arch"], c["data"], image, tokens, c.get("activation_checkpointing", True), c["batch_size"],
-                       c.get("gpus", 1), c.get("shape"), *lora], sort_keys=True)
+    s = spec.settings
+    image = s.image_size if s.data == "synthetic_images" else None
+    tokens = (s.seq_len or archs.SYNTHETIC_TOKENS_SEQ_LEN) if s.data == "synthetic_tokens" else None
+    lora = [s.lora.as_dict()] if s.lora is not None else []  # a LoRA model (its base, its adapters) is its own group
+    return json.dumps([s.arch, s.data, image, tokens, s.activation_checkpointing, s.batch_size, s.gpus, s.shape,
+                       *lora], sort_keys=True)
 
 
 def ladder(preset_batch: int) -> list[int]:
@@ -63,9 +63,9 @@ def ladder(preset_batch: int) -> list[int]:
 def shapes_to_try(spec: CellSpec, source: str) -> list[str | None]:
     """None (the model as configured), or the LLaMA ladder from the 7B shape down for the preset's 7B model."""
     ladder = archs.get(spec.arch).ladder
-    if ladder and not spec.model_config.get("shape") and source == "preset":
+    if ladder and not spec.settings.shape and source == "preset":
         return [key for key, _, _ in ladder]
-    return [spec.model_config.get("shape")]
+    return [spec.settings.shape]
 
 
 class Planner:
@@ -80,7 +80,7 @@ class Planner:
     def judge(self, spec: CellSpec) -> dict:
         """One cell at its (planned) batch and shape: the estimate, its ratio to the budget, what it means."""
         e = memory.estimate(spec.model_config, spec.precision, spec.optimizer)
-        out = {"model": spec.model, "precision": spec.precision, "batch_size": memory.cell_batch(spec.model_config),
+        out = {"model": spec.model, "precision": spec.precision, "batch_size": memory.cell_batch(spec.settings),
                "estimate": e.as_record()}
         if self.budget is None:
             return {**out, "ratio": None, "decision": "fits", "how": "no GPU memory limit here"}
@@ -111,7 +111,7 @@ class Planner:
         ran = record.get("status") == "ok"
         ok = ran and memory.within_headroom(record.get("peak_allocated_bytes"), self.budget)
         probe = {"model": spec.model, "precision": spec.precision, "batch_size": judged["batch_size"],
-                 "shape": spec.model_config.get("shape"), "status": record.get("status"),
+                 "shape": spec.settings.shape, "status": record.get("status"),
                  "peak_allocated_bytes": record.get("peak_allocated_bytes"),
                  "peak_reserved_bytes": record.get("peak_reserved_bytes"), "reason": record.get("reason", ""),
                  "estimate_bytes": judged["estimate"]["total_bytes"], "seconds": round(seconds, 2)}
@@ -154,7 +154,7 @@ class Planner:
                 tried.append({"batch_size": batch, "shape": effective, "fits": ok, "cells": judged})
                 if ok:
                     return self.decision(first, batch, effective, source, tried, fits=True)
-        return self.decision(first, batches[0], first.model_config.get("shape"), source, tried, fits=False)
+        return self.decision(first, batches[0], first.settings.shape, source, tried, fits=False)
 
     def decision(self, first: CellSpec, batch: int, shape, source: str, tried: list, fits: bool) -> dict:
         preset_batch = first.batch_size
@@ -165,7 +165,7 @@ class Planner:
                    f"{memory.describe_record(worst['estimate'])} against {limit} here"
                    + ("; the batch is the config's, kept as written" if source == "config" else
                       "; no batch of the ladder fits"))
-        elif shape and shape != first.model_config.get("shape"):
+        elif shape and shape != first.settings.shape:
             parameters = memory.llama_parameters(memory.LLAMA_SHAPES[shape])[0]
             why = (f"{memory.LLAMA_NAMES[shape]} shape ({parameters / 1e9:.2f} B "
                    f"parameters), the largest LLaMA-family shape of the ladder whose every precision fits in {limit}")

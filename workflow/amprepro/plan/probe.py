@@ -37,7 +37,7 @@ class Prober:
         out = self.folder / name
         out.mkdir(parents=True, exist_ok=True)
         probe_spec = spec.with_train(steps=PROBE_STEPS, warmup_steps=1)
-        view = {"model": spec.model, "batch_size": spec.batch_size, "shape": spec.model_config.get("shape"),
+        view = {"model": spec.model, "batch_size": spec.batch_size, "shape": spec.settings.shape,
                 "fits": True, "why": "a memory-plan probe", "allocator_limit_bytes":
                 self.machine.get("allocator_limit_bytes"), "cap_gib": self.machine.get("cap_gib"), "probe": True}
         write_json(out / "view.json", view)

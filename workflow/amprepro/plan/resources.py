@@ -21,6 +21,7 @@ import math
 
 from amprepro import archs, memory
 from amprepro.cellspec import CellSpec
+from amprepro.modelsettings import ModelSettings
 
 CPUS_PER_GPU = 8
 # Untimed cells that may run on one GPU together (amprepro.gpuslots --shared, Snakemake's gpu_share resource).
@@ -41,39 +42,44 @@ STARTUP_MINUTES = 10
 #   tokens, vit_b_16 0.34 s for 128 images), so an older GPU still fits.
 
 
-def nodes(model: dict) -> int:
-    return int(model.get("nodes", 1))
+# Each function below takes the model's settings: its record, or its entry of the run matrix (runs.models.<name>, read
+# as one: ModelSettings.of_entry) or a cell's model_config.
 
 
-def processes_per_node(model: dict) -> int:
+def nodes(model: ModelSettings | dict) -> int:
+    return int(ModelSettings.of_entry(model).nodes)
+
+
+def processes_per_node(model: ModelSettings | dict) -> int:
     """Data-parallel processes on each node: one per GPU (or per gloo process on the CPU)."""
-    return int(model.get("gpus", 1))
+    return int(ModelSettings.of_entry(model).gpus)
 
 
-def gpus_per_node(model: dict, gpu_jobs: bool) -> int:
+def gpus_per_node(model: ModelSettings | dict, gpu_jobs: bool) -> int:
     return processes_per_node(model) if gpu_jobs else 0
 
 
-def cpus_per_gpu(model: dict, gpu_jobs: bool) -> int:
+def cpus_per_gpu(model: ModelSettings | dict, gpu_jobs: bool) -> int:
     return CPUS_PER_GPU if gpus_per_node(model, gpu_jobs) else 0
 
 
-def host_mb(model: dict, gpu_jobs: bool) -> int:
+def host_mb(model: ModelSettings | dict, gpu_jobs: bool) -> int:
     """--mem for each node of the job."""
     if not gpu_jobs:
         return HOST_MB_CPU_CELL * processes_per_node(model)
-    weights_mb = 4 * archs.get(model["arch"]).host_built_parameters // 10**6
+    weights_mb = 4 * ModelSettings.of_entry(model).arch_entry.host_built_parameters // 10**6
     return processes_per_node(model) * (HOST_MB_PER_PROCESS + weights_mb)
 
 
-def items_per_step(model: dict) -> int:
-    if model["data"] in ("synthetic_tokens", archs.TEXT_DATA):  # an unset seq_len counts as synthetic_tokens' (a
-        return model["batch_size"] * model.get("seq_len", archs.SYNTHETIC_TOKENS_SEQ_LEN)  # bound over the text's)
-    return model["batch_size"]
+def items_per_step(model: ModelSettings | dict) -> int:
+    settings = ModelSettings.of_entry(model)
+    if settings.data in ("synthetic_tokens", archs.TEXT_DATA):
+        return settings.batch_size * settings.budget_seq_len
+    return settings.batch_size
 
 
-def runtime_minutes(model: dict, train: dict, factor: float) -> int:
-    step_seconds = items_per_step(model) * archs.get(model["arch"]).seconds_per_item
+def runtime_minutes(model: ModelSettings | dict, train: dict, factor: float) -> int:
+    step_seconds = items_per_step(model) * ModelSettings.of_entry(model).arch_entry.seconds_per_item
     return math.ceil(factor * (STARTUP_MINUTES + train["steps"] * step_seconds / 60))
 
 
@@ -96,10 +102,10 @@ def shares_gpu(spec) -> bool:
     for a cell of several GPUs or nodes, for the LLaMA family (7B shapes, LoRA fine-tuning on real text) and for any
     model whose predicted peak is SHARED_CELL_MAX_GIB or more."""
     cell = CellSpec.of(spec)
-    model = cell.model_config
-    if str(model["data"]).startswith("synthetic_") or nodes(model) != 1 or processes_per_node(model) != 1:
+    model = cell.settings
+    if str(model.data).startswith("synthetic_") or model.nodes != 1 or model.gpus != 1:
         return False
-    if memory.is_llama(model) or "lora" in model:
+    if memory.is_llama(model) or model.lora is not None:
         return False
     return memory.estimate(model, cell.precision, cell.optimizer).total < SHARED_CELL_MAX_GIB * memory.GIB
 

@@ -33,12 +33,14 @@ try's steps would time the compiler). A search started for one anyway builds it 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import time
 from dataclasses import dataclass, field
 
 from amprepro.cellspec import CellSpec
 from amprepro.files import read_json, write_json
+from amprepro.modelsettings import ModelSettings
 
 # The guess aims this far below the budget, under HEADROOM (a try over it does not fit): scaled to the cell's measured
 # peak, the estimate was within 3 % of the tries' peaks on the H200 at 48 GiB (2026-12-01).
@@ -152,8 +154,8 @@ def search(trial, planned: int, up_to_factor: int, guess: int, seconds: float, m
             s.smallest_failing = batch
 
 
-def _largest_under(model_config: dict, precision: str, optimizer: str, planned: int, scale: float, limit: float,
-                   up_to: int) -> int:
+def _largest_under(settings: ModelSettings | dict, precision: str, optimizer: str, planned: int, scale: float,
+                   limit: float, up_to: int) -> int:
     """The largest batch on the planned batch's grid, from it up to up_to, whose scaled estimate is at most limit."""
     from amprepro import memory
 
@@ -161,37 +163,38 @@ def _largest_under(model_config: dict, precision: str, optimizer: str, planned: 
     lo, hi = planned, snap(up_to, step)
     while hi > lo:  # the estimate grows with the batch: bisect on the grid
         mid = snap((lo + hi + step) // 2, step)
-        if memory.estimate(model_config, precision, optimizer, batch=mid).total * scale <= limit:
+        if memory.estimate(settings, precision, optimizer, batch=mid).total * scale <= limit:
             lo = mid
         else:
             hi = mid - step
     return lo
 
 
-def guess_batch(model_config: dict, precision: str, optimizer: str, planned: int, measured_peak: int | None,
+def guess_batch(settings: ModelSettings | dict, precision: str, optimizer: str, planned: int, measured_peak: int | None,
                 budget: int, up_to: int) -> tuple[int, str]:
     """The largest batch on the grid whose estimate, scaled by this cell's measured/estimated peak at the planned
     batch, stays under GUESS_MARGIN of the budget."""
-    scale = _scale(model_config, precision, optimizer, planned, measured_peak)
-    guess = _largest_under(model_config, precision, optimizer, planned, scale, GUESS_MARGIN * budget, up_to)
+    scale = _scale(settings, precision, optimizer, planned, measured_peak)
+    guess = _largest_under(settings, precision, optimizer, planned, scale, GUESS_MARGIN * budget, up_to)
     return guess, f"the memory model scaled by {scale:.2f} (measured/estimated peak at {planned})"
 
 
-def over_batch(model_config: dict, precision: str, optimizer: str, planned: int, measured_peak: int | None,
+def over_batch(settings: ModelSettings | dict, precision: str, optimizer: str, planned: int, measured_peak: int | None,
                budget: int, up_to: int) -> int | None:
     """The smallest batch on the grid whose scaled estimate is over OVER_MARGIN of the budget: the try after a fitting
     guess, which the model expects to fail (None where even the search's cap is under it)."""
-    scale = _scale(model_config, precision, optimizer, planned, measured_peak)
-    under = _largest_under(model_config, precision, optimizer, planned, scale, OVER_MARGIN * budget, up_to)
+    scale = _scale(settings, precision, optimizer, planned, measured_peak)
+    under = _largest_under(settings, precision, optimizer, planned, scale, OVER_MARGIN * budget, up_to)
     return None if under >= snap(up_to, grid_step(planned)) else under + grid_step(planned)
 
 
-def _scale(model_config: dict, precision: str, optimizer: str, planned: int, measured_peak: int | None) -> float:
+def _scale(settings: ModelSettings | dict, precision: str, optimizer: str, planned: int,
+           measured_peak: int | None) -> float:
     from amprepro import memory
 
     if not measured_peak:
         return 1.0
-    return measured_peak / memory.estimate(model_config, precision, optimizer, batch=planned).total
+    return measured_peak / memory.estimate(settings, precision, optimizer, batch=planned).total
 
 
 def not_searched(spec: CellSpec, reason: str, **extra) -> dict:
@@ -216,7 +219,7 @@ def run(spec: CellSpec, cell: dict, plan: dict | None, apex: dict, up_to: int, s
     precision.configure_tf32(spec.precision)
     limit = oom.apply_memory_limit(plan, device)
     budget = limit or torch.cuda.mem_get_info(device)[0] + torch.cuda.memory_reserved(device)
-    model_config = spec.model_config
+    settings = spec.settings
     built = build_cell(spec, device, plan)  # as the training run builds its cell (amprepro.train.train.train_cell)
     trainer = built.trainer
 
@@ -230,7 +233,7 @@ def run(spec: CellSpec, cell: dict, plan: dict | None, apex: dict, up_to: int, s
         torch.cuda.empty_cache()
         started = time.perf_counter()
         try:
-            x, y = make_data({**model_config, "batch_size": batch}, spec.seed, device, built.model,
+            x, y = make_data(dataclasses.replace(settings, batch_size=batch), spec.seed, device, built.model,
                              on_device=True).next()
             x = built.inputs(x)
             torch.cuda.synchronize(device)
@@ -264,8 +267,8 @@ def run(spec: CellSpec, cell: dict, plan: dict | None, apex: dict, up_to: int, s
     if not fits:
         return {**base, **not_searched(spec, f"out of memory at the planned batch {planned} in the search's process "
                                              f"({note})")}
-    most = datakinds.largest_batch(model_config["data"])
-    known = (model_config, spec.precision, spec.optimizer, planned, cell.get("peak_allocated_bytes") or warm_peak,
+    most = datakinds.largest_batch(settings.data)
+    known = (settings, spec.precision, spec.optimizer, planned, cell.get("peak_allocated_bytes") or warm_peak,
              budget, planned * up_to if most is None else min(planned * up_to, most))
     guess, how = guess_batch(*known)
     over = over_batch(*known)

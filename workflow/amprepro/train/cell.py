@@ -14,8 +14,8 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from amprepro import archs
 from amprepro.cellspec import CellSpec
+from amprepro.modelsettings import ModelSettings
 
 
 def seed_everything(seed: int, deterministic: bool) -> None:
@@ -30,21 +30,21 @@ def seed_everything(seed: int, deterministic: bool) -> None:
         torch.backends.cudnn.benchmark = False
 
 
-def make_data(model_config: dict, seed: int, device, model, on_device: bool = False):
+def make_data(settings: ModelSettings | dict, seed: int, device, model, on_device: bool = False):
     """The cell's batches. on_device: synthetic values drawn on the device (data.generator_on), for the search."""
     from amprepro.train import data, imagedata, textdata
 
-    kind, batch = model_config["data"], model_config["batch_size"]
+    settings = ModelSettings.of(settings)
+    kind, batch = settings.data, settings.batch_size
     if kind == "digits":
         return data.DigitsBatches(batch, seed, device)
     if kind == "synthetic_images":
-        return data.SyntheticImages(batch, archs.image_size(model_config), seed, device, on_device)
+        return data.SyntheticImages(batch, settings.image_size, seed, device, on_device)
     if kind == textdata.DATA_KIND:
-        return textdata.StdlibTextBatches(batch, archs.data_seq_len(model_config), seed, device,
-                                          model_config.get("eval_windows", textdata.DEFAULT_EVAL_WINDOWS))
+        return textdata.StdlibTextBatches(batch, settings.data_seq_len, seed, device, settings.eval_windows)
     if kind in imagedata.KINDS:
-        return imagedata.batches(model_config, seed, device)
-    return data.SyntheticTokens(batch, archs.data_seq_len(model_config), model.vocab_size, seed, device, on_device)
+        return imagedata.batches(settings, seed, device)
+    return data.SyntheticTokens(batch, settings.data_seq_len, model.vocab_size, seed, device, on_device)
 
 
 def make_optimizer(name: str, params, lr: float, weight_decay: float, device):
@@ -80,21 +80,22 @@ def swap_layer_norms(model):
     return model
 
 
-def prepare_model(model_config: dict, device):
+def prepare_model(settings: ModelSettings | dict, device):
     import torch
 
     from amprepro.train import lora, models
 
-    model = models.build(model_config["arch"], model_config)
-    if model_config.get("fused_layer_norm"):
+    settings = ModelSettings.of(settings)
+    model = models.build(settings.arch, settings)
+    if settings.fused_layer_norm:
         model = swap_layer_norms(model)
-    adapters = lora.setting(model_config)  # LoRA: a frozen base with trainable adapters (amprepro.train.lora)
+    adapters = lora.setting(settings)  # LoRA: a frozen base with trainable adapters (amprepro.train.lora)
     if adapters and adapters["base"] == "bf16":  # still on the meta device: materialised in bf16, never in FP32 first
         model = model.to(torch.bfloat16)
     model = models.place(model, device)
     if adapters:
         model = lora.apply(model, adapters)
-    if model_config.get("channels_last"):
+    if settings.channels_last:
         model = model.to(memory_format=torch.channels_last)
     return model
 
@@ -116,7 +117,7 @@ class Cell:
         """Whether the model runs through torch.compile: the model's `compile` setting or the precision's."""
         from amprepro import precisions
 
-        return bool(self.spec.model_config.get("compile")) or precisions.get(self.spec.precision).compile
+        return self.spec.settings.compile or precisions.get(self.spec.precision).compile
 
     def compile(self) -> None:
         """torch.compile where the model or the precision asks (amprepro.train.float8.compile_model), once."""
@@ -127,7 +128,7 @@ class Cell:
 
     def inputs(self, x):
         """A batch as the model takes it: in channels_last where the model is (4-D image batches only)."""
-        if self.spec.model_config.get("channels_last") and x.dim() == 4:
+        if self.spec.settings.channels_last and x.dim() == 4:
             import torch
 
             return x.contiguous(memory_format=torch.channels_last)
@@ -149,15 +150,15 @@ def build_cell(spec: CellSpec | dict, device, plan: dict | None, dist=None, comp
     from amprepro.train import float8, precision
 
     spec = CellSpec.of(spec).planned(plan)
-    model_config, train = spec.model_config, spec.train
-    model = prepare_model(model_config, device)
+    settings, train = spec.settings, spec.train
+    model = prepare_model(settings, device)
     fp8 = float8.convert(model, spec.precision)  # torchao Float8Linear on the qualifying layers; None: no FP8
     # only what trains: every parameter, or a LoRA model's adapters (its frozen base has no gradient and no state)
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = make_optimizer(spec.optimizer, trainable, train["lr"], train.get("weight_decay", 0.0), device)
     wrap = None
     if dist is not None:
-        wrap = lambda m: dist.wrap(m, device, model_config.get("sync_batchnorm", False))  # noqa: E731
+        wrap = lambda m: dist.wrap(m, device, settings.sync_batchnorm)  # noqa: E731
     trainer = precision.Trainer(spec.precision, model, optimizer, cross_entropy, device, wrap=wrap,
                                 recomputes=getattr(model, "checkpointing", False),
                                 scaler_init_scale=train.get("grad_scaler_init_scale"))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from amprepro import precisions
 from amprepro.cellspec import CellSpec
+from amprepro.modelsettings import ModelSettings
 
 
 def cell_optimizer(train: dict, precision_name: str) -> str:
@@ -47,7 +48,7 @@ def shell_refusal(spec: CellSpec, apex: dict) -> str | None:
             from apex.optimizers import FusedAdam
 
             FusedAdam([torch.nn.Parameter(torch.zeros(1))])
-        if spec.model_config.get("fused_layer_norm"):
+        if spec.settings.fused_layer_norm:
             from apex.normalization import FusedLayerNorm
 
             FusedLayerNorm(8)
@@ -58,16 +59,18 @@ def shell_refusal(spec: CellSpec, apex: dict) -> str | None:
     return None
 
 
-def variant_unsupported(model_config: dict, precision_name: str, device, apex: dict) -> tuple[str, str, str] | None:
+def variant_unsupported(settings: ModelSettings | dict, precision_name: str, device, apex: dict
+                        ) -> tuple[str, str, str] | None:
     """(skip_cause, what is missing, reason) for a model variant this machine or build cannot run, or None."""
     from amprepro.train import imagedata
 
-    reason = imagedata.unavailable_reason(model_config)
+    settings = ModelSettings.of(settings)
+    reason = imagedata.unavailable_reason(settings)
     if reason:
         return "machine", "the dataset", reason
-    if model_config.get("fused_layer_norm") and apex.get("status") != "built":
+    if settings.fused_layer_norm and apex.get("status") != "built":
         return "machine", "a built apex", "fused_layer_norm needs apex's FusedLayerNorm: apex is not built"
-    if model_config.get("compile") and precisions.get(precision_name).needs_apex:
+    if settings.compile and precisions.get(precision_name).needs_apex:
         return ("unsupported", "", "torch.compile with apex.amp is unsupported (O1 patches torch functions at run "
                 "time)")
     return None
@@ -82,7 +85,6 @@ def skip_cause(spec: CellSpec | dict, device, apex: dict) -> tuple[str, str, str
     from amprepro.train import float8, models, precision
 
     spec = CellSpec.of(spec)
-    model_config = spec.model_config
     reason = apex_build_mismatch(spec, apex)
     if reason:
         return "software", "the apex build its model asks for", reason
@@ -92,13 +94,13 @@ def skip_cause(spec: CellSpec | dict, device, apex: dict) -> tuple[str, str, str
     reason = float8.unavailable_reason(spec.precision)  # torchao is pinned in every route that runs FP8 cells
     if reason:
         return "software", "torchao", reason
-    reason = models.unavailable_reason(model_config["arch"])
+    reason = models.unavailable_reason(spec.arch)
     if reason:
         return "software", "", reason
     reason = optimizer_unsupported(spec.optimizer, device, apex)
     if reason:
         return "machine", "a CUDA GPU and a built apex", reason
-    reason = variant_unsupported(model_config, spec.precision, device, apex)
+    reason = variant_unsupported(spec.settings, spec.precision, device, apex)
     if reason:
         return reason
     reason = shell_refusal(spec, apex)  # the shell lacks the kernel on every machine: skipped in the reference too

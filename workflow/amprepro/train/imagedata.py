@@ -18,6 +18,8 @@ import hashlib
 import pickle
 from pathlib import Path
 
+from amprepro.modelsettings import ModelSettings
+
 KINDS = ("cifar10", "imagefolder")
 CIFAR_DIR = "cifar-10-batches-py"
 CIFAR_TRAIN = [f"data_batch_{i}" for i in range(1, 6)]
@@ -31,12 +33,13 @@ CIFAR_MEAN, CIFAR_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp")
 
 
-def unavailable_reason(model_config: dict) -> str | None:
+def unavailable_reason(settings: ModelSettings | dict) -> str | None:
     """Why this image data cannot be read here (with the fix); None when it can (or is not image data)."""
-    kind = model_config.get("data")
+    settings = ModelSettings.of(settings)
+    kind = settings.data
     if kind not in KINDS:
         return None
-    path = model_config.get("data_path")
+    path = settings.data_path
     if not path:
         return f"data: {kind} needs data_path (the dataset's directory). Fix: set runs.models.<model>.data_path"
     root = Path(path)
@@ -44,7 +47,7 @@ def unavailable_reason(model_config: dict) -> str | None:
         missing = [name for name in CIFAR_TRAIN + CIFAR_TEST if not (root / CIFAR_DIR / name).is_file()]
         if not missing:
             return None
-        if model_config.get("download"):
+        if settings.download:
             return download_cifar(root)
         return (f"CIFAR-10 is not at {root / CIFAR_DIR} (missing {', '.join(missing)}); set download: true where the "
                 "machine has network (torchvision's checksummed download), or put the python-version files there")
@@ -79,10 +82,10 @@ def classes_in(directory: Path) -> list[str]:
                   if d.is_dir() and any(f.suffix.lower() in IMAGE_SUFFIXES for f in d.iterdir()))
 
 
-def num_classes(model_config: dict) -> int:
-    if model_config["data"] == "cifar10":
+def num_classes(settings: ModelSettings) -> int:
+    if settings.data == "cifar10":
         return 10
-    return len(classes_in(Path(model_config["data_path"]) / "train"))
+    return len(classes_in(Path(settings.data_path) / "train"))
 
 
 def _md5(path: Path) -> str:
@@ -169,10 +172,10 @@ class ImageBatches:
         return self.test_x, self.test_y
 
 
-def batches(model_config: dict, seed: int, device) -> ImageBatches:
-    root = Path(model_config["data_path"])
-    if model_config["data"] == "cifar10":
+def batches(settings: ModelSettings, seed: int, device) -> ImageBatches:
+    root = Path(settings.data_path)
+    if settings.data == "cifar10":
         train, test, record = read_cifar(root)
     else:
-        train, test, record = read_imagefolder(root, model_config.get("image_size", 32))
-    return ImageBatches(train, test, record, model_config["batch_size"], seed, device)
+        train, test, record = read_imagefolder(root, settings.folder_image_size)
+    return ImageBatches(train, test, record, settings.batch_size, seed, device)

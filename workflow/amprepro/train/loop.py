@@ -7,6 +7,7 @@ import collections
 import math
 import time
 
+from amprepro.modelsettings import ModelSettings
 from amprepro.train.record import epoch_fields, lora_fields, numerics
 
 PROGRESS_EVERY, PROGRESS_LAG = 20, 2  # a progress line every 20 steps, read 2 steps behind the queue (train_loop)
@@ -33,9 +34,9 @@ def set_lr(optimizer, train: dict, step: int) -> None:
             group["lr"] = lr_at(train, step)
 
 
-def items_per_step(x, model_config: dict, world: int) -> tuple[int, str]:
+def items_per_step(x, settings: ModelSettings, world: int) -> tuple[int, str]:
     """Items one step trained on, counted from x, the batch that reached this rank's model (every rank gets as many)."""
-    if model_config["data"] in ("synthetic_tokens", "python_stdlib"):
+    if settings.data in ("synthetic_tokens", "python_stdlib"):
         return x.numel() * world, "tokens"
     return x.shape[0] * world, "samples"
 
@@ -74,9 +75,9 @@ def train_loop(spec, dist, device, base, cell, batches, breakdown, settings) -> 
 
     from amprepro.train import flops, heldout, measure, models
 
-    model_config, train = spec.model_config, spec.train
+    model_settings, train = spec.settings, spec.train
     model, trainer = cell.model, cell.trainer
-    curve = heldout.Curve(train["steps"], model_config.get("eval_every") if not dist.active else None)
+    curve = heldout.Curve(train["steps"], model_settings.eval_every if not dist.active else None)
     curve.maybe(0, trainer, batches)
     cell.compile()
     settings["compiled"] = cell.compiled
@@ -126,7 +127,7 @@ def train_loop(spec, dist, device, base, cell, batches, breakdown, settings) -> 
     flops_per_step, flops_method = step_flops(trainer, model, x, y, dist.world)
     gpu_name = base["hardware"]["gpu_name"]
 
-    items, unit = items_per_step(x, model_config, dist.world)
+    items, unit = items_per_step(x, model_settings, dist.world)
     stats = measure.step_stats([r["step_time_s"] for r in rows], train["warmup_steps"], items)
     checks = numerics(rows)
     collapsed = not math.isfinite(rows[-1]["loss"]) or (checks["loss_scale_min"] is not None
@@ -150,7 +151,7 @@ def train_loop(spec, dist, device, base, cell, batches, breakdown, settings) -> 
         **curve.fields(),
         **({"data_record": batches.record} if getattr(batches, "record", None) else {}),
         "parameters": models.parameter_count(model),
-        **lora_fields(model_config, model, rows, curve),
+        **lora_fields(model_settings, model, rows, curve),
         "flops_per_step": flops_per_step,
         "flops_method": flops_method,
         "achieved_tflops": achieved,
@@ -158,7 +159,7 @@ def train_loop(spec, dist, device, base, cell, batches, breakdown, settings) -> 
         "datasheet_peak_tflops": dist.total(flops.datasheet_peak(gpu_name, spec.precision), device),
         "datasheet_note": flops.datasheet_note(gpu_name),
         "energy_j_per_item": energy_j / timed_items if energy_j is not None else None,
-        **epoch_fields(model_config, stats["throughput_per_s"]),
+        **epoch_fields(model_settings, stats["throughput_per_s"]),
         **settings,
         "host_load": load,
         "host_threads": measure.thread_pools(),

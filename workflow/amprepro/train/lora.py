@@ -24,8 +24,10 @@ import math
 import torch
 from torch import nn
 
-TARGETS = ("qkv", "out", "gate_up", "down")  # amprepro.memory.LORA_TARGETS: LlamaBlock's linears, by module name
-DEFAULTS = {"rank": 16, "alpha": 32, "targets": list(TARGETS), "base": "fp32"}
+from amprepro.modelsettings import LORA_TARGETS, LoraSettings, ModelSettings
+
+TARGETS = LORA_TARGETS  # LlamaBlock's linears, by module name
+DEFAULTS = LoraSettings().resolved()  # the setting's defaults (amprepro.modelsettings.LoraSettings)
 
 
 class LoraLinear(nn.Module):
@@ -50,10 +52,10 @@ class LoraLinear(nn.Module):
         return (result + update).to(result.dtype)
 
 
-def setting(model_config: dict) -> dict | None:
+def setting(settings: ModelSettings | dict) -> dict | None:
     """The model's `lora` setting with the defaults filled in, or None (no LoRA)."""
-    given = model_config.get("lora")
-    return None if given is None else {**DEFAULTS, **given}
+    given = ModelSettings.of(settings).lora
+    return None if given is None else given.resolved()
 
 
 def apply(model: nn.Module, lora: dict) -> nn.Module:

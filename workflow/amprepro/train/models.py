@@ -12,6 +12,7 @@ from torch.utils.checkpoint import checkpoint
 
 from amprepro import archs
 from amprepro.memory import llama_shape
+from amprepro.modelsettings import ModelSettings
 from amprepro.train import riskmodels
 from amprepro.train.riskmodels import in_fp32
 
@@ -294,47 +295,46 @@ def unavailable_reason(arch: str) -> str | None:
     return None
 
 
-def build_small_cnn(arch: archs.Arch, model_config: dict) -> nn.Module:
-    if model_config.get("data") in archs.IMAGE_DATA:
+def build_small_cnn(arch: archs.Arch, settings: ModelSettings) -> nn.Module:
+    if settings.data in archs.IMAGE_DATA:
         from amprepro.train import imagedata
 
-        return SmallCNN(**{**arch.shape, "in_channels": 3, "num_classes": imagedata.num_classes(model_config)})
+        return SmallCNN(**{**arch.shape, "in_channels": 3, "num_classes": imagedata.num_classes(settings)})
     return SmallCNN(**arch.shape)
 
 
-def build_gpt(arch: archs.Arch, model_config: dict) -> nn.Module:
-    model = GPT(seq_len=model_config.get("seq_len", arch.seq_len), **arch.shape)
-    if model_config.get("naive_norm_eps") is not None:
-        model = swap_in_half_eps_norms(model, model_config["naive_norm_eps"],
-                                       bool(model_config.get("risky_layer_fp32", False)))
+def build_gpt(arch: archs.Arch, settings: ModelSettings) -> nn.Module:
+    model = GPT(seq_len=settings.seq_len, **arch.shape)
+    if settings.naive_norm_eps is not None:
+        model = swap_in_half_eps_norms(model, settings.naive_norm_eps, settings.risky_layer_fp32)
     return model
 
 
-def build_llama(arch: archs.Arch, model_config: dict) -> nn.Module:
+def build_llama(arch: archs.Arch, settings: ModelSettings) -> nn.Module:
     with torch.device("meta"):  # on the meta device: place() materialises it where it trains
-        return Llama(seq_len=model_config.get("seq_len", arch.seq_len),
-                     checkpointing=model_config.get("activation_checkpointing", True),
-                     **llama_shape({**model_config, "arch": arch.name}))
+        return Llama(seq_len=settings.seq_len, checkpointing=settings.activation_checkpointing,
+                     **llama_shape(settings))
 
 
-def build_timm(arch: archs.Arch, model_config: dict) -> nn.Module:
+def build_timm(arch: archs.Arch, settings: ModelSettings) -> nn.Module:
     import timm
 
     return timm.create_model(arch.name, pretrained=False)
 
 
-def build_torchvision(arch: archs.Arch, model_config: dict) -> nn.Module:
+def build_torchvision(arch: archs.Arch, settings: ModelSettings) -> nn.Module:
     import torchvision
 
-    kwargs = {"image_size": model_config.get("image_size", arch.image_size)} if arch.family == "vit" else {}
+    kwargs = {"image_size": settings.image_size} if arch.family == "vit" else {}
     return getattr(torchvision.models, arch.name)(weights=None, **kwargs)
 
 
-# The builders by name (an arch entry's `builder`): (arch entry, model config) -> the model, on the CPU or the meta
-# device. A new arch of a new kind adds its builder here (amprepro.archs says how to add an arch).
+# The builders by name (an arch entry's `builder`): (arch entry, the model's settings: amprepro.modelsettings) -> the
+# model, on the CPU or the meta device. A new arch of a new kind adds its builder here (amprepro.archs says how to add
+# an arch).
 BUILDERS = {
     "small_cnn": build_small_cnn,
-    "tiny_transformer": lambda arch, model_config: TinyTransformer(**arch.shape),
+    "tiny_transformer": lambda arch, settings: TinyTransformer(**arch.shape),
     "gpt": build_gpt,
     "llama": build_llama,
     "timm": build_timm,
@@ -344,14 +344,17 @@ BUILDERS = {
 }
 
 
-def build(arch: str, model_config: dict) -> nn.Module:
+def build(arch: str, settings: ModelSettings | dict) -> nn.Module:
+    """The model of `arch` at these settings (a model_config dict is read as the settings of that arch)."""
     if arch not in archs.REGISTRY:
         raise ValueError(f"unknown arch {arch!r}")
     entry = archs.get(arch)
     if entry.builder not in BUILDERS:
         raise ValueError(f"arch {arch!r} names builder {entry.builder!r}, which amprepro.train.models.BUILDERS does "
                          f"not have ({', '.join(BUILDERS)}). Fix: add its builder there.")
-    return BUILDERS[entry.builder](entry, model_config)
+    if not isinstance(settings, ModelSettings):
+        settings = ModelSettings.of({**settings, "arch": arch})
+    return BUILDERS[entry.builder](entry, settings)
 
 
 def parameter_count(model: nn.Module) -> int:

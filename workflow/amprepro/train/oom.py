@@ -24,7 +24,7 @@ def out_of_memory(exc: BaseException) -> bool:
 def out_of_memory_record(base: dict, message: str) -> dict:
     """The record of a cell that ran out of memory: skipped for the machine, with what it held and was estimated."""
     return {**base, "status": "skipped", "skip_cause": "machine", "skip_needs": "more GPU memory",
-            "reason": f"out of GPU memory at batch size {base['spec']['model_config']['batch_size']}: "
+            "reason": f"out of GPU memory at batch size {CellSpec.of(base['spec']).batch_size}: "
                       f"{message}{measured_need(base)}. The memory plan (results/plan/plan.json) sizes the "
                       "presets' batches; a batch written in your config is kept as written: lower it"}
 

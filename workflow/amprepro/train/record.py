@@ -9,6 +9,7 @@ import os
 
 from amprepro.cellid import CellId
 from amprepro.cellspec import CellSpec
+from amprepro.modelsettings import ModelSettings
 
 STEP_FIELDS = ["step", "loss", "loss_scale", "skipped", "step_time_s"]
 # The apex record of a cell that uses no apex (cellsupport.needs_apex): its job does not wait for the apex build.
@@ -76,23 +77,23 @@ def numerics(rows: list[dict]) -> dict:
     }
 
 
-def epoch_fields(model_config: dict, tokens_per_s: float) -> dict:
+def epoch_fields(settings: ModelSettings, tokens_per_s: float) -> dict:
     """The derived epoch time for the preset's stated token count (token models only): tokens / (tokens/s)."""
-    tokens = model_config.get("epoch_tokens")
-    if not tokens or model_config["data"] != "synthetic_tokens":
+    tokens = settings.epoch_tokens
+    if not tokens or settings.data != "synthetic_tokens":
         return {"epoch_tokens": tokens, "epoch_hours_derived": None}
     return {"epoch_tokens": tokens, "epoch_hours_derived": tokens / tokens_per_s / 3600}
 
 
-def lora_fields(model_config: dict, model, rows: list[dict], curve) -> dict:
+def lora_fields(settings: ModelSettings, model, rows: list[dict], curve) -> dict:
     """A LoRA cell's own record (amprepro.train.lora.record) and where its loss started: the first step's training
     loss and the held-out loss before the first step (with eval_every), beside final_loss and heldout_loss_final."""
-    if model_config.get("lora") is None:
+    if settings.lora is None:
         return {}
     from amprepro.train import lora
 
     first = curve.rows[0]["loss"] if curve.rows and curve.rows[0]["step"] == 0 else None
-    return {**lora.record(model, lora.setting(model_config)), "initial_loss": rows[0]["loss"],
+    return {**lora.record(model, lora.setting(settings)), "initial_loss": rows[0]["loss"],
             "heldout_loss_initial": first}
 
 

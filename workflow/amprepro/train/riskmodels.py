@@ -22,9 +22,11 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from amprepro.modelsettings import GUMBEL_TAU
+
 # Their archs (sizes, the byte vocabulary included) are amprepro.archs entries: lstm_bytes (0.81 M parameters) and
 # gumbel_bytes (0.64 M).
-DEFAULT_GUMBEL_TAU = 1.0
+DEFAULT_GUMBEL_TAU = GUMBEL_TAU  # the setting's default (amprepro.modelsettings)
 
 
 def in_fp32(fn, *inputs):
@@ -117,13 +119,12 @@ class GumbelBytes(nn.Module):
         return self.head(h)
 
 
-def build_lstm(arch, model_config: dict) -> ByteLSTM:
+def build_lstm(arch, settings) -> ByteLSTM:
     """The builder of an lstm-family arch entry (amprepro.archs: shape vocab_size, embed, hidden)."""
-    return ByteLSTM(**arch.shape, risky_layer_fp32=bool(model_config.get("risky_layer_fp32", False)))
+    return ByteLSTM(**arch.shape, risky_layer_fp32=settings.risky_layer_fp32)
 
 
-def build_gumbel(arch, model_config: dict) -> GumbelBytes:
+def build_gumbel(arch, settings) -> GumbelBytes:
     """The builder of a gumbel-family arch entry (amprepro.archs: shape vocab_size, dim, context, groups, codes;
     gumbel_tau)."""
-    return GumbelBytes(**arch.shape, tau=model_config.get("gumbel_tau", DEFAULT_GUMBEL_TAU),
-                       risky_layer_fp32=bool(model_config.get("risky_layer_fp32", False)))
+    return GumbelBytes(**arch.shape, tau=settings.gumbel_tau, risky_layer_fp32=settings.risky_layer_fp32)

@@ -24,13 +24,17 @@ import sys
 import sysconfig
 from pathlib import Path
 
+from amprepro.modelsettings import EVAL_WINDOWS
+
 DATA_KIND = "python_stdlib"
 VOCAB_SIZE = 256  # one token per byte
 SKIPPED_DIRS = frozenset({"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"})
 HELDOUT_PERCENT = 10
 HELDOUT_RULE = (f"a file is held out when int(sha256(relative path)[:8], 16) % 100 < {HELDOUT_PERCENT} "
                 "(by file, independent of seed and machine)")
-DEFAULT_EVAL_WINDOWS = 64  # held-out windows of seq_len + 1 bytes, evenly spaced over the held-out bytes
+# held-out windows of seq_len + 1 bytes, evenly spaced over the held-out bytes (the setting's default:
+# amprepro.modelsettings)
+DEFAULT_EVAL_WINDOWS = EVAL_WINDOWS
 
 
 class CorpusError(RuntimeError):

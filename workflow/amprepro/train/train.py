@@ -106,20 +106,20 @@ def train_cell(spec: CellSpec, apex: dict, dist, device, base: dict, plan: dict 
     from amprepro import memory
     from amprepro.train import measure, precision
 
-    model_config, train = spec.model_config, spec.train
+    settings, train = spec.settings, spec.train
     if train.get("deterministic"):
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     seed_everything(spec.seed, train.get("deterministic", False))
     tf32 = precision.configure_tf32(spec.precision)
     # in place: failure_record names them when the cell runs out of memory anyway
-    base["memory_estimate"] = memory.estimate(model_config, spec.precision, spec.optimizer).as_record()
+    base["memory_estimate"] = memory.estimate(settings, spec.precision, spec.optimizer).as_record()
     base["memory_limit_bytes"] = apply_memory_limit(plan, device)
     skipped = does_not_fit(spec, base, plan, device)
     if skipped:
         return skipped, []
     cell = build_cell(spec, device, plan, dist, compile_now=False)  # compiled in the loop, after the step-0 eval
     breakdown = measure.Breakdown(cell.model, cell.trainer.optimizer, enabled=device.type == "cuda")
-    batches = make_data(model_config, spec.seed, device, cell.model)
+    batches = make_data(settings, spec.seed, device, cell.model)
     return train_loop(spec, dist, device, base, cell, batches, breakdown, {"tf32": tf32, **cell.settings()})
 
 
