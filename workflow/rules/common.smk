@@ -3,11 +3,11 @@ import json
 from pathlib import Path
 
 from amprepro.plan import resources as cell_resources  # noqa: E402
-from amprepro.cellspec import CellSpec  # noqa: E402
 from amprepro.cellid import CellId  # noqa: E402
 from amprepro.codedigest import code_digest, keep_trees_in  # noqa: E402
 from amprepro.config import (  # noqa: E402
     apex_required,
+    cell_spec,
     cell_spec_json,
     check_apex_source,
     cells,
@@ -164,7 +164,7 @@ def per_node_gres(wildcards):
 def shares_gpu(wildcards):
     """Whether this cell runs on a GPU shared with other untimed cells (amprepro.plan.resources.shares_gpu): on this
     machine only, where gpuslots hands out the GPUs (a cluster job gets its own; a gpu=0 job there would get none)."""
-    return sharing_here() and cell_resources.shares_gpu(json.loads(spec_for_cell(wildcards)))
+    return sharing_here() and cell_resources.shares_gpu(spec_record(wildcards))
 
 
 def gpu_share_for_cell(wildcards):
@@ -205,7 +205,7 @@ def mem_mb_for_cell(wildcards):
 
 
 def runtime_for_cell(wildcards):
-    train = json.loads(spec_for_cell(wildcards))["train"]
+    train = spec_record(wildcards).train
     return cell_resources.runtime_minutes(model_of(wildcards), train, RUNTIME_FACTOR)
 
 
@@ -226,14 +226,20 @@ def train_inputs(wildcards):
     """The sanity gate (the cell never reads it), its model's view of the memory plan, and apex's view only for a cell
     that uses apex: the others start without waiting for the apex build."""
     inputs = {"sanity": "results/sanity/verdicts.json", "plan": f"results/plan/models/{wildcards.model}.json"}
-    view = CellSpec.from_json(spec_for_cell(wildcards)).apex_view  # the full build's, or the shell's (apex_build)
+    view = spec_record(wildcards).apex_view  # the full build's, or the shell's (apex_build)
     if view:
         inputs["apex"] = view
     return inputs
 
 
+def spec_record(wildcards):
+    """The cell's CellSpec, read where the DAG needs its settings (no JSON round trip inside this process)."""
+    return cell_spec(RUNS, wildcards.model, wildcards.precision, wildcards.seed)
+
+
 def spec_for_cell(wildcards):
-    return cell_spec_json(RUNS, wildcards.model, wildcards.precision, wildcards.seed)
+    """The cell's spec as JSON: what its command line carries (--spec)."""
+    return spec_record(wildcards).to_json()
 
 
 def largest_batch_inputs(wildcards):
@@ -242,7 +248,7 @@ def largest_batch_inputs(wildcards):
         "cell": str(CellId(wildcards.model, wildcards.precision, seed).path / "metrics.json"),
         "plan": f"results/plan/models/{wildcards.model}.json",
     }
-    view = CellSpec.from_json(cell_spec_json(RUNS, wildcards.model, wildcards.precision, seed)).apex_view
+    view = cell_spec(RUNS, wildcards.model, wildcards.precision, seed).apex_view
     if view:
         inputs["apex"] = view
     return inputs
