@@ -6,8 +6,7 @@ from __future__ import annotations
 import pytest
 
 from amprepro import safevalues
-from amprepro.safevalues import (apex_problems, commit_problem, git_ref_problem, git_url_problem, path_problem,
-                                 shorten)
+from amprepro.safevalues import apex_problems, commit_problem, git_ref_problem, git_url_problem, path_problem, shorten
 
 URL_PROBLEM = ("is not an https://, ssh:// or file:// URL or user@host:path (other git transports, such as ext::, "
                "can run commands, and a value starting with '-' would be read as an option)")
