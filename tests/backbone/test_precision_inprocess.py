@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import types
+import warnings
 
 import pytest
 import torch
@@ -147,14 +148,18 @@ def test_fp32_runs_without_autocast_or_scaler_and_steps_the_optimizer():
     before = trainer.model.linear.weight.detach().clone()
     bias = trainer.model.linear.bias.detach().clone()
     x, y = batch()
-    result = trainer.step(x, y)
+    with warnings.catch_warnings():
+        # no autocast at all: torch.autocast to float32, not an autocast dtype, would warn "Disabling autocast"
+        warnings.simplefilter("error")
+        result = trainer.step(x, y)
+        trainer.logits(x)
     expected = torch.nn.functional.cross_entropy(torch.nn.functional.linear(x, before, bias), y)
     assert result.scale is None and result.skipped is False
     assert not result.loss.requires_grad
     assert torch.isclose(result.loss, expected, atol=1e-6)
     assert not torch.equal(trainer.model.linear.weight, before)  # the optimizer stepped
     assert trainer.model.linear.weight.grad is None  # zero_grad(set_to_none=True) after the step
-    assert trainer.model.seen == [(torch.float32, True)]
+    assert trainer.model.seen == [(torch.float32, True), (torch.float32, False)]
     assert result.read_back() == (None, False)
 
 
