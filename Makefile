@@ -102,12 +102,13 @@ test: $(DEV_STAMP)
 
 # Mutation testing of the verdict's core (docs/mutation.md; not part of make test: over an hour on 2 cores). mutmut copies
 # the package into mutants/, mutates the modules [tool.mutmut] in pyproject.toml names, runs the tests that reach
-# each mutant and records the counts per module in docs/mutation.md. MUTATION_CHILDREN: mutants tested at once.
+# each mutant and records the counts per module in docs/mutation.md. MUTATION_CHILDREN: mutants tested at once. One
+# OpenMP thread: a mutant's test is forked from a process that ran torch's CPU kernels, and would deadlock in its pool.
 MUTATION_CHILDREN ?= 2
 mutation: $(DEV_STAMP)
 	rm -rf mutants
 	start=$$(date +%s); \
-	$(BIN)/python tools/mutation/mutmut_workflow.py run --max-children $(MUTATION_CHILDREN) > mutants.log 2>&1; \
+	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(BIN)/python tools/mutation/mutmut_workflow.py run --max-children $(MUTATION_CHILDREN) > mutants.log 2>&1; \
 	status=$$?; tail -n 5 mutants.log; [ $$status = 0 ] || exit $$status; \
 	$(BIN)/python tools/mutation/summary.py --doc docs/mutation.md --seconds $$(($$(date +%s) - start))
 

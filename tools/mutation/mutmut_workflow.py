@@ -6,13 +6,22 @@ trampolines record it) as `amprepro.config.schema`: mutmut then stops ("tests re
 any mutant key"). This takes a leading `workflow/` off as well, and otherwise runs mutmut's own command line unchanged:
 
     .venv/bin/python tools/mutation/mutmut_workflow.py run --max-children 2
+
+MUTATION_TESTS (test files or node ids, separated by spaces), where set, replaces `pytest_add_cli_args_test_selection`
+for this run: one module's mutants are then tried against only the tests that are about it, and mutmut's first pass
+(every selected test once, to map tests to functions) takes seconds instead of minutes:
+
+    MUTATION_TESTS="tests/backbone/test_safevalues.py" .venv/bin/python tools/mutation/mutmut_workflow.py run \
+        --max-children 2 "amprepro.safevalues*"
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
+import mutmut.configuration as configuration
 import mutmut.utils.format_utils as format_utils
 
 _mutant_name = format_utils.get_mutant_name
@@ -26,6 +35,18 @@ def get_mutant_name(relative_source_path, mutant_method_name: str) -> str:
 
 
 format_utils.get_mutant_name = get_mutant_name
+
+_load_config = configuration._load_config
+
+
+def load_config():
+    loaded = _load_config()
+    if os.environ.get("MUTATION_TESTS", "").strip():
+        loaded.pytest_add_cli_args_test_selection = os.environ["MUTATION_TESTS"].split()
+    return loaded
+
+
+configuration._load_config = load_config
 
 import mutmut.__main__ as mutmut_main  # noqa: E402  (after the patch: it imports the name at load time)
 import mutmut.mutation.file_mutation as file_mutation  # noqa: E402

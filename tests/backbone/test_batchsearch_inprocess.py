@@ -1,0 +1,352 @@
+"""amprepro.train.batchsearch's public functions at their edges, with exact records and texts: the grid, the next
+batch of each phase, each way a search ends and what it records, the guess and the batch expected to fail, a skipped
+search's record (docs/mutation.md: these tests, with test_batchsearch.py, are what mutation testing runs here)."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+
+from amprepro import memory
+from amprepro.cellspec import CellSpec
+from amprepro.train import batchsearch as bs
+
+
+def card(limit, peak_per_item=1000):
+    def trial(batch):
+        return batch <= limit, batch * peak_per_item, "" if batch <= limit else "oom"
+    return trial
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    """perf_counter that advances by `per_try` seconds between a try's start and end."""
+    state = {"now": 0.0, "per_try": 1.0, "calls": 0}
+
+    def perf_counter():
+        state["calls"] += 1
+        if state["calls"] % 2 == 0:
+            state["now"] += state["per_try"]
+        return state["now"]
+
+    monkeypatch.setattr(bs.time, "perf_counter", perf_counter)
+    return state
+
+
+def test_the_grid_is_8_for_a_multiple_of_8_and_1_otherwise():
+    assert [bs.grid_step(b) for b in (8, 16, 256, 7, 9, 12, 1)] == [8, 8, 8, 1, 1, 1, 1]
+    assert [bs.snap(b, 8) for b in (0, 7, 8, 15, 16, 17)] == [8, 8, 8, 8, 16, 16]
+    assert [bs.snap(b, 1) for b in (0, 1, 5)] == [1, 1, 5]
+
+
+def test_as_record_is_every_field_and_the_trial_seconds_rounded():
+    s = bs.Search(planned=16, up_to=128, step=8, largest=40, smallest_failing=48,
+                  tries=[{"seconds": 0.1234}, {"seconds": 1.0001}], bound="exact", why="w")
+    assert s.as_record() == {"planned_batch": 16, "up_to_batch": 128, "grid_step": 8, "largest_batch": 40,
+                             "smallest_failing_batch": 48, "bound": "exact", "why": "w",
+                             "tries": [{"seconds": 0.1234}, {"seconds": 1.0001}], "trial_seconds": 1.123}
+    assert bs.Search(8, 64, 8, 8).as_record()["trial_seconds"] == 0
+    assert (bs.Search(8, 64, 8, 8).smallest_failing, bs.Search(8, 64, 8, 8).tries) == (None, [])
+    assert (bs.Search(8, 64, 8, 8).bound, bs.Search(8, 64, 8, 8).why) == ("", "")
+
+
+def test_next_batch_of_each_phase():
+    s = bs.Search(planned=16, up_to=128, step=8, largest=16)
+    assert bs.next_batch(s, 40) == 40  # the guess first
+    assert bs.next_batch(s, 41) == 40  # on the grid
+    assert bs.next_batch(s, 8) == 24  # at least one step above what fits
+    assert bs.next_batch(s, 500) == 128  # at most the cap
+    s.tries, s.largest = [{"fits": True}], 40
+    assert bs.next_batch(s, 40, over=72) == 72  # the batch expected to fail, after a fitting guess
+    assert bs.next_batch(s, 40, over=40) == 48  # not above what fits: walk on instead
+    assert bs.next_batch(s, 40) == 48  # stride 8 after one try
+    s.tries = [{"fits": True}, {"fits": True}]
+    assert bs.next_batch(s, 40, over=72) == 56  # over only right after the guess; stride 16
+    s.tries = [{"fits": True}] * 3
+    assert bs.next_batch(s, 40) == 72  # stride 32
+    s = bs.Search(planned=16, up_to=128, step=8, largest=16, smallest_failing=120, tries=[{"fits": False}])
+    assert bs.next_batch(s, 40) == 112  # down by one stride from the failure
+    s.tries = [{"fits": False}, {"fits": False}]
+    assert bs.next_batch(s, 40) == 104  # stride 16
+    s.tries = [{"fits": False}] * 4
+    assert bs.next_batch(s, 40) == 56  # stride 64: 120 - 64
+    s = bs.Search(planned=16, up_to=128, step=8, largest=40, smallest_failing=80,
+                  tries=[{"fits": True}, {"fits": False}])
+    assert bs.next_batch(s, 40) == 56  # bisection: (40 + 80) // 2 = 60, on the grid
+    s.smallest_failing = 56
+    assert bs.next_batch(s, 40) == 48  # (40 + 56) // 2, below the failure by a step at most
+
+
+def test_next_batch_off_the_grid_steps_by_one():
+    s = bs.Search(planned=5, up_to=40, step=1, largest=5)
+    assert bs.next_batch(s, 5) == 6
+    s.tries, s.largest, s.smallest_failing = [{"fits": True}, {"fits": False}], 9, 12
+    assert bs.next_batch(s, 5) == 10
+
+
+def test_an_exact_answer_says_where_it_fits_and_where_not(clock):
+    s = bs.search(card(100), 16, 8, guess=96, seconds=60, over=104)
+    assert (s.bound, s.largest, s.smallest_failing) == ("exact", 96, 104)
+    assert s.why == "fits at 96, not at 104"
+    assert s.tries == [{"batch": 96, "fits": True, "peak_allocated_bytes": 96000, "seconds": 1.0, "note": ""},
+                       {"batch": 104, "fits": False, "peak_allocated_bytes": 104000, "seconds": 1.0, "note": "oom"}]
+    assert (s.planned, s.up_to, s.step) == (16, 128, 8)
+
+
+def test_a_search_that_fits_at_its_cap_says_which_cap(clock):
+    s = bs.search(card(10_000), 16, 4, guess=64, seconds=60)
+    assert (s.bound, s.largest, s.up_to) == ("capped", 64, 64)
+    assert s.why == "fits at 64, 4x the planned batch (the search's cap)"
+    s = bs.search(card(10_000), 16, 4, guess=64, seconds=60, most=40)
+    assert (s.bound, s.largest, s.up_to) == ("capped", 40, 40)
+    assert s.why == "fits at 40, 2.5x the planned batch (the data has no more)"
+    s = bs.search(card(10_000), 16, 4, guess=64, seconds=60, most=64)  # the data allows exactly the cap
+    assert s.why == "fits at 64, 4x the planned batch (the search's cap)"
+    s = bs.search(card(10_000), 16, 4, guess=64, seconds=60, most=100)
+    assert s.why == "fits at 64, 4x the planned batch (the search's cap)"
+    s = bs.search(card(10_000), 16, 4, guess=64, seconds=60, most=8)  # less than planned: the planned batch
+    assert (s.up_to, s.bound, s.tries) == (16, "capped", [])
+    assert s.why == "fits at 16, 1x the planned batch (the data has no more)"
+
+
+def test_a_search_its_time_ends_says_so_with_and_without_a_failure(clock):
+    clock["per_try"] = 4.0
+    s = bs.search(card(1000), 16, 8, guess=40, seconds=6)
+    # 40 fits in 4 s (0.1 s an item); the next, 48, would take 4.8 s more: over the 6 s
+    assert (s.bound, s.largest, s.smallest_failing) == ("at_least", 40, None)
+    assert s.why == "fits at 40; the search's 6 s of trial steps were spent before it tried 48"
+    s = bs.search(card(60), 16, 8, guess=40, seconds=12, over=72)  # 4 s + 7.2 s for 72; then 8 s + 5.6 s for 56
+    assert (s.bound, s.largest, s.smallest_failing) == ("at_least", 40, 72)
+    assert s.why == ("fits at 40; the search's 12 s of trial steps were spent before it tried 56 (fails at 72)")
+    s = bs.search(card(1000), 16, 8, guess=40, seconds=0)  # the first try always runs
+    assert [t["batch"] for t in s.tries] == [40] and s.bound == "at_least"
+    assert "the search's 0 s of trial steps" in s.why
+
+
+def test_the_time_check_uses_the_slowest_fitting_try_per_item(clock):
+    clock["per_try"] = 1.0
+    # every try takes 1 s: 0.0625 s an item at 16; the next try (24 items) is predicted at 1.5 s
+    s = bs.search(card(1000), 8, 8, guess=16, seconds=2.4)
+    assert [t["batch"] for t in s.tries] == [16]
+    s = bs.search(card(1000), 8, 8, guess=16, seconds=2.5)  # 1 + 1.5 = 2.5: not over
+    assert [t["batch"] for t in s.tries] == [16, 24]
+    s = bs.search(card(8), 8, 8, guess=16, seconds=1.0)  # a failure sets no rate: the next try runs
+    assert [t["batch"] for t in s.tries][:2] == [16]
+
+
+GPT = {"arch": "gpt_tiny", "data": "synthetic_tokens", "batch_size": 16, "seq_len": 64}
+
+
+def test_the_guess_and_the_batch_expected_to_fail_bracket_the_budget():
+    at = lambda b: memory.estimate(GPT, "fp32", "adamw", batch=b).total  # noqa: E731
+    budget = at(200)
+    guess, how = bs.guess_batch(GPT, "fp32", "adamw", 16, None, budget, 1024)
+    assert guess % 8 == 0 and at(guess) <= bs.GUESS_MARGIN * budget < at(guess + 8)
+    assert how == "the memory model scaled by 1.00 (measured/estimated peak at 16)"
+    over = bs.over_batch(GPT, "fp32", "adamw", 16, None, budget, 1024)
+    assert over % 8 == 0 and at(over - 8) <= bs.OVER_MARGIN * budget < at(over)
+    assert bs.over_batch(GPT, "fp32", "adamw", 16, None, 10**15, 1024) is None
+    assert bs.over_batch(GPT, "fp32", "adamw", 16, None, 10**15, 1027) is None  # the cap on the grid: 1024
+    doubled, how = bs.guess_batch(GPT, "fp32", "adamw", 16, 2 * at(16), budget, 1024)
+    assert how == "the memory model scaled by 2.00 (measured/estimated peak at 16)"
+    assert at(doubled) * 2 <= bs.GUESS_MARGIN * budget < at(doubled + 8) * 2
+    assert bs.guess_batch(GPT, "fp32", "adamw", 16, None, 1, 1024)[0] == 16  # never below the planned batch
+    off_grid = bs.guess_batch({**GPT, "batch_size": 5}, "fp32", "adamw", 5, None, budget, 100)[0]
+    assert at(off_grid) <= bs.GUESS_MARGIN * budget < at(off_grid + 1) or off_grid == 100
+    assert bs.GUESS_MARGIN == 0.93 and bs.OVER_MARGIN == 0.97 and bs.STEPS_PER_TRY == 2
+
+
+def test_forget_optimizer_state_empties_the_state_only():
+    class Opt:
+        def __init__(self):
+            self.state, self.param_groups = {"w": {"exp_avg": 1}}, [{"lr": 1}]
+
+    opt = Opt()
+    bs.forget_optimizer_state(opt)
+    assert opt.state == {} and opt.param_groups == [{"lr": 1}]
+
+
+SPEC = CellSpec("m", "fp32", 3, {"arch": "small_cnn", "data": "digits", "batch_size": 64},
+                {"lr": 0.001, "optimizer": "adamw", "steps": 2, "warmup_steps": 1})
+
+
+def test_a_skipped_search_records_its_cell_and_reason():
+    assert bs.not_searched(SPEC, "why", x=1) == {"model": "m", "precision": "fp32", "seed": 3, "status": "skipped",
+                                                "reason": "why", "x": 1}
+    long = "r" * 300
+    assert bs.run(SPEC, {"status": "failed", "reason": long}, None, {}, 8, 10) == bs.not_searched(
+        SPEC, f"its cell did not run at the planned batch (failed: {'r' * 160})")
+    assert bs.run(SPEC, {}, None, {}, 8, 10)["reason"] == "its cell did not run at the planned batch (None: )"
+
+
+def test_without_cuda_nothing_is_searched(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert bs.run(SPEC, {"status": "ok"}, None, {}, 8, 10) == bs.not_searched(
+        SPEC, "the largest batch is a GPU-memory measurement; torch sees no CUDA GPU here")
+
+
+def test_main_reads_its_files_runs_the_search_and_writes_the_record(tmp_path, monkeypatch, capsys):
+    import json
+
+    seen = []
+
+    def run(spec, cell, plan, apex, up_to, seconds):
+        seen.append((spec, cell, plan, apex, up_to, seconds))
+        return {"status": "ok", "why": "fits at 96, not at 104"}
+
+    monkeypatch.setattr(bs, "run", run)
+    (tmp_path / "cell.json").write_text(json.dumps({"status": "ok", "peak_allocated_bytes": 5}))
+    (tmp_path / "plan.json").write_text(json.dumps({"batch_size": 32}))
+    (tmp_path / "apex.json").write_text(json.dumps({"status": "missing"}))
+    out = tmp_path / "out" / "m" / "fp32.json"
+    bs.main(["--spec", json.dumps(SPEC.as_dict()), "--cell", str(tmp_path / "cell.json"), "--plan",
+             str(tmp_path / "plan.json"), "--apex", str(tmp_path / "apex.json"), "--up-to", "4", "--seconds", "2.5",
+             "--out", str(out)])
+    assert seen == [(SPEC, {"status": "ok", "peak_allocated_bytes": 5}, {"batch_size": 32}, {"status": "missing"},
+                     4, 2.5)]
+    record = json.loads(out.read_text())
+    assert record.pop("wall_seconds") >= 0
+    assert record == {"status": "ok", "why": "fits at 96, not at 104"}
+    assert capsys.readouterr().out == "m/fp32: ok fits at 96, not at 104\n"
+    seen.clear()
+    monkeypatch.setattr(bs, "run", lambda *args: seen.append(args) or {"status": "skipped", "reason": "no GPU"})
+    bs.main(["--spec", json.dumps(SPEC.as_dict()), "--cell", str(tmp_path / "cell.json"), "--out", str(out)])
+    [(_, _, plan, apex, up_to, seconds)] = seen
+    assert (plan, up_to, seconds) == (None, 8, 10.0)
+    assert apex.get("status") != "built"  # no --apex: no apex build is put on the path
+    assert capsys.readouterr().out == "m/fp32: skipped no GPU\n"
+    assert json.loads(out.read_text())["reason"] == "no GPU"
+
+
+def test_main_needs_its_files_and_says_what_it_does(capsys):
+    with pytest.raises(SystemExit) as ended:
+        bs.main([])
+    assert ended.value.code == 2
+    assert "the following arguments are required: --spec, --cell, --out" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bs.main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert bs.__doc__.splitlines()[0] in text
+    for help_text in ("--spec SPEC JSON of the cell's settings (as the train job gets it)",
+                      "--cell CELL the cell's metrics.json at the planned batch",
+                      "--plan PLAN results/plan/models/<model>.json",
+                      "--apex APEX results/apex/runs.json, for an apex precision",
+                      "--up-to UP_TO the largest batch tried, times the planned batch",
+                      "--seconds SECONDS trial-step seconds this search may spend", "--out OUT"):
+        assert help_text in text
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    """run()'s GPU on the CPU: torch.cuda's queries, the cell's model, optimizer, data and trainer answered by fakes.
+    A batch above `oom_above` runs out of memory; a step's allocator peak is 100 bytes an item."""
+    import torch
+
+    from amprepro.train import data, measure, precision, train
+
+    state = types.SimpleNamespace(peak=0, oom_above=120, calls=[], steps=[], limit=10_000, state_at_try=[])
+
+    class Trainer:
+        def __init__(self, name, model, optimizer, loss_fn, device, recomputes=False):
+            state.calls.append(("Trainer", name, device.type, recomputes, loss_fn is train.cross_entropy))
+            self.optimizer, self.scaler = optimizer, None
+
+        def step(self, x, y):
+            batch = x.shape[0]
+            state.steps.append(batch)
+            state.peak = batch * 100
+            if batch > state.oom_above:
+                raise RuntimeError("CUDA out of memory. Tried to allocate 2 GiB\nmore text")
+            self.optimizer.state["w"] = "built"
+
+        def zero_grad(self):
+            state.calls.append(("zero_grad",))
+
+    class Batches:
+        def __init__(self, config):
+            self.config = config
+
+        def next(self):
+            state.state_at_try.append(dict(state.optimizer.state))
+            return torch.zeros(self.config["batch_size"], 4), torch.zeros(self.config["batch_size"])
+
+    def make_optimizer(name, params, lr, weight_decay, device):
+        state.calls.append(("optimizer", name, len(params), lr, weight_decay))
+        state.optimizer = types.SimpleNamespace(state={})
+        return state.optimizer
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    for name in ("synchronize", "reset_peak_memory_stats", "empty_cache"):
+        monkeypatch.setattr(torch.cuda, name, lambda *a, name=name: state.calls.append((name,)))
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: state.peak)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (7000, 20_000))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 500)
+    monkeypatch.setattr(train, "seed_everything", lambda seed, deterministic: state.calls.append(("seed", seed,
+                                                                                                   deterministic)))
+    monkeypatch.setattr(precision, "configure_tf32", lambda name: state.calls.append(("tf32", name)))
+    monkeypatch.setattr(train, "apply_memory_limit", lambda plan, device: state.limit)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 2), torch.nn.Linear(2, 2))
+    model[1].weight.requires_grad_(False)
+    monkeypatch.setattr(train, "prepare_model", lambda config, device: model)
+    monkeypatch.setattr(train, "make_optimizer", make_optimizer)
+    monkeypatch.setattr(precision, "Trainer", Trainer)
+    monkeypatch.setattr(train, "make_data", lambda config, seed, device, model, on_device: (
+        state.calls.append(("data", seed, on_device)) or Batches(config)))
+    monkeypatch.setattr(measure, "hardware", lambda device: {"gpu": "fake"})
+    monkeypatch.setattr(data, "largest_batch", lambda name: None)
+    monkeypatch.setattr(bs, "guess_batch", lambda *known: (state.calls.append(("guess", known)) or (64, "how")))
+    monkeypatch.setattr(bs, "over_batch", lambda *known: state.calls.append(("over", known)) or 104)
+    return state
+
+
+GPU_SPEC = CellSpec("m", "fp32", 3, {"arch": "gpt_tiny", "data": "synthetic_tokens", "batch_size": 16,
+                                     "seq_len": 8}, {"lr": 0.5, "optimizer": "adamw", "steps": 2, "warmup_steps": 1,
+                                                     "weight_decay": 0.1})
+
+
+def test_run_searches_on_the_card_and_records_every_try(fake_gpu):
+    record = bs.run(GPU_SPEC, {"status": "ok", "peak_allocated_bytes": 1700}, None, {}, 8, 60)
+    tries = record.pop("tries")
+    assert [(t["batch"], t["fits"], t["peak_allocated_bytes"]) for t in tries] == [
+        (64, True, 6400), (104, False, 10400), (80, True, 8000), (88, True, 8800), (96, False, 9600)]
+    over = f"its step ran, but its peak is over {memory.HEADROOM:.0%} of the budget"
+    assert [t["note"] for t in tries] == ["", over, "", "", over]
+    assert all(isinstance(t["data_seconds"], float) for t in tries)
+    assert record.pop("warm_seconds") >= 0 and record.pop("trial_seconds") >= 0
+    assert record == {"model": "m", "precision": "fp32", "seed": 3, "spec": GPU_SPEC.as_dict(),
+                      "hardware": {"gpu": "fake"}, "budget_bytes": 10_000, "allocator_limit_bytes": 10_000,
+                      "cap_gib": None, "warm_peak_allocated_bytes": 1600, "status": "ok", "guess_batch": 64,
+                      "guess_how": "how", "over_batch": 104, "seconds_allowed": 60, "planned_batch": 16,
+                      "up_to_batch": 128, "grid_step": 8, "largest_batch": 88, "smallest_failing_batch": 96,
+                      "bound": "exact", "why": "fits at 88, not at 96"}
+    # the planned batch once (one step), then STEPS_PER_TRY steps a try but where the first ran out of memory
+    assert fake_gpu.steps == [16, 64, 64, 104, 104, 80, 80, 88, 88, 96, 96]
+    assert all(s == {} for s in fake_gpu.state_at_try)  # each try starts without optimizer state
+    calls = fake_gpu.calls
+    assert calls[:2] == [("seed", 3, False), ("tf32", "fp32")]
+    assert ("optimizer", "adamw", 3, 0.5, 0.1) in calls  # the trainable parameters only (not the frozen weight)
+    assert ("Trainer", "fp32", "cuda", False, True) in calls
+    known = (GPU_SPEC.model_config, "fp32", "adamw", 16, 1700, 10_000, 128)
+    assert ("guess", known) in calls and ("over", known) in calls
+    assert ("data", 3, True) in calls
+
+
+def test_run_without_a_cap_takes_the_cards_free_memory_and_the_warm_peak(fake_gpu):
+    fake_gpu.limit = None
+    record = bs.run(GPU_SPEC, {"status": "ok"}, None, {}, 8, 60)
+    assert (record["budget_bytes"], record["allocator_limit_bytes"]) == (7500, None)
+    known = (GPU_SPEC.model_config, "fp32", "adamw", 16, 1600, 7500, 128)
+    assert ("guess", known) in fake_gpu.calls
+
+
+def test_run_that_runs_out_of_memory_at_the_planned_batch_says_so(fake_gpu):
+    fake_gpu.oom_above = 16
+    record = bs.run(GPU_SPEC, {"status": "ok"}, {"cap_gib": 12, "batch_size": 24}, {}, 8, 60)  # the plan's batch
+    assert record["status"] == "skipped" and record["cap_gib"] == 12
+    assert record["reason"] == ("out of memory at the planned batch 24 in the search's process (CUDA out of memory. "
+                                "Tried to allocate 2 GiB)")
+    assert fake_gpu.steps == [24]
+    assert not any(call[0] in ("guess", "over") for call in fake_gpu.calls)
