@@ -245,13 +245,15 @@ def fake_gpu(monkeypatch):
     A batch above `oom_above` runs out of memory; a step's allocator peak is 100 bytes an item."""
     import torch
 
-    from amprepro.train import data, measure, precision, train
+    from amprepro import datakinds
+    from amprepro.train import cell, measure, oom, precision
 
     state = types.SimpleNamespace(peak=0, oom_above=120, calls=[], steps=[], limit=10_000, state_at_try=[])
 
     class Trainer:
-        def __init__(self, name, model, optimizer, loss_fn, device, recomputes=False):
-            state.calls.append(("Trainer", name, device.type, recomputes, loss_fn is train.cross_entropy))
+        def __init__(self, name, model, optimizer, loss_fn, device, wrap=None, recomputes=False,
+                     scaler_init_scale=None):
+            state.calls.append(("Trainer", name, device.type, recomputes, loss_fn is cell.cross_entropy))
             self.optimizer, self.scaler = optimizer, None
 
         def step(self, x, y):
@@ -271,7 +273,7 @@ def fake_gpu(monkeypatch):
 
         def next(self):
             state.state_at_try.append(dict(state.optimizer.state))
-            return torch.zeros(self.config["batch_size"], 4), torch.zeros(self.config["batch_size"])
+            return torch.zeros(self.config.batch_size, 4), torch.zeros(self.config.batch_size)
 
     def make_optimizer(name, params, lr, weight_decay, device):
         state.calls.append(("optimizer", name, len(params), lr, weight_decay))
@@ -284,21 +286,24 @@ def fake_gpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: state.peak)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (7000, 20_000))
     monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 500)
-    monkeypatch.setattr(train, "seed_everything", lambda seed, deterministic: state.calls.append(("seed", seed,
+    monkeypatch.setattr(cell, "seed_everything", lambda seed, deterministic: state.calls.append(("seed", seed,
                                                                                                    deterministic)))
     monkeypatch.setattr(precision, "configure_tf32", lambda name: state.calls.append(("tf32", name)))
-    monkeypatch.setattr(train, "apply_memory_limit", lambda plan, device: state.limit)
+    monkeypatch.setattr(oom, "apply_memory_limit", lambda plan, device: state.limit)
     model = torch.nn.Sequential(torch.nn.Linear(4, 2), torch.nn.Linear(2, 2))
     model[1].weight.requires_grad_(False)
-    monkeypatch.setattr(train, "prepare_model", lambda config, device: model)
-    monkeypatch.setattr(train, "make_optimizer", make_optimizer)
+    monkeypatch.setattr(cell, "prepare_model", lambda config, device: model)
+    monkeypatch.setattr(cell, "make_optimizer", make_optimizer)
     monkeypatch.setattr(precision, "Trainer", Trainer)
-    monkeypatch.setattr(train, "make_data", lambda config, seed, device, model, on_device: (
+    monkeypatch.setattr(cell, "make_data", lambda config, seed, device, model, on_device: (
         state.calls.append(("data", seed, on_device)) or Batches(config)))
     monkeypatch.setattr(measure, "hardware", lambda device: {"gpu": "fake"})
-    monkeypatch.setattr(data, "largest_batch", lambda name: None)
-    monkeypatch.setattr(bs, "guess_batch", lambda *known: (state.calls.append(("guess", known)) or (64, "how")))
-    monkeypatch.setattr(bs, "over_batch", lambda *known: state.calls.append(("over", known)) or 104)
+    monkeypatch.setattr(datakinds, "largest_batch", lambda name: None)
+    def plain(known):  # the settings record as the dict it was written from (ModelSettings.as_dict)
+        return (known[0].as_dict(), *known[1:]) if hasattr(known[0], "as_dict") else known
+
+    monkeypatch.setattr(bs, "guess_batch", lambda *known: (state.calls.append(("guess", plain(known))) or (64, "how")))
+    monkeypatch.setattr(bs, "over_batch", lambda *known: state.calls.append(("over", plain(known))) or 104)
     return state
 
 

@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from amprepro import config as cfg
+from amprepro.config.schema import SCHEMA_PATH as schema_path
 
 KEYWORDS = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "minLength", "maxLength", "minItems",
             "maxItems", "minProperties", "maxProperties", "multipleOf"}
@@ -99,7 +100,7 @@ def test_inventory_every_numeric_bound_of_the_schema_is_in_the_table():
             for i, item in enumerate(node):
                 walk(item, f"{where}/{i}")
 
-    walk(yaml.safe_load(cfg.SCHEMA_PATH.read_text()), "")
+    walk(yaml.safe_load(schema_path.read_text()), "")
     assert sorted(found) == sorted((where, keyword, bound) for where, keyword, bound, *_ in BOUNDS)
 
 
