@@ -114,6 +114,20 @@ def test_a_request_is_refused_for_each_reason_with_its_text():
 # ---- messages --------------------------------------------------------------------------------------------------
 
 
+def test_two_messages_sent_back_to_back_are_read_one_at_a_time():
+    """The pid and the exit code can both be in the socket before the client reads: each call takes its own."""
+    left, right = socket.socketpair()
+    right.settimeout(5)
+    try:
+        cs.send_message(left, {"pid": 42})
+        cs.send_message(left, {"exit": 3})
+        assert cs.receive_message(right) == ({"pid": 42}, [])
+        assert cs.receive_message(right) == ({"exit": 3}, [])
+    finally:
+        left.close()
+        right.close()
+
+
 def test_a_message_goes_with_its_length_and_descriptors():
     left, right = socket.socketpair()
     right.settimeout(5)

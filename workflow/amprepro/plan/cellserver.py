@@ -89,13 +89,20 @@ def send_message(conn: socket.socket, message: dict, fds: list[int] | None = Non
 
 
 def receive_message(conn: socket.socket, want_fds: int = 0) -> tuple[dict | None, list[int]]:
-    """One message, and the descriptors sent with it; (None, []) when the peer closed the connection first."""
+    """One message, and the descriptors sent with it; (None, []) when the peer closed the connection first. It reads
+    no byte past its message, so a next message already sent (the exit code right behind the pid) stays for the next
+    call instead of being parsed with this one."""
     buffer, fds = b"", []
-    while len(buffer) < HEADER.size or len(buffer) < HEADER.size + HEADER.unpack(buffer[:HEADER.size])[0]:
+
+    def wanted() -> int:
+        return HEADER.size + (HEADER.unpack(buffer[:HEADER.size])[0] if len(buffer) >= HEADER.size else 0)
+
+    while len(buffer) < wanted():
+        size = wanted() - len(buffer)
         if want_fds and not fds:
-            chunk, fds, _, _ = socket.recv_fds(conn, 1 << 20, want_fds)
+            chunk, fds, _, _ = socket.recv_fds(conn, size, want_fds)
         else:
-            chunk = conn.recv(1 << 20)
+            chunk = conn.recv(size)
         if not chunk:
             return None, fds
         buffer += chunk
