@@ -112,3 +112,21 @@ def test_a_cell_its_launcher_cannot_start_is_written_through_the_record(tmp_path
     assert CellRecord.read(metrics).as_dict() == data
     assert (data["status"], data["skip_cause"], data["skip_needs"], data["world_size"], data["nodes"]) == (
         "skipped", "machine", "2 GPUs", 0, 0)
+
+
+def test_a_gpu_cell_without_a_plan_records_the_free_memory_it_started_with(monkeypatch):
+    """oom.does_not_fit adds free_bytes_at_start to the record of a GPU cell run without a memory plan."""
+    import torch
+
+    from amprepro.train import oom
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (1000, 2000))
+    from amprepro import memory
+    from amprepro.cellspec import CellSpec
+
+    cell = CellSpec.of(spec())
+    estimate = memory.estimate(cell.settings, cell.precision, cell.optimizer).as_record()
+    base = {"model": "m", "precision": "fp32", "seed": 0, "spec": spec(), "memory_estimate": estimate}
+    record = oom.does_not_fit(cell, base, None, SimpleNamespace(type="cuda"))
+    assert record["status"] == "skipped" and CellRecord.from_dict(record).free_bytes_at_start == 1000
+    assert CellRecord.from_dict(record).as_dict() == record

@@ -78,6 +78,9 @@ class CellRecord:
     memory_estimate: dict = ABSENT
     #: The allocator limit of an emulated smaller card, bytes (amprepro.train.oom.apply_memory_limit), or None.
     memory_limit_bytes: int | None = ABSENT
+    #: The GPU's free memory at the start, bytes (torch.cuda.mem_get_info), read by amprepro.train.oom.does_not_fit for
+    #: a cell on a GPU without a memory plan; absent otherwise.
+    free_bytes_at_start: int = ABSENT
     # --- what became of it: every record ---
     #: "ok" (trained, finite), "collapsed" (non-finite loss or loss scale below 1), "skipped" (never trained: the
     #: machine or the software could not run it) or "failed" (broke while running; the traceback is in its log).
