@@ -10,6 +10,7 @@ import sys
 from amprepro import precisions
 from amprepro.analysis import claimmetrics, fp8
 from amprepro.cellid import CellId
+from amprepro.cellrecord import CellRecord
 from amprepro.files import read_json, write_csv, write_json
 from amprepro.modelsettings import ModelSettings
 
@@ -207,7 +208,8 @@ def check_environment(environment: dict, metrics: list[dict], env_path: str = "e
 def summarize(metric_files: list[str], environment: dict, apex: dict, preset: dict, peak: dict | None = None,
               env_path: str = "environment.json", largest_batch_files: list[str] = (),
               largest_batch_asked: dict | None = None) -> dict:
-    metrics = [read_json(path) for path in metric_files]
+    # every cell's metrics.json through its record: a key no writer puts there is refused, naming the file
+    metrics = [CellRecord.read(path).as_dict() for path in metric_files]
     check_environment(environment, metrics, env_path)
     rows = add_relative([{c: m.get(c) for c in COLUMNS if c in m} | {"model": m["model"], "precision": m["precision"],
                                                                      "seed": m["seed"], "status": m["status"]}

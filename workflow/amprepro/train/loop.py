@@ -7,6 +7,7 @@ import collections
 import math
 import time
 
+from amprepro.cellrecord import CellRecord
 from amprepro.modelsettings import ModelSettings
 from amprepro.train.record import epoch_fields, lora_fields, numerics
 
@@ -70,7 +71,8 @@ def step_flops(trainer, model, x, y, world: int) -> tuple[int | None, str]:
 
 def train_loop(spec, dist, device, base, cell, batches, breakdown, settings) -> tuple[dict, list[dict]]:
     """The steps of a cell built by amprepro.train.cell.build_cell (its compile left to here: after the held-out loss
-    before the first step), and its record. settings: what the record says about the build (tf32, cell.settings())."""
+    before the first step), and its record (built as a CellRecord: a key it does not know is refused; returned as its
+    dict, as train.run returns every record). settings: what the record says about the build (tf32, cell.settings())."""
     import torch
 
     from amprepro.train import flops, heldout, measure, models
@@ -135,7 +137,7 @@ def train_loop(spec, dist, device, base, cell, batches, breakdown, settings) -> 
     achieved = flops_per_step / stats["step_time_median_s"] / 1e12 if flops_per_step else None
     timed_items = items * stats["timed_steps"]
     memory_stats = measure.memory_stats(device)
-    metrics = {
+    record = CellRecord.from_dict({
         **base,
         "status": "collapsed" if collapsed else "ok",
         "reason": (f"non-finite loss from step {checks['first_nonfinite_step']}; loss scale min "
@@ -164,5 +166,5 @@ def train_loop(spec, dist, device, base, cell, batches, breakdown, settings) -> 
         "host_load": load,
         "host_threads": measure.thread_pools(),
         "wall_seconds": time.time() - started,
-    }
-    return metrics, rows
+    }, source="the finished run's record")
+    return record.as_dict(), rows

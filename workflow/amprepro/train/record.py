@@ -8,6 +8,7 @@ import math
 import os
 
 from amprepro.cellid import CellId
+from amprepro.cellrecord import CellRecord
 from amprepro.cellspec import CellSpec
 from amprepro.modelsettings import ModelSettings
 
@@ -38,15 +39,16 @@ def gpu_sharing(env) -> dict:
     return {"gpu_shared": {"cells_per_gpu": int(value)}} if value.isdigit() and int(value) > 0 else {}
 
 
-def not_run_record(spec: CellSpec, apex: dict, cause: str, needs: str, reason: str, plan: dict | None = None) -> dict:
+def not_run_record(spec: CellSpec, apex: dict, cause: str, needs: str, reason: str, plan: dict | None = None
+                   ) -> CellRecord:
     """The record of a cell its launcher found it cannot start (too few GPUs or nodes): no worker ever ran."""
     import torch
 
     from amprepro.train import distributed
 
     base = base_record(spec.planned(plan), apex, torch.device("cpu"), distributed.Dist(hosts=[]), plan)
-    return {**base, "world_size": 0, "nodes": 0, "status": "skipped", "skip_cause": cause, "skip_needs": needs,
-            "reason": reason}
+    return CellRecord.from_dict({**base, "world_size": 0, "nodes": 0, "status": "skipped", "skip_cause": cause,
+                                 "skip_needs": needs, "reason": reason})
 
 
 def failure_record(base: dict, exc: Exception) -> dict:
@@ -97,15 +99,19 @@ def lora_fields(settings: ModelSettings, model, rows: list[dict], curve) -> dict
             "heldout_loss_initial": first}
 
 
-def write_results(args, metrics: dict, rows: list[dict]) -> None:
+def write_results(args, metrics: CellRecord | dict, rows: list[dict]) -> None:
     """Steps first, metrics last: metrics.json only exists once the run is complete. args: the cell's command line
-    (amprepro.train.train.parse_args), with the paths --steps and --metrics."""
+    (amprepro.train.train.parse_args), with the paths --steps and --metrics. metrics: the cell's record, or its dict
+    (train.run's result), which goes through CellRecord: a key it does not know is refused before anything is
+    written."""
     from amprepro.files import write_csv, write_json
 
+    record = metrics if isinstance(metrics, CellRecord) else CellRecord.from_dict(metrics, source="the cell's record")
+    fields = record.as_dict()
     write_csv(args.steps, rows, STEP_FIELDS)
-    write_json(args.metrics, metrics)
-    print(f"{CellId.of(metrics)}: {metrics['status']} "
-          f"{metrics.get('reason', '')}")
+    write_json(args.metrics, fields)
+    print(f"{CellId.of(fields)}: {record.status} "
+          f"{fields.get('reason', '')}")
 
 
 def cell_apex(path: str | None) -> dict:
