@@ -13,8 +13,30 @@ from amprepro.cellspec import CellSpec
 from amprepro.train import batchsearch as bs
 
 
+@pytest.fixture(autouse=True)
+def estimates_end(monkeypatch):
+    """memory.estimate, failing after 2,000 calls in one test (a bisection of batchsearch's asks a dozen): a bisection
+    that never ends fails, not hangs."""
+    from amprepro import memory as memory_model
+
+    real, calls = memory_model.estimate, []
+
+    def estimate(*args, **kwargs):
+        calls.append(1)
+        if len(calls) > 2000:
+            raise AssertionError("the bisection on the memory model does not end")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(memory_model, "estimate", estimate)
+
+
 def card(limit, peak_per_item=1000):
-    def trial(batch):
+    tried = []
+
+    def trial(batch):  # a search that tries more than 64 batches fails (none here needs 10): it never ends
+        tried.append(batch)
+        if len(tried) > 64:
+            raise AssertionError(f"the search does not end: {tried[:8]} ...")
         return batch <= limit, batch * peak_per_item, "" if batch <= limit else "oom"
     return trial
 
@@ -249,7 +271,8 @@ def fake_gpu(monkeypatch):
     from amprepro.train import cell, measure, oom, precision
 
     state = types.SimpleNamespace(peak=0, oom_above=120, calls=[], steps=[], limit=10_000, state_at_try=[],
-                                  most=None, scaler=None, batch=None, inputs=None, model=None, plans=[])
+                                  most=None, scaler=None, batch=None, inputs=None, model=None, plans=[],
+                                  error=RuntimeError("CUDA out of memory. Tried to allocate 2 GiB\nmore text"))
     cuda = torch.device("cuda")
 
     def on_card(device):  # every query and every part of the cell is asked about the cell's device
@@ -272,7 +295,7 @@ def fake_gpu(monkeypatch):
             if self.scaler is not None:
                 self.scaler._per_optimizer_states["optimizer"] = "mid-step"
             if batch > state.oom_above:
-                raise RuntimeError("CUDA out of memory. Tried to allocate 2 GiB\nmore text")
+                raise state.error
             self.optimizer.state["w"] = "built"
 
         def zero_grad(self):
@@ -412,8 +435,9 @@ def test_largest_under_is_the_largest_batch_on_the_grid_under_the_limit(linear):
             for limit in (0, 1, 49, *range(100, int(100 * (up_to + 3) * scale) + 200, 23)):
                 linear.clear()
                 fitting = [b for b in range(planned, top + 1, step) if (100 * b + 50) * scale <= limit]
-                assert bs._largest_under("S", "fp16", "sgd", planned, scale, limit, up_to) == max(
-                    fitting, default=planned), (planned, up_to, scale, limit)
+                largest = bs._largest_under("S", "fp16", "sgd", planned, scale, limit, up_to)
+                assert largest == max(fitting, default=planned), (planned, up_to, scale, limit)
+                assert type(largest) is int  # a batch size, not 64.0
                 assert all(c[:3] == ("S", "fp16", "sgd") and c[3] % step == 0 and planned < c[3] <= top
                            for c in linear)
     linear.clear()
@@ -547,3 +571,19 @@ def test_main_rounds_its_wall_seconds_prints_an_empty_reason_and_keeps_its_usage
     lines = capsys.readouterr().out.splitlines()
     for line in bs.__doc__.splitlines()[2:4]:  # the usage as written, not re-wrapped
         assert line in lines
+
+
+def test_an_out_of_memory_tries_note_is_its_first_line_at_most_200_characters(fake_gpu):
+    import torch
+
+    fake_gpu.oom_above = 15
+    fake_gpu.error = RuntimeError("CUDA out of memory. " + "x" * 300 + "\nmore")
+    record = bs.run(GPU_SPEC, {"status": "ok"}, None, {}, 8, 60)
+    assert record["reason"] == ("out of memory at the planned batch 16 in the search's process (CUDA out of memory. "
+                                + "x" * 180 + ")")
+    fake_gpu.error, fake_gpu.steps = torch.cuda.OutOfMemoryError(" \n "), []
+    record = bs.run(GPU_SPEC, {"status": "ok"}, None, {}, 8, 60)
+    assert record["reason"] == "out of memory at the planned batch 16 in the search's process ()"  # no text
+    fake_gpu.error = ValueError("CUDA out of memory, but not an allocation failure's type")
+    with pytest.raises(ValueError):  # anything but an allocation failure is raised, not an answer
+        bs.run(GPU_SPEC, {"status": "ok"}, None, {}, 8, 60)
