@@ -443,7 +443,7 @@ def test_largest_under_is_the_largest_batch_on_the_grid_under_the_limit(linear):
     linear.clear()
     assert bs._largest_under("S", "fp16", "sgd", 16, 1.0, 100 * 64 + 50, 128) == 64  # at the limit: fits
     assert bs._largest_under("S", "fp16", "sgd", 16, 1.0, 100 * 64 + 49, 128) == 56  # a byte over: does not
-    assert len(linear) <= 2 * 4  # a bisection: about log2(14 grid points) estimates each
+    assert len(linear) <= 2 * 4  # two bisections over the 14 grid batches above 16: about log2(14) estimates each
 
 
 def test_scale_is_the_measured_over_the_estimated_peak_at_the_planned_batch(linear):
