@@ -14,9 +14,32 @@ from amprepro.report import reporthtml
 from amprepro.train import batchsearch
 
 
+@pytest.fixture(autouse=True)
+def estimates_end(monkeypatch):
+    """memory.estimate, failing after 2,000 calls in one test (a bisection of batchsearch's asks a dozen): a bisection
+    that never ends fails, not hangs."""
+    from amprepro import memory as memory_model
+
+    real, calls = memory_model.estimate, []
+
+    def estimate(*args, **kwargs):
+        calls.append(1)
+        if len(calls) > 2000:
+            raise AssertionError("the bisection on the memory model does not end")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(memory_model, "estimate", estimate)
+
+
 def card(limit, calls=None):
-    """A fake card where a batch fits when it is at most `limit`; records the batches tried."""
+    """A fake card where a batch fits when it is at most `limit`; records the batches tried. A search that tries more
+    than 64 batches fails (every search here needs at most 16): a search that never ends fails, not hangs."""
+    tried = []
+
     def trial(batch):
+        tried.append(batch)
+        if len(tried) > 64:
+            raise AssertionError(f"the search does not end: {tried[:8]} ...")
         if calls is not None:
             calls.append(batch)
         return batch <= limit, batch * 1000, "" if batch <= limit else "CUDA out of memory (fake)"

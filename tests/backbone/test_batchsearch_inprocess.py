@@ -13,8 +13,30 @@ from amprepro.cellspec import CellSpec
 from amprepro.train import batchsearch as bs
 
 
+@pytest.fixture(autouse=True)
+def estimates_end(monkeypatch):
+    """memory.estimate, failing after 2,000 calls in one test (a bisection of batchsearch's asks a dozen): a bisection
+    that never ends fails, not hangs."""
+    from amprepro import memory as memory_model
+
+    real, calls = memory_model.estimate, []
+
+    def estimate(*args, **kwargs):
+        calls.append(1)
+        if len(calls) > 2000:
+            raise AssertionError("the bisection on the memory model does not end")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(memory_model, "estimate", estimate)
+
+
 def card(limit, peak_per_item=1000):
-    def trial(batch):
+    tried = []
+
+    def trial(batch):  # a search that tries more than 64 batches fails (none here needs 10): it never ends
+        tried.append(batch)
+        if len(tried) > 64:
+            raise AssertionError(f"the search does not end: {tried[:8]} ...")
         return batch <= limit, batch * peak_per_item, "" if batch <= limit else "oom"
     return trial
 
@@ -248,20 +270,32 @@ def fake_gpu(monkeypatch):
     from amprepro import datakinds
     from amprepro.train import cell, measure, oom, precision
 
-    state = types.SimpleNamespace(peak=0, oom_above=120, calls=[], steps=[], limit=10_000, state_at_try=[])
+    state = types.SimpleNamespace(peak=0, oom_above=120, calls=[], steps=[], limit=10_000, state_at_try=[],
+                                  most=None, scaler=None, batch=None, inputs=None, model=None, plans=[],
+                                  error=RuntimeError("CUDA out of memory. Tried to allocate 2 GiB\nmore text"))
+    cuda = torch.device("cuda")
+
+    def on_card(device):  # every query and every part of the cell is asked about the cell's device
+        if device != cuda:
+            raise AssertionError(f"asked about {device!r}, not the cell's device")
 
     class Trainer:
         def __init__(self, name, model, optimizer, loss_fn, device, wrap=None, recomputes=False,
                      scaler_init_scale=None):
             state.calls.append(("Trainer", name, device.type, recomputes, loss_fn is cell.cross_entropy))
-            self.optimizer, self.scaler = optimizer, None
+            on_card(device)
+            assert model is state.model
+            self.optimizer, self.scaler = optimizer, state.scaler
 
         def step(self, x, y):
+            assert x is state.inputs and y is state.batch[1]  # the batch as Cell.inputs gives it, its own labels
             batch = x.shape[0]
             state.steps.append(batch)
             state.peak = batch * 100
+            if self.scaler is not None:
+                self.scaler._per_optimizer_states["optimizer"] = "mid-step"
             if batch > state.oom_above:
-                raise RuntimeError("CUDA out of memory. Tried to allocate 2 GiB\nmore text")
+                raise state.error
             self.optimizer.state["w"] = "built"
 
         def zero_grad(self):
@@ -273,7 +307,15 @@ def fake_gpu(monkeypatch):
 
         def next(self):
             state.state_at_try.append(dict(state.optimizer.state))
-            return torch.zeros(self.config.batch_size, 4), torch.zeros(self.config.batch_size)
+            if state.scaler is not None:
+                assert state.scaler._per_optimizer_states == {}  # what the last try left is gone
+            state.batch = torch.zeros(self.config.batch_size, 4), torch.zeros(self.config.batch_size)
+            return state.batch
+
+    def inputs(self, x):
+        assert x is state.batch[0]
+        state.inputs = x.clone()
+        return state.inputs
 
     def make_optimizer(name, params, lr, weight_decay, device):
         state.calls.append(("optimizer", name, len(params), lr, weight_decay))
@@ -281,24 +323,37 @@ def fake_gpu(monkeypatch):
         return state.optimizer
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    for name in ("synchronize", "reset_peak_memory_stats", "empty_cache"):
-        monkeypatch.setattr(torch.cuda, name, lambda *a, name=name: state.calls.append((name,)))
-    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: state.peak)
-    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (7000, 20_000))
-    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 500)
+    for name in ("synchronize", "reset_peak_memory_stats"):
+        monkeypatch.setattr(torch.cuda, name, lambda device, name=name: on_card(device) or state.calls.append((name,)))
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: state.calls.append(("empty_cache",)))
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device: on_card(device) or state.peak)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: on_card(device) or (7000, 20_000))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device: on_card(device) or 500)
     monkeypatch.setattr(cell, "seed_everything", lambda seed, deterministic: state.calls.append(("seed", seed,
                                                                                                    deterministic)))
     monkeypatch.setattr(precision, "configure_tf32", lambda name: state.calls.append(("tf32", name)))
-    monkeypatch.setattr(oom, "apply_memory_limit", lambda plan, device: state.limit)
+    monkeypatch.setattr(oom, "apply_memory_limit", lambda plan, device: on_card(device) or state.plans.append(plan)
+                        or state.limit)
     model = torch.nn.Sequential(torch.nn.Linear(4, 2), torch.nn.Linear(2, 2))
     model[1].weight.requires_grad_(False)
-    monkeypatch.setattr(cell, "prepare_model", lambda config, device: model)
+    state.model = model
+    monkeypatch.setattr(cell, "prepare_model", lambda config, device: on_card(device) or model)
+    monkeypatch.setattr(cell.Cell, "inputs", inputs)
     monkeypatch.setattr(cell, "make_optimizer", make_optimizer)
     monkeypatch.setattr(precision, "Trainer", Trainer)
-    monkeypatch.setattr(cell, "make_data", lambda config, seed, device, model, on_device: (
-        state.calls.append(("data", seed, on_device)) or Batches(config)))
-    monkeypatch.setattr(measure, "hardware", lambda device: {"gpu": "fake"})
-    monkeypatch.setattr(datakinds, "largest_batch", lambda name: None)
+    def make_data(config, seed, device, model, on_device):
+        on_card(device)
+        assert model is state.model
+        state.calls.append(("data", seed, on_device))
+        return Batches(config)
+
+    def largest_batch(name):
+        assert name == "synthetic_tokens"
+        return state.most
+
+    monkeypatch.setattr(cell, "make_data", make_data)
+    monkeypatch.setattr(measure, "hardware", lambda device: on_card(device) or {"gpu": "fake"})
+    monkeypatch.setattr(datakinds, "largest_batch", largest_batch)
     def plain(known):  # the settings record as the dict it was written from (ModelSettings.as_dict)
         return (known[0].as_dict(), *known[1:]) if hasattr(known[0], "as_dict") else known
 
@@ -355,3 +410,180 @@ def test_run_that_runs_out_of_memory_at_the_planned_batch_says_so(fake_gpu):
                                 "Tried to allocate 2 GiB)")
     assert fake_gpu.steps == [24]
     assert not any(call[0] in ("guess", "over") for call in fake_gpu.calls)
+
+
+@pytest.fixture
+def linear(monkeypatch):
+    """memory.estimate as 100 bytes an item plus 50, recording what it is asked; a test that asks more than 500
+    times fails (a loop that never ends is a failure here, not a timeout)."""
+    calls = []
+
+    def estimate(settings, precision, optimizer, batch=None):
+        calls.append((settings, precision, optimizer, batch))
+        if len(calls) > 500:
+            raise AssertionError("the bisection does not end")
+        return types.SimpleNamespace(total=100 * batch + 50)
+
+    monkeypatch.setattr(memory, "estimate", estimate)
+    return calls
+
+
+def test_largest_under_is_the_largest_batch_on_the_grid_under_the_limit(linear):
+    for planned, up_to, step in ((16, 128, 8), (16, 131, 8), (5, 40, 1), (8, 8, 8), (3, 4, 1)):
+        top = up_to // step * step
+        for scale in (1.0, 0.5, 2.0):
+            for limit in (0, 1, 49, *range(100, int(100 * (up_to + 3) * scale) + 200, 23)):
+                linear.clear()
+                fitting = [b for b in range(planned, top + 1, step) if (100 * b + 50) * scale <= limit]
+                largest = bs._largest_under("S", "fp16", "sgd", planned, scale, limit, up_to)
+                assert largest == max(fitting, default=planned), (planned, up_to, scale, limit)
+                assert type(largest) is int  # a batch size, not 64.0
+                assert all(c[:3] == ("S", "fp16", "sgd") and c[3] % step == 0 and planned < c[3] <= top
+                           for c in linear)
+    linear.clear()
+    assert bs._largest_under("S", "fp16", "sgd", 16, 1.0, 100 * 64 + 50, 128) == 64  # at the limit: fits
+    assert bs._largest_under("S", "fp16", "sgd", 16, 1.0, 100 * 64 + 49, 128) == 56  # a byte over: does not
+    assert len(linear) <= 2 * 4  # two bisections over the 14 grid batches above 16: about log2(14) estimates each
+
+
+def test_scale_is_the_measured_over_the_estimated_peak_at_the_planned_batch(linear):
+    assert bs._scale("S", "fp16", "sgd", 16, None) == 1.0 and bs._scale("S", "fp16", "sgd", 16, 0) == 1.0
+    assert linear == []
+    assert bs._scale("S", "fp16", "sgd", 16, 3300) == 2.0
+    assert linear == [("S", "fp16", "sgd", 16)]
+    assert bs._scale("S", "fp16", "sgd", 8, 425) == 0.5
+
+
+def test_guess_and_over_batch_read_the_scaled_estimate(linear):
+    budget = 100_000
+    # scale 2 (3300 measured / 1650 estimated at 16): 2 * (100 b + 50) <= 0.93 * budget: b <= 464.5, on the grid 464
+    assert bs.guess_batch("S", "fp16", "sgd", 16, 3300, budget, 1024) == (
+        464, "the memory model scaled by 2.00 (measured/estimated peak at 16)")
+    assert all(c[:3] == ("S", "fp16", "sgd") for c in linear)
+    # 2 * (100 b + 50) <= 0.97 * budget: b <= 484.5: 480 is the last under, 488 the first over
+    assert bs.over_batch("S", "fp16", "sgd", 16, 3300, budget, 1024) == 488
+    assert bs.over_batch("S", "fp16", "sgd", 16, None, budget, 1024) == 976  # scale 1: 969.5 -> 968 under, 976 over
+    assert bs.over_batch("S", "fp16", "sgd", 16, None, budget, 968) is None  # even the cap is under
+    assert bs.over_batch("S", "fp16", "sgd", 16, None, budget, 975) is None  # the cap on the grid: 968
+    assert bs.over_batch("S", "fp16", "sgd", 16, None, budget, 976) == 976  # the cap is the first over
+    assert bs.over_batch("S", "fp16", "sgd", 5, None, budget, 1000) == 970  # off the grid: 969 under, 970 over
+    assert bs.over_batch("S", "fp16", "sgd", 5, None, budget, 969) is None
+    assert bs.guess_batch("S", "fp16", "sgd", 5, None, budget, 1000)[0] == 929  # 100 b + 50 <= 93,000
+    assert bs.guess_batch("S", "fp16", "sgd", 16, 0, budget, 1024)[1] == (
+        "the memory model scaled by 1.00 (measured/estimated peak at 16)")
+    linear.clear()
+    bs.guess_batch("S", "fp16", "sgd", 16, 3300, budget, 1024)
+    bs.over_batch("S", "fp16", "sgd", 16, 3300, budget, 1024)
+    assert linear[0] == ("S", "fp16", "sgd", 16)  # the scale at the planned batch
+    assert {c[:3] for c in linear} == {("S", "fp16", "sgd")}
+
+
+def test_next_batch_stays_under_the_failure_and_the_cap():
+    s = bs.Search(planned=16, up_to=128, step=8, largest=16, smallest_failing=64, tries=[{"fits": False}])
+    assert bs.next_batch(s, 40) == 56  # one stride down from 64, below it
+    s = bs.Search(planned=16, up_to=128, step=8, largest=40, smallest_failing=64,
+                  tries=[{"fits": True}, {"fits": False}])
+    assert bs.next_batch(s, 40, over=200) == 48  # bisection: (40 + 64) // 2 = 52 -> 48; over is not used
+    s.smallest_failing = 72
+    assert bs.next_batch(s, 40) == 56
+    s = bs.Search(planned=16, up_to=128, step=8, largest=40, tries=[{"fits": True}])
+    assert bs.next_batch(s, 40, over=500) == 128  # the batch expected to fail, at most the cap
+    assert bs.next_batch(s, 40, over=48) == 48
+    s = bs.Search(planned=16, up_to=128, step=8, largest=120, tries=[{"fits": True}] * 2)
+    assert bs.next_batch(s, 40) == 128  # largest + 16, at most the cap
+    s = bs.Search(planned=8, up_to=64, step=8, largest=8, smallest_failing=64, tries=[{"fits": False}] * 3)
+    assert bs.next_batch(s, 40) == 32  # 64 - 32
+    s.tries = [{"fits": False}] * 2
+    assert bs.next_batch(s, 40) == 48  # 64 - 16
+
+
+def test_a_search_at_its_cap_tries_nothing_more_and_a_bracket_one_step_wide_ends_it(clock):
+    s = bs.search(card(10_000), 16, 4, guess=64, seconds=60)  # fits at the cap at once
+    assert [t["batch"] for t in s.tries] == [64] and s.bound == "capped"
+    s = bs.search(card(72), 16, 8, guess=72, seconds=60, over=80)  # 72 fits, 80 does not: one step apart
+    assert [t["batch"] for t in s.tries] == [72, 80] and (s.bound, s.largest, s.smallest_failing) == ("exact", 72, 80)
+    s = bs.search(card(72), 16, 8, guess=72, seconds=60, over=88)  # 72 fits, 88 does not: 80 is tried
+    assert [t["batch"] for t in s.tries] == [72, 88, 80] and s.why == "fits at 72, not at 80"
+    s = bs.search(card(7), 5, 4, guess=8, seconds=60)  # off the grid: steps of one
+    assert [t["batch"] for t in s.tries] == [8, 7] and s.why == "fits at 7, not at 8"
+    s = bs.search(card(16), 16, 8, guess=24, seconds=60)  # fails just above the planned batch
+    assert [t["batch"] for t in s.tries] == [24] and s.why == "fits at 16, not at 24"
+
+
+def test_a_search_records_each_tries_seconds_rounded(monkeypatch):
+    ticks = iter([0.0, 0.1234567, 1.0, 1.5, 2.0, 2.6666666, 3.0, 3.0])
+    monkeypatch.setattr(bs.time, "perf_counter", lambda: next(ticks))
+    s = bs.search(card(56), 16, 8, guess=48, seconds=60, over=64)
+    assert [(t["batch"], t["seconds"]) for t in s.tries] == [(48, 0.123), (64, 0.5), (56, 0.667)]
+    assert s.bound == "exact" and s.as_record()["trial_seconds"] == 1.29
+
+
+def test_run_stops_where_the_data_has_no_more_and_clears_the_scaler_after_each_try(fake_gpu):
+    fake_gpu.most = 100  # digits' training split, say: the search's cap is 96, the estimate's 100
+    fake_gpu.scaler = types.SimpleNamespace(_per_optimizer_states={})
+    record = bs.run(GPU_SPEC, {"status": "ok", "peak_allocated_bytes": 1700}, None, {}, 8, 60)
+    known = (GPU_SPEC.model_config, "fp32", "adamw", 16, 1700, 10_000, 100)
+    assert ("guess", known) in fake_gpu.calls and ("over", known) in fake_gpu.calls
+    assert [(t["batch"], t["fits"]) for t in record["tries"]] == [(64, True), (96, False), (80, True), (88, True)]
+    assert (record["up_to_batch"], record["bound"], record["why"]) == (96, "exact", "fits at 88, not at 96")
+    assert fake_gpu.scaler._per_optimizer_states == {}
+    tries = 1 + len(record["tries"])
+    assert fake_gpu.calls.count(("zero_grad",)) == tries
+    assert fake_gpu.calls.count(("empty_cache",)) == 2 * tries  # before the try and after it is freed
+    assert fake_gpu.calls.count(("reset_peak_memory_stats",)) == tries
+    assert fake_gpu.plans == [None]
+    fake_gpu.most, fake_gpu.plans = 1000, []
+    plan = {"batch_size": 16, "cap_gib": 3}
+    assert bs.run(GPU_SPEC, {"status": "ok"}, plan, {}, 2, 60)["up_to_batch"] == 32  # the search's cap is lower
+    assert fake_gpu.plans == [plan]
+
+
+def test_run_rounds_its_seconds(fake_gpu, monkeypatch):
+    now = [0.0]
+
+    def perf_counter():  # 0.1234567 s between any two readings
+        now[0] += 0.1234567
+        return now[0]
+
+    monkeypatch.setattr(bs.time, "perf_counter", perf_counter)
+    record = bs.run(GPU_SPEC, {"status": "ok", "peak_allocated_bytes": 1700}, None, {}, 8, 60)
+    # the warm try: its start, its batch made, its end; a search's try: the search's start, the trial's, its batch
+    # made, its end
+    assert record["warm_seconds"] == round(3 * 0.1234567, 3) == 0.37
+    assert [(t["seconds"], t["data_seconds"]) for t in record["tries"]] == [(0.37, 0.123)] * 5
+    assert record["trial_seconds"] == 1.85
+
+
+def test_main_rounds_its_wall_seconds_prints_an_empty_reason_and_keeps_its_usage_lines(tmp_path, monkeypatch,
+                                                                                      capsys):
+    import json
+
+    (tmp_path / "cell.json").write_text(json.dumps({"status": "ok"}))
+    ticks = iter([10.0, 11.234567])
+    monkeypatch.setattr(bs.time, "monotonic", lambda: next(ticks))
+    monkeypatch.setattr(bs, "run", lambda *args: {"status": "ok"})
+    out = tmp_path / "fp32.json"
+    bs.main(["--spec", json.dumps(SPEC.as_dict()), "--cell", str(tmp_path / "cell.json"), "--out", str(out)])
+    assert json.loads(out.read_text()) == {"status": "ok", "wall_seconds": 1.23}
+    assert capsys.readouterr().out == "m/fp32: ok \n"  # neither a why nor a reason
+    with pytest.raises(SystemExit):
+        bs.main(["--help"])
+    lines = capsys.readouterr().out.splitlines()
+    for line in bs.__doc__.splitlines()[2:4]:  # the usage as written, not re-wrapped
+        assert line in lines
+
+
+def test_an_out_of_memory_tries_note_is_its_first_line_at_most_200_characters(fake_gpu):
+    import torch
+
+    fake_gpu.oom_above = 15
+    fake_gpu.error = RuntimeError("CUDA out of memory. " + "x" * 300 + "\nmore")
+    record = bs.run(GPU_SPEC, {"status": "ok"}, None, {}, 8, 60)
+    assert record["reason"] == ("out of memory at the planned batch 16 in the search's process (CUDA out of memory. "
+                                + "x" * 180 + ")")
+    fake_gpu.error, fake_gpu.steps = torch.cuda.OutOfMemoryError(" \n "), []
+    record = bs.run(GPU_SPEC, {"status": "ok"}, None, {}, 8, 60)
+    assert record["reason"] == "out of memory at the planned batch 16 in the search's process ()"  # no text
+    fake_gpu.error = ValueError("CUDA out of memory, but not an allocation failure's type")
+    with pytest.raises(ValueError):  # anything but an allocation failure is raised, not an answer
+        bs.run(GPU_SPEC, {"status": "ok"}, None, {}, 8, 60)
