@@ -345,7 +345,8 @@ BUILDERS = {
 
 
 def build(arch: str, settings: ModelSettings | dict) -> nn.Module:
-    """The model of `arch` at these settings (a model_config dict is read as the settings of that arch)."""
+    """The model of `arch` at these settings (a model_config dict, or a run matrix's model entry whose precisions,
+    seeds and train are not the model's, is read as the settings of that arch)."""
     if arch not in archs.REGISTRY:
         raise ValueError(f"unknown arch {arch!r}")
     entry = archs.get(arch)
@@ -353,7 +354,7 @@ def build(arch: str, settings: ModelSettings | dict) -> nn.Module:
         raise ValueError(f"arch {arch!r} names builder {entry.builder!r}, which amprepro.train.models.BUILDERS does "
                          f"not have ({', '.join(BUILDERS)}). Fix: add its builder there.")
     if not isinstance(settings, ModelSettings):
-        settings = ModelSettings.of({**settings, "arch": arch})
+        settings = ModelSettings.of_entry({**settings, "arch": arch})
     return BUILDERS[entry.builder](entry, settings)
 
 
