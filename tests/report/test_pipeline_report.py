@@ -70,3 +70,31 @@ def test_a_bad_claim_stops_the_run_naming_the_field(tmp_path):
     assert result.returncode != 0
     assert "claim field claims[1] (id 'vit-apex-o1-speed').tolerance: 'ten percent' is not of type 'number'" in (
         result.stdout + result.stderr)
+
+
+def test_offline_judge_makes_the_pipelines_own_summary_and_verdicts_from_the_cell_records(smoke_run, tmp_path):
+    """tools/gpu/offline_judge.py (a GPU run's summary made elsewhere from its cell records) runs the rules' commands:
+    on the smoke run's records it gives the pipeline's own summary.csv, every claim judged, and a report."""
+    import shutil
+    import subprocess
+    import sys
+
+    from report_helpers import REPO
+
+    parent = tmp_path / "run"
+    shutil.copytree(smoke_run / "results", parent / "results", symlinks=True)
+    for made in ("summary", "verify", "report"):
+        shutil.rmtree(parent / "results" / made, ignore_errors=True)
+    done = subprocess.run([sys.executable, str(REPO / "tools/gpu/offline_judge.py"), str(parent), "--gpus", "0",
+                           "--preset", "smoke"], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "offline_judge: 12 cell records of 12; missing 0; set aside 0 (none)" in done.stdout
+    ours = (parent / "results/summary/summary.csv").read_text()
+    assert ours == (smoke_run / "results/summary/summary.csv").read_text()
+    judged = json.loads((parent / "results/verify/verify.json").read_text())
+    claims = yaml.safe_load(CLAIMS.read_text())["claims"]
+    assert [c["id"] for c in judged["claims"]] == [c["id"] for c in claims]
+    # on the CPU every claim but those judged from committed evidence says what it needs (as the report does)
+    assert {c["id"] for c in judged["claims"] if c["verdict"] != "not_measurable"} == {
+        c["id"] for c in claims if "evidence" in c}
+    assert (parent / "results/report/report.html").stat().st_size > 100_000

@@ -43,7 +43,8 @@ def main() -> None:
         raw["gpu_memory_limit_gib"] = float(args.cap)
     config = cfg.validate_config(raw)
     gpus = [args.gpu_name] * args.gpus
-    runs, preset = cfg.resolve_runs(config, REPO / "config/presets", gpus, f"nvidia-smi lists {args.gpus} GPU(s)")
+    probe = f"nvidia-smi lists {args.gpus} GPU(s)" if gpus else "no nvidia-smi on PATH"
+    runs, preset = cfg.resolve_runs(config, REPO / "config/presets", gpus, probe)
     preset["config_sha256"] = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()
     os.chdir(args.parent)
     metrics = [str(CellId.of(c).path / "metrics.json") for c in cfg.cells(runs)]
@@ -60,7 +61,8 @@ def main() -> None:
         [py, "-m", "amprepro.analysis.summary", "--metrics", *kept, "--env", "results/environment/environment.json",
          "--apex", "results/apex/apex.json", "--peak", "results/peak/peak.json", "--preset",
          json.dumps(preset, sort_keys=True), "--largest-batch-asked",
-         json.dumps({"models": largest, "note": ""}, sort_keys=True), "--largest-batch", *searches,
+         json.dumps({"models": largest, "note": "" if gpus else "the search measures GPU memory; this run has no GPU"},
+                    sort_keys=True), "--largest-batch", *searches,
          "--csv", "results/summary/summary.csv", "--json", "results/summary/summary.json"],
         [py, "-m", "amprepro.verify.verify", "compare", "--summary", "results/summary/summary.json", "--sanity",
          "results/sanity/sanity.json", "--runs-dir", "results/runs", "--reference-dir", str(REPO / "reference"),
