@@ -245,3 +245,16 @@ class CellRecord:
         if unknown:
             raise CellRecordError(f"a cell's record has no keys {', '.join(sorted(unknown))}")
         return dataclasses.replace(self, **changes)
+
+
+def metrics_files(runs_dir: str | Path | None) -> list[tuple[Path, dict]]:
+    """Every cell's metrics.json under a results/runs directory, in path order, as read (a dict); a file that cannot
+    be read or parsed is left out (a cell still running, or killed mid-write before files.py's atomic writes)."""
+    found = []
+    if runs_dir and Path(runs_dir).is_dir():
+        for path in sorted(Path(runs_dir).glob("*/*/seed*/metrics.json")):
+            try:
+                found.append((path, json.loads(path.read_text())))
+            except (OSError, ValueError):
+                continue
+    return found

@@ -30,6 +30,7 @@ from amprepro.analysis import regimes as regimes_mod
 from amprepro.analysis.claimfile import load_claims
 from amprepro.analysis.claimmetrics import claimed_text
 from amprepro.analysis.claimmodels import VERDICT_TEXT, _has, _index, aggregate, evaluate_model, run_context
+from amprepro.cellrecord import metrics_files
 from amprepro.precisions import label as precision_label
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -51,15 +52,10 @@ def _model_config_field(runs_dir: str | Path | None, field: str, top: bool = Fal
     """Cell model name -> one field of its model_config (top: of metrics.json itself), read from the cells'
     metrics.json."""
     values = {}
-    if runs_dir and Path(runs_dir).is_dir():
-        for path in sorted(Path(runs_dir).glob("*/*/seed*/metrics.json")):
-            try:
-                metrics = json.loads(path.read_text())
-            except (OSError, ValueError):
-                continue
-            value = metrics.get(field) if top else metrics.get("spec", {}).get("model_config", {}).get(field)
-            if value:
-                values.setdefault(path.parts[-4], value)
+    for path, metrics in metrics_files(runs_dir):
+        value = metrics.get(field) if top else metrics.get("spec", {}).get("model_config", {}).get(field)
+        if value:
+            values.setdefault(path.parts[-4], value)
     return values
 
 

@@ -29,6 +29,7 @@ import sys
 from pathlib import Path
 
 from amprepro.cellid import CellId
+from amprepro.cellrecord import metrics_files
 from amprepro.files import read_json, write_csv, write_json
 from amprepro.verify import promote
 from amprepro.verify import reference as ref_mod
@@ -56,14 +57,9 @@ def cell_specs(runs_dir: str | Path | None, field: str = "spec") -> dict:
     """CellId.reference_key ('model/precision/N', as the reference's files key cells) -> the cell's full settings (or
     its memory plan: field "plan"), from its metrics.json."""
     specs = {}
-    if runs_dir and Path(runs_dir).is_dir():
-        for path in sorted(Path(runs_dir).glob("*/*/seed*/metrics.json")):
-            try:
-                metrics = json.loads(path.read_text())
-            except (OSError, ValueError):
-                continue
-            if metrics.get(field):
-                specs[CellId.of(metrics).reference_key] = metrics[field]
+    for _, metrics in metrics_files(runs_dir):
+        if metrics.get(field):
+            specs[CellId.of(metrics).reference_key] = metrics[field]
     return specs
 
 
