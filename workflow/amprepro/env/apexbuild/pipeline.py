@@ -254,7 +254,8 @@ def compile_into(staged: Path, ctx: BuildContext) -> None:
     left = f"; left out (no cell uses them): {' '.join(ctx.left_out)}" if ctx.left_out else ""
     ctx.echo(f"[apex] building {ctx.source.ref or ''} {ctx.source.commit[:12]}: {len(promised)} extensions "
              f"({' '.join(promised)}; {' '.join(ctx.flags)}{left}), arch {ctx.tools.arch_list}, "
-             f"--parallel {plan.parallel}, MAX_JOBS {plan.max_jobs}, patches {[p['name'] for p in applied]}; log {ctx.log}", flush=True)
+             f"--parallel {plan.parallel}, MAX_JOBS {plan.max_jobs}, patches {[p['name'] for p in applied]}; "
+             f"log {ctx.log}", flush=True)
     ctx.log.parent.mkdir(parents=True, exist_ok=True)
     began = time.monotonic()
     wheel = run_build(plan, source_dir, staged / "dist", ctx.log, promised, ctx.env, ctx.echo)
