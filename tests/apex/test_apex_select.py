@@ -187,3 +187,12 @@ def test_a_cell_needing_an_extension_the_build_left_out_is_skipped_with_the_fix(
     assert "put this cell in the run matrix" in cause[2] and "apex_build" in cause[2]
     assert apexexts.missing(spec("apex_o1"), view) == []
     assert apexexts.missing(spec("amp_bf16", fused_layer_norm=True), {**view, "extensions_built": None}) == []
+
+
+def test_a_patch_that_did_not_take_is_refused(built, tmp_path, monkeypatch):
+    """The record says what was left out, so the wheel is checked for it: a no-op patch builds both and is refused."""
+    monkeypatch.setattr(patches, "apply", lambda names, source_dir, left_out=(): [])
+    settings = {**built.settings, "cache_dir": None, "extensions": ["apex_C"]}
+    with pytest.raises(apexbuild.ApexError, match="leave out apex_version_C .* the wheel has them"):
+        apexbuild.build_only(settings, jobs=2, results_dir=tmp_path / "results", env=built.env, echo=Echo())
+    assert not list((tmp_path / "results" / "build").glob("[0-9a-f]*"))  # nothing published

@@ -262,6 +262,9 @@ def compile_into(staged: Path, ctx: BuildContext) -> None:
     seconds = time.monotonic() - began
     built = wheel_extensions(wheel, promised)
     require_extensions(built, promised, ctx.flags, plan, ctx.log)
+    if extra := wheel_extensions(wheel, ctx.left_out):  # the record would say they were left out
+        raise ApexError(f"the build was to leave out {', '.join(extra)} (no cell uses them) but the wheel has them: "
+                        f"the keep-extensions patch did not take. Refusing to publish it. Log: {ctx.log}")
     wheel = wheel.rename(staged / wheel.name)
     shutil.rmtree(source_dir)
     shutil.rmtree(staged / "dist")
