@@ -118,3 +118,22 @@ def test_a_cell_reads_the_view_of_its_models_apex_build():
     assert spec("apex_o2", apex_build="shell").apex_view == "results/apex/shell-runs.json"
     assert spec("amp_bf16", apex_build="shell", fused_layer_norm=True).apex_view == "results/apex/shell-runs.json"
     assert spec("amp_bf16", apex_build="shell").apex_view is None  # uses no apex: waits for neither build
+
+
+def test_the_build_rules_get_the_extensions_the_cells_use(workdir, tmp_path, monkeypatch):
+    """apex_build and apex get the run matrix's extension set (amprepro.apexexts) in --settings; the shell none."""
+    fake = tmp_path / "bin" / "nvidia-smi"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\necho 'GPU 0: NVIDIA H200 (UUID: GPU-00000000)'\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:{job_env()['PATH']}")
+    dry = snakemake(workdir, "results/apex/apex.json", "results/apex/shell.json", "-n", "-p", "--forceall",
+                    "--cores", "16", "--resources", "gpu=1").stdout
+    commands = [line for line in dry.splitlines() if "amprepro.env.apex_stage" in line]
+    full = [line for line in commands if "--shell" not in line]
+    shell = [line for line in commands if "--shell" in line]
+    assert len(full) == 2 and len(shell) == 2, commands
+    for line in full:  # the paper preset (a GPU is visible): apex O1/O2 with FusedAdam, and FusedLayerNorm
+        assert '"extensions": ["amp_C", "fused_layer_norm_cuda"]' in line, line
+    for line in shell:
+        assert '"extensions"' not in line, line

@@ -18,7 +18,9 @@ from amprepro.files import read_json, write_json
 # Everything train.py, precision.py and measure.py read from apex.json. site_dir names the build's cache key (apex
 # commit, torch, CUDA, Python, architectures, flags), so a different build is a different view. shell and
 # missing_extensions: the empty shell of issue 38 (results/apex/shell.json), which its cells say they ran on.
-APEX_KEYS = ("status", "required", "site_dir", "has_amp", "commit", "shell", "missing_extensions")
+# extensions_built: what the full build compiled (only what the run's cells use, issue 40; amprepro.apexexts.missing).
+APEX_KEYS = ("status", "required", "site_dir", "has_amp", "commit", "shell", "missing_extensions",
+             "extensions_built")
 
 
 def apex_for_runs(record: dict) -> dict:

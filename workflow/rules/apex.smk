@@ -1,4 +1,5 @@
-# Two jobs, so that the cells needing no apex do not wait for the compile. apex_build compiles into the cache with
+# Two jobs, so that the cells needing no apex do not wait for the compile. The full build compiles only the extensions
+# the run matrix's cells use (APEX_EXTENSIONS, amprepro.apexexts; docs/apex.md); the shell none. apex_build compiles into the cache with
 # nvcc and the CPUs only: on this machine it takes no GPU and leaves one cell's CPUs free, so those cells run beside
 # it (amprepro.plan.resources.apex_build_threads); on a cluster it runs on a GPU node, as the cells will. apex then
 # installs and verifies that build on a GPU, and the cells that use apex wait for it. apex is a checkpoint, as sanity is
@@ -34,7 +35,9 @@ rule apex_build:
         mem_mb=4000 * BUILD_THREADS if GPUS else 2000,  # each parallel nvcc job takes 2-4 GB
         runtime=120,
     params:
-        settings=json.dumps({**config["apex"], "required": APEX_REQUIRED}, sort_keys=True),
+        settings=json.dumps(
+            {**config["apex"], "required": APEX_REQUIRED, "extensions": APEX_EXTENSIONS}, sort_keys=True
+        ),
         code=code_digest("env.apex_stage"),
     shell:
         "python -m amprepro.env.apex_stage --build-only --settings {params.settings:q} --out {output.build}"
@@ -62,7 +65,9 @@ checkpoint apex:
         mem_mb=8000,
         runtime=30,
     params:
-        settings=json.dumps({**config["apex"], "required": APEX_REQUIRED}, sort_keys=True),
+        settings=json.dumps(
+            {**config["apex"], "required": APEX_REQUIRED, "extensions": APEX_EXTENSIONS}, sort_keys=True
+        ),
         code=code_digest("env.apex_stage", "runinputs"),
     shell:
         "python -m amprepro.gpuslots --gpus {resources.gpu} -- python -m amprepro.env.apex_stage"

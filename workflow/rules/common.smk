@@ -3,6 +3,7 @@ import json
 from pathlib import Path
 
 from amprepro.plan import resources as cell_resources  # noqa: E402
+from amprepro import apexexts  # noqa: E402
 from amprepro.cellid import CellId  # noqa: E402
 from amprepro.codedigest import code_digest, keep_trees_in  # noqa: E402
 from amprepro.config import (  # noqa: E402
@@ -37,6 +38,11 @@ with stop_on_config_error():
     CELLS = cells(RUNS)
     APEX_REQUIRED = apex_required(config["apex"]["required"], GPUS)
     check_apex_source(config["apex"], APEX_REQUIRED)  # before the apex job clears apex.json
+    # The extensions the full apex build compiles: those the cells use (amprepro.apexexts); None (no cell uses one):
+    # all of them. A change of the set changes apex_build's params, so Snakemake builds again.
+    APEX_EXTENSIONS = (
+        apexexts.run_extensions(cell_spec(RUNS, c["model"], c["precision"], c["seed"]) for c in CELLS) or None
+    )
     if config.get("container_image"):  # checked by the schema's pattern; with --sdm apptainer every job runs in it
         workflow.global_container(config["container_image"])
 CORES = max(1, workflow.resource_settings.cores or 1)  # None under `snakemake --report`; workflow.cores raises

@@ -3,7 +3,7 @@ or a combination no machine runs; and which optimizer the cell uses (one of the 
 
 from __future__ import annotations
 
-from amprepro import precisions
+from amprepro import apexexts, precisions
 from amprepro.cellspec import CellSpec
 from amprepro.modelsettings import ModelSettings
 
@@ -34,6 +34,18 @@ def apex_build_mismatch(spec: CellSpec, apex: dict) -> str | None:
         return None
     return (f"this cell asks for the {spec.apex_build} apex build (apex_build: {spec.apex_build}) but was given the "
             f"{given} one; run it through Snakemake, or pass --apex {spec.apex_view}")
+
+
+def extensions_missing(spec: CellSpec, apex: dict) -> str | None:
+    """The full build compiles only the extensions its run matrix's cells use (amprepro.apexexts): a cell outside that
+    matrix (a hand-run cell, a matrix changed without rebuilding) may need one it left out."""
+    missing = apexexts.missing(spec, apex)
+    if not missing:
+        return None
+    return (f"this cell needs apex's {', '.join(missing)}, which this apex build left out (it built only "
+            f"{', '.join(apex['extensions_built']) or 'none'}: the extensions the cells of its run matrix use, "
+            "amprepro.apexexts). Fix: put this cell in the run matrix (config runs) and run Snakemake, which rebuilds "
+            "apex with it (rule apex_build, results/apex/build.json)")
 
 
 def shell_refusal(spec: CellSpec, apex: dict) -> str | None:
@@ -88,6 +100,9 @@ def skip_cause(spec: CellSpec | dict, device, apex: dict) -> tuple[str, str, str
     reason = apex_build_mismatch(spec, apex)
     if reason:
         return "software", "the apex build its model asks for", reason
+    reason = extensions_missing(spec, apex)
+    if reason:
+        return "software", "apex extensions its build left out", reason
     reason = precision.unsupported_reason(spec.precision, device, apex)
     if reason:
         return "machine", precision_needs(spec.precision, device, apex), reason

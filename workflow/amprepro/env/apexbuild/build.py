@@ -56,13 +56,12 @@ class BuildPlan:
 
 
 def plan_build(setup: SetupFacts, flags: list[str], jobs: int, build_jobs: int | None, tools: Toolchain,
-               env: dict) -> BuildPlan:
-    extensions = len(setup.promised(flags))
-    parallel = min(build_jobs or jobs, extensions) if setup.parallel_option and extensions > 1 else None
-    # MAX_JOBS is ninja's parallelism inside ONE extension. 25.05's amp_C has 15 sources against 1-3 for the
-    # others, so it is the critical path: with MAX_JOBS=2 (12 x 2 on 16 cores) the build took 281 s on the H200.
-    # jobs/4 gives amp_C 4 slots while the small extensions' few compiles keep the start near 2x the cores.
-    max_jobs = int(env["MAX_JOBS"]) if env.get("MAX_JOBS") else max(1, math.ceil(jobs / 4))
+               env: dict, extensions: list[str] | None = None) -> BuildPlan:
+    """extensions: what this build compiles (amprepro.apexexts' selection); None: everything the flags add."""
+    extensions = list(setup.promised(flags)) if extensions is None else extensions
+    parallel = min(build_jobs or jobs, len(extensions)) if setup.parallel_option and len(extensions) > 1 else None
+    max_jobs = int(env["MAX_JOBS"]) if env.get("MAX_JOBS") else ninja_slots(
+        [setup.source_count(name) for name in extensions], jobs)
     build_env = {"MAX_JOBS": str(max_jobs)}
     if tools.nvcc is not None:  # the chosen toolkit: CUDA_HOME; for pip's also PATH and CPATH (cudakit.build_env)
         build_env.update({"CUDA_HOME": tools.nvcc.cuda_home, **tools.nvcc.env})
@@ -73,6 +72,21 @@ def plan_build(setup: SetupFacts, flags: list[str], jobs: int, build_jobs: int |
         build_env["APEX_PARALLEL_BUILD"] = str(parallel)
     options = list(flags) + (["--parallel", str(parallel)] if parallel else [])
     return BuildPlan(flags, options, build_env, parallel, max_jobs)
+
+
+def ninja_slots(sources: list[int], jobs: int) -> int:
+    """MAX_JOBS: ninja's parallelism inside ONE extension (torch's BuildExtension passes it to ninja -j); setup.py's
+    --parallel builds the extensions side by side, each with its own ninja. 25.05's amp_C has 15 sources against 1-3
+    for the others, so it is the critical path: with MAX_JOBS=2 (12 x 2 on 16 cores) the build took 281 s on the H200,
+    amp_C linked last. The most slots that keep the compilers started at once (each extension min(slots, its sources))
+    within 2x the cores, at least jobs/4 (the earlier rule) and at most the largest extension's sources: the small
+    extensions finish in the first seconds and leave their cores to amp_C. 12 extensions on 16 cores: 10; amp_C and
+    fused_layer_norm_cuda alone: 15 on 16 cores (every amp_C source at once), 14 on 8."""
+    best = 1
+    for slots in range(1, max(sources, default=1) + 1):
+        if sum(min(slots, count) for count in sources) <= 2 * jobs:
+            best = slots
+    return max(best, math.ceil(jobs / 4))
 
 
 def pip_wheel_command(plan: BuildPlan, source_dir: Path, wheel_dir: Path) -> list[str]:

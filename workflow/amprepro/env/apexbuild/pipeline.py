@@ -6,6 +6,11 @@ shell=True builds the same pinned source the way the articles warn against (issu
 Python only, "an empty shell". It is cached and recorded like the full build (its flags, [], are in the key, so it
 never shares an entry with it), and its record says "shell": true with each extension it lacks and apex's own import
 error for it. The full build refuses an entry that is a shell (require_full).
+
+settings["extensions"] (issue 40; the rules pass amprepro.apexexts.run_extensions of the run matrix): the full build
+compiles only these, through the keep-extensions patch (patches.py), and promises, verifies and records exactly them;
+the others are recorded as left out. Absent or None: every extension the core flags add, as before. The set is in the
+cache key, so a build of fewer extensions never serves a run that needs more.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from amprepro import apexexts
 from amprepro.env.apexbuild import patches
 from amprepro.env.apexbuild.build import pip_wheel_command, plan_build, require_extensions, run_build, wheel_extensions
 from amprepro.env.apexbuild.errors import ApexError
@@ -49,6 +55,7 @@ class Located:
     cache: str
     tools: Toolchain
     absent: list[str]  # what the full build would add and this one lacks: [] except for a shell
+    left_out: list[str]  # what the core flags add and the selection (settings["extensions"]) leaves out
 
 
 def locate(settings: dict, jobs: int, results: Path, env: dict, echo, shell: bool = False) -> Located:
@@ -60,7 +67,9 @@ def locate(settings: dict, jobs: int, results: Path, env: dict, echo, shell: boo
     for note in source.notes:
         echo(f"[apex] note: {note}", flush=True)
     setup = read_setup(source)
-    flags = [] if shell else setup.core_flags()
+    selected = [] if shell else select(setup, settings.get("extensions"), source)
+    flags = [] if shell else setup.flags_for(selected)
+    left_out = [] if shell else [name for name in setup.promised(setup.core_flags()) if name not in selected]
     # the shell still needs the nvcc the full build would use where setup.py runs it whatever the flags (25.05)
     tools = survey(setup.needs_cuda(flags) or (shell and setup.nvcc_at_import), env, settings.get("cuda_arch_list"),
                    echo)
@@ -68,14 +77,36 @@ def locate(settings: dict, jobs: int, results: Path, env: dict, echo, shell: boo
         raise ApexError(f"{source.location}'s setup.py runs `nvcc -V` even for a build without --cpp_ext/--cuda_ext "
                         f"(get_cuda_bare_metal_version(CUDA_HOME) at import), so the shell needs an nvcc too: "
                         f"{tools.nvcc_problem}")
-    inputs = key_inputs(source, tools, flags, setup.needs_cuda(flags))
+    # the set is in the key where it is not all the flags add: a full build keeps the key it always had
+    inputs = key_inputs(source, tools, flags, setup.needs_cuda(flags), selected if left_out else None)
     key = cache_key(inputs)
     found = store.find(key)
     if found is None:
-        context = BuildContext(store, key, inputs, source, setup, flags, tools, settings, jobs, env, results, echo)
+        context = BuildContext(store, key, inputs, source, setup, flags, tools, settings, jobs, env, results, echo,
+                               selected, left_out)
         found = build_entry(context)
     absent = list(setup.promised(setup.core_flags())) if shell else []
-    return Located(store, source, setup, list(setup.promised(flags)), key, found[0], found[1], tools, absent)
+    return Located(store, source, setup, selected, key, found[0], found[1], tools, absent, left_out)
+
+
+def select(setup: SetupFacts, wanted, source: Source) -> list[str]:
+    """The extensions the full build compiles: `wanted` checked (a list of names, each a Python identifier, each one
+    setup.py's core flags add), in setup.py's order; None: all of them."""
+    offered = list(setup.promised(setup.core_flags()))
+    if wanted is None:
+        return offered
+    if not isinstance(wanted, list) or not wanted:
+        raise ApexError(f"apex extensions to build must be a non-empty list of names, not {wanted!r} (they come from "
+                        "the run matrix: amprepro.apexexts.run_extensions).")
+    for name in wanted:
+        if problem := apexexts.name_problem(name):
+            raise ApexError(f"apex extension {problem}.")
+    unknown = [name for name in wanted if name not in offered]
+    if unknown:
+        raise ApexError(f"the run's cells need apex extensions {', '.join(unknown)}, which {source.location}'s "
+                        f"setup.py does not build with {' '.join(setup.core_flags())} (it offers: "
+                        f"{', '.join(offered)}). Fix: use apex ref 25.05, or leave those cells out of runs.")
+    return [name for name in offered if name in wanted]
 
 
 def build_only(settings: dict, jobs: int, results_dir: str | Path = RESULTS_DIR, env: dict | None = None,
@@ -86,10 +117,13 @@ def build_only(settings: dict, jobs: int, results_dir: str | Path = RESULTS_DIR,
     found = locate(settings, jobs, Path(results_dir), dict(os.environ if env is None else env), echo, shell)
     seconds = time.monotonic() - start
     echo(f"[apex] {found.cache}: {found.key} in {seconds:.1f} s", flush=True)
-    built_with = json.loads((found.entry / "manifest.json").read_text()).get("cuda")
+    entry_manifest = json.loads((found.entry / "manifest.json").read_text())
     return {"status": "built", "key": found.key, "cache": found.cache, "commit": found.source.commit,
             "entry": str(found.entry), "seconds": round(seconds, 2), "jobs": jobs,
-            "nvcc": toolkit_record(found.tools), "built_with": built_with, "shell": shell}
+            "nvcc": toolkit_record(found.tools), "built_with": entry_manifest.get("cuda"), "shell": shell,
+            "extensions_built": entry_manifest.get("extensions_built"), "extensions_left_out": found.left_out,
+            "max_jobs": entry_manifest.get("build", {}).get("max_jobs"),
+            "parallel": entry_manifest.get("build", {}).get("parallel")}
 
 
 def toolkit_record(tools: Toolchain) -> dict:
@@ -125,6 +159,8 @@ def build_and_verify(settings: dict, jobs: int, results_dir: str | Path = RESULT
         "reason": summary(found.source, cache, verification, seconds, shell),
         "shell": shell,
         "missing_extensions": missing_extensions(verification) if shell else {},
+        "extensions_built": manifest["extensions_built"],
+        "extensions_left_out": found.left_out,
         "site_dir": str(site),
         "has_amp": found.setup.has_amp,
         "commit": found.source.commit,
@@ -151,8 +187,10 @@ def read_setup(source: Source) -> SetupFacts:
     return setup
 
 
-def key_inputs(source: Source, tools: Toolchain, flags: list[str], compiles_cuda: bool = True) -> dict:
-    """compiles_cuda False (the shell): the architectures are not in the key, no kernel is compiled for them."""
+def key_inputs(source: Source, tools: Toolchain, flags: list[str], compiles_cuda: bool = True,
+               extensions: list[str] | None = None) -> dict:
+    """compiles_cuda False (the shell): the architectures are not in the key, no kernel is compiled for them.
+    extensions: what the build compiles (select) where that is fewer than its flags add; None: all they add."""
     python = tools.python
     return {
         "apex_commit": source.commit,
@@ -163,6 +201,7 @@ def key_inputs(source: Source, tools: Toolchain, flags: list[str], compiles_cuda
         "python": python["soabi"] or python["python"],
         "arch_list": tools.arch_list if compiles_cuda else None,
         "flags": flags,
+        **({"extensions": sorted(extensions)} if extensions else {}),
     }
 
 
@@ -180,6 +219,8 @@ class BuildContext:
     env: dict
     results: Path
     echo: Callable
+    selected: list[str]
+    left_out: list[str]
 
     @property
     def log(self) -> Path:
@@ -205,18 +246,25 @@ def compile_into(staged: Path, ctx: BuildContext) -> None:
     source_dir = staged / "src"
     ctx.source.extract(source_dir)
     nvcc_release = ctx.tools.nvcc.release if ctx.tools.nvcc else None
-    applied = patches.apply(patches.planned(ctx.setup, nvcc_release), source_dir)
-    plan = plan_build(ctx.setup, ctx.flags, ctx.jobs, ctx.settings.get("build_jobs"), ctx.tools, ctx.env)
-    promised = list(ctx.setup.promised(ctx.flags))
+    # what the flags add beyond the selection: deleted from setup.py (an extension of a flag not given is not built)
+    dropped = [name for name in ctx.setup.promised(ctx.flags) if name not in ctx.selected]
+    applied = patches.apply(patches.planned(ctx.setup, nvcc_release, dropped), source_dir, dropped)
+    promised = list(ctx.selected)
+    plan = plan_build(ctx.setup, ctx.flags, ctx.jobs, ctx.settings.get("build_jobs"), ctx.tools, ctx.env, promised)
+    left = f"; left out (no cell uses them): {' '.join(ctx.left_out)}" if ctx.left_out else ""
     ctx.echo(f"[apex] building {ctx.source.ref or ''} {ctx.source.commit[:12]}: {len(promised)} extensions "
-             f"({' '.join(ctx.flags)}), arch {ctx.tools.arch_list}, --parallel {plan.parallel}, "
-             f"MAX_JOBS {plan.max_jobs}, patches {[p['name'] for p in applied]}; log {ctx.log}", flush=True)
+             f"({' '.join(promised)}; {' '.join(ctx.flags)}{left}), arch {ctx.tools.arch_list}, "
+             f"--parallel {plan.parallel}, MAX_JOBS {plan.max_jobs}, patches {[p['name'] for p in applied]}; "
+             f"log {ctx.log}", flush=True)
     ctx.log.parent.mkdir(parents=True, exist_ok=True)
     began = time.monotonic()
     wheel = run_build(plan, source_dir, staged / "dist", ctx.log, promised, ctx.env, ctx.echo)
     seconds = time.monotonic() - began
     built = wheel_extensions(wheel, promised)
     require_extensions(built, promised, ctx.flags, plan, ctx.log)
+    if extra := wheel_extensions(wheel, ctx.left_out):  # the record would say they were left out
+        raise ApexError(f"the build was to leave out {', '.join(extra)} (no cell uses them) but the wheel has them: "
+                        f"the keep-extensions patch did not take. Refusing to publish it. Log: {ctx.log}")
     wheel = wheel.rename(staged / wheel.name)
     shutil.rmtree(source_dir)
     shutil.rmtree(staged / "dist")
@@ -251,6 +299,7 @@ def manifest(ctx: BuildContext, plan, applied, promised, built, wheel: Path, sec
         "patches": applied,
         "extensions_promised": promised,
         "extensions_built": built,
+        "extensions_left_out": ctx.left_out,
         "wheel": {"file": wheel.name, "sha256": file_sha256(wheel), "bytes": wheel.stat().st_size},
         "build_seconds": round(seconds, 1),
     }

@@ -33,6 +33,7 @@ class SetupFacts:
     compute_70_gencodes: int
     has_amp: bool
     nvcc_at_import: bool = False  # setup.py runs nvcc whatever the flags (NVCC_AT_IMPORT)
+    sources: dict[str, int] | None = None  # extension name -> its number of source files (1 where not a list literal)
 
     def core_flags(self) -> list[str]:
         return [flag for flag in CORE_FLAGS if self.extensions.get(flag)]
@@ -42,6 +43,13 @@ class SetupFacts:
 
     def needs_cuda(self, flags: list[str]) -> bool:
         return "cuda" in self.promised(flags).values()
+
+    def flags_for(self, extensions: list[str]) -> list[str]:
+        """The core flags that add at least one of these extensions, in CORE_FLAGS' order."""
+        return [flag for flag in self.core_flags() if set(self.extensions[flag]) & set(extensions)]
+
+    def source_count(self, name: str) -> int:
+        return (self.sources or {}).get(name, 1)
 
 
 def inspect_setup(text: str, has_amp: bool) -> SetupFacts:
@@ -55,6 +63,7 @@ def inspect_setup(text: str, has_amp: bool) -> SetupFacts:
         compute_70_gencodes=len(COMPUTE_70_GENCODE.findall(text)),
         has_amp=has_amp,
         nvcc_at_import=bool(NVCC_AT_IMPORT.search(text)),
+        sources=_source_counts(tree),
     )
 
 
@@ -73,6 +82,22 @@ def _extension(node: ast.AST) -> tuple[str, str] | None:
     if isinstance(name, ast.Constant) and isinstance(name.value, str):
         return name.value, EXTENSION_CLASSES[func]
     return None
+
+
+def extension_call_name(node: ast.AST) -> str | None:
+    """The name of the CppExtension/CUDAExtension that this call builds, or None."""
+    ext = _extension(node)
+    return ext[0] if ext else None
+
+
+def _source_counts(tree: ast.Module) -> dict[str, int]:
+    counts = {}
+    for node in ast.walk(tree):
+        if (name := extension_call_name(node)) is not None:
+            sources = next((kw.value for kw in node.keywords if kw.arg == "sources"),
+                           node.args[1] if len(node.args) > 1 else None)
+            counts[name] = len(sources.elts) if isinstance(sources, ast.List) else 1
+    return counts
 
 
 def _extensions_by_flag(tree: ast.Module) -> dict[str, dict[str, str]]:
