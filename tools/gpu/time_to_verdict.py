@@ -1,0 +1,76 @@
+"""Assemble results-reference/perf/<commit>/time-to-verdict.json from one fresh-box route (tools/gpu/time_to_verdict.sh):
+the seconds from the first call's start to `make verify`'s verdict, the gate, the apex build's own seconds, every job
+kind's wall seconds (from Snakemake's log) and the timm comparison's ratios of the same lease.
+
+    python tools/gpu/time_to_verdict.py --started EPOCH_FILE --verdict EPOCH_FILE --log make-run.log \
+        --results results --timm timm_compare.json --commit HASH --out time-to-verdict.json
+"""
+import argparse
+import collections
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import job_seconds  # noqa: E402
+
+
+def read_json(path: Path):
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def job_kinds(logs: list[Path]) -> dict:
+    """Per rule: how many jobs finished and their summed, longest and mean wall seconds (whole seconds, as Snakemake
+    stamps them; jobs beside each other overlap, so the sums add up to more than the run's wall time)."""
+    rows = job_seconds.parse([str(p) for p in logs if p.exists()])
+    kinds = collections.defaultdict(list)
+    for rule, _, seconds in rows:
+        kinds[rule].append(seconds)
+    return {rule: {"jobs": len(s), "sum_s": sum(s), "max_s": max(s), "mean_s": round(sum(s) / len(s), 2)}
+            for rule, s in sorted(kinds.items(), key=lambda kv: -sum(kv[1]))}
+
+
+def record(args) -> dict:
+    started, verdict = (float(Path(p).read_text().split()[0]) for p in (args.started, args.verdict))
+    results = Path(args.results)
+    verify = read_json(results / "verify" / "verify.json") or {}
+    build = read_json(results / "apex" / "build.json") or {}
+    timm = read_json(Path(args.timm)) if args.timm else None
+    return {
+        "what": "a fresh one-GPU box: apex built cold, `make run` then `make verify` (tools/gpu/time_to_verdict.sh)",
+        "commit": args.commit,
+        "seconds_to_verdict": round(verdict - started, 1),
+        "gate": (verify.get("gate") or {}).get("result"),
+        "gate_message": verify.get("message"),
+        "apex_build_seconds": build.get("seconds"),
+        "apex_build": {k: build.get(k) for k in ("cache", "jobs", "max_jobs", "parallel", "extensions_built",
+                                                 "extensions_left_out")},
+        "job_kinds": job_kinds([Path(p) for p in args.log]),
+        "timm_ratios": None if timm is None else [
+            {"model": r["model"], "precision": r["precision"], "optimizer": r["amprepro"]["spec"]["train"]["optimizer"],
+             "timm_samples_per_s": r["timm_samples_per_s"], "amprepro_samples_per_s": round(r["amprepro_samples_per_s"], 2),
+             "ratio": round(r["ratio"], 4)} for r in timm],
+        "timm_note": None if timm else "no timm comparison in this lease (vendor/timm/benchmark.py not carried)",
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--started", required=True)
+    parser.add_argument("--verdict", required=True)
+    parser.add_argument("--log", action="append", required=True)
+    parser.add_argument("--results", default="results")
+    parser.add_argument("--timm")
+    parser.add_argument("--commit", required=True)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    out = record(args)
+    Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
+    print(json.dumps({k: out[k] for k in ("seconds_to_verdict", "gate", "apex_build_seconds")}))
+
+
+if __name__ == "__main__":
+    main()

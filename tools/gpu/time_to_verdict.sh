@@ -1,0 +1,40 @@
+#!/bin/bash
+# Issue 40's benchmark, on a freshly started one-GPU box: the README's route (`make run`, then `make verify`) with apex
+# built cold, timed from the first call's start to the verdict; then, in the same lease, our ViT cells against timm's
+# benchmark.py (tools/gpu/timm_compare.py); then $OUT/time-to-verdict.json (tools/gpu/time_to_verdict.py) with the
+# run's log. Carry .whl, vendor/apex-25.05, vendor/apex-25.05.source.json and vendor/timm (after the first call that
+# brings .whl-a, tools/gpu/README.md). Cut at 10 minutes: call again, it resumes where it stopped.
+#
+#   COMMIT=<hash> OUT=/path/to/outdir bash tools/gpu/time_to_verdict.sh [seconds]
+set -uo pipefail
+OUT=${OUT:?set OUT to a directory for the results}
+COMMIT=${COMMIT:?set COMMIT to the commit being measured}
+[[ $COMMIT =~ ^[0-9a-f]{7,40}$ ]] || { echo "COMMIT=$COMMIT is not a commit hash"; exit 1; }
+budget=${1:-570}
+deadline=$((SECONDS + budget))
+mkdir -p "$OUT"
+started=/tmp/amprepro-started-$(echo "$PWD" | md5sum | cut -c1-8)
+verdict=/tmp/amprepro-verdict-epoch
+if [ ! -f "$verdict" ]; then
+  OUT=$OUT bash tools/gpu/make_run.sh "$((budget - 20))" verify | tee "$OUT/route.out"
+  cat "$OUT/make-run.log" >> /tmp/amprepro-ttv-make-run.log 2>/dev/null
+  grep -q "make verify rc=0" "$OUT/route.out" && date +%s > "$verdict"
+  [ -f "$verdict" ] || { echo "no verdict yet: call again"; exit 0; }
+fi
+venv=${AMPREPRO_VENV:-/tmp/amprepro-venv}
+cells=()
+for model in vit_timm vit_timm_fused_adamw; do
+  for precision in amp_bf16 amp_fp16; do
+    [ -f "results/runs/$model/$precision/seed0/metrics.json" ] && cells+=(--cell "results/runs/$model/$precision/seed0")
+  done
+done
+if [ -f vendor/timm/benchmark.py ] && [ ! -f /tmp/amprepro-timm/timm_compare.json ] && [ $((deadline - SECONDS)) -gt 150 ]; then
+  CUDA_VISIBLE_DEVICES=0 timeout $((deadline - SECONDS - 20)) "$venv/bin/python" tools/gpu/timm_compare.py \
+    --benchmark vendor/timm/benchmark.py "${cells[@]}" --apex results/apex/apex.json --out /tmp/amprepro-timm
+fi
+"$venv/bin/python" tools/gpu/time_to_verdict.py --started "$started" --verdict "$verdict" \
+  --log /tmp/amprepro-ttv-make-run.log --results results --commit "$COMMIT" --out "$OUT/time-to-verdict.json" \
+  $( [ -f /tmp/amprepro-timm/timm_compare.json ] && echo --timm /tmp/amprepro-timm/timm_compare.json)
+cp /tmp/amprepro-timm/timm_compare.json "$OUT/" 2>/dev/null
+gzip -c /tmp/amprepro-ttv-make-run.log > "$OUT/make-run.log.gz"
+ls -la "$OUT"
