@@ -59,6 +59,18 @@ def test_the_paper_preset_needs_amp_c_and_fused_layer_norm_only():
     assert apexexts.run_extensions(without_fln) == ["amp_C"]
 
 
+def test_a_matrix_without_apex_cells_builds_amp_c_alone():
+    """The lora preset uses no apex: its build compiled all 12 extensions (over five minutes on the H200 box) before
+    this; now amp_C alone, while a matrix that uses FusedLayerNorm still gets it."""
+    base = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    for preset, expected in (("lora", ["amp_C"]), ("paper", ["amp_C", "fused_layer_norm_cuda"])):
+        config = cfg.validate_config(cfg.deep_merge(base, {"preset": preset}))
+        runs, _ = cfg.resolve_runs(config, REPO / "config" / "presets", ["NVIDIA H200"], "test probe")
+        cells = [cfg.cell_spec(runs, c["model"], c["precision"], c["seed"]) for c in cfg.cells(runs)]
+        assert apexexts.run_extensions(cells) == (expected if preset == "paper" else [])
+        assert apexexts.build_extensions(cells) == expected
+
+
 SETUP = inspect_setup(SETUP_25_05, has_amp=True)
 
 
