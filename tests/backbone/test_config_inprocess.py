@@ -365,6 +365,18 @@ def test_the_largest_batch_models_must_be_single_gpu_uncompiled_models_of_the_ru
             "batches in one process, one step each. Fix: name its single-GPU, uncompiled model instead.")
 
 
+def test_largest_batch_precisions_must_be_run_by_its_models():
+    runs = {"models": {"vit": {"arch": "vit_b_16", "data": "synthetic_images", "batch_size": 8,
+                               "precisions": ["fp32", "amp_bf16"]}},
+            "precisions": ["fp32", "tf32", "amp_bf16"], "seeds": [0],
+            "largest_batch": {"models": ["vit"], "precisions": ["fp32", "tf32"]}}
+    with pytest.raises(cfg.ConfigError, match=r"runs.largest_batch.precisions: tf32 is not a precision of vit in "
+                                               r"this run \(amp_bf16, fp32\)"):
+        cfg.check_largest_batch(runs)
+    runs["largest_batch"]["precisions"] = ["fp32"]
+    cfg.check_largest_batch(runs)
+
+
 def test_the_searches_are_the_first_seeds_uncompiled_cells_and_share_the_seconds():
     runs = {"models": {"vit": {"seeds": [5, 6]}, "cnn": {}},
             "precisions": ["fp32", "amp_bf16", "amp_bf16_compile", "fp8_rowwise"], "seeds": [1, 2],
@@ -375,6 +387,9 @@ def test_the_searches_are_the_first_seeds_uncompiled_cells_and_share_the_seconds
     runs["largest_batch"] = {"models": ["cnn"]}
     assert [c["seed"] for c in cfg.largest_batch_searches(runs)] == [1, 1]
     assert cfg.largest_batch_searches({**runs, "largest_batch": None}) == []
+    runs["largest_batch"] = {"models": ["vit", "cnn"], "precisions": ["amp_bf16"]}  # only what a claim reads
+    assert cfg.largest_batch_searches(runs) == [{"model": "vit", "precision": "amp_bf16", "seed": 5},
+                                                {"model": "cnn", "precision": "amp_bf16", "seed": 1}]
     # 600 s over fp32 (2 shares), tf32 (2) and two AMP searches (1 each): 100 s a share
     four = [{"precision": p} for p in ("fp32", "tf32", "amp_bf16", "apex_o1")]
     assert cfg.largest_batch_seconds(four, 600.0, "fp32") == 200.0

@@ -40,9 +40,7 @@ with stop_on_config_error():
     check_apex_source(config["apex"], APEX_REQUIRED)  # before the apex job clears apex.json
     # The extensions the full apex build compiles: those the cells use, amp_C alone where none uses one
     # (amprepro.apexexts.build_extensions). A change of the set changes apex_build's params, so Snakemake builds again.
-    APEX_EXTENSIONS = apexexts.build_extensions(
-        cell_spec(RUNS, c["model"], c["precision"], c["seed"]) for c in CELLS
-    )
+    APEX_EXTENSIONS = apexexts.build_extensions(cell_spec(RUNS, c["model"], c["precision"], c["seed"]) for c in CELLS)
     if config.get("container_image"):  # checked by the schema's pattern; with --sdm apptainer every job runs in it
         workflow.global_container(config["container_image"])
 CORES = max(1, workflow.resource_settings.cores or 1)  # None under `snakemake --report`; workflow.cores raises
