@@ -1,6 +1,6 @@
-"""Assemble results-reference/perf/<commit>/time-to-verdict.json from one fresh-box route (tools/gpu/time_to_verdict.sh):
-the seconds from the first call's start to `make verify`'s verdict, the gate, the apex build's own seconds, every job
-kind's wall seconds (from Snakemake's log) and the timm comparison's ratios of the same lease.
+"""Assemble results-reference/perf/<commit>/time-to-verdict.json from one fresh-box route
+(tools/gpu/time_to_verdict.sh): the seconds from the first call's start to `make verify`'s verdict, the gate, the
+apex build's own seconds, every job kind's wall seconds (from Snakemake's log) and the timm comparison's ratios of the same lease.
 
     python tools/gpu/time_to_verdict.py --started EPOCH_FILE --verdict EPOCH_FILE --log make-run.log \
         --results results --timm timm_compare.json --commit HASH --out time-to-verdict.json
@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import job_seconds  # noqa: E402
+import job_seconds
 
 
 def read_json(path: Path):
@@ -50,9 +50,10 @@ def record(args) -> dict:
                                                  "extensions_left_out")},
         "job_kinds": job_kinds([Path(p) for p in args.log]),
         "timm_ratios": None if timm is None else [
-            {"model": r["model"], "precision": r["precision"], "optimizer": r["amprepro"]["spec"]["train"]["optimizer"],
-             "timm_samples_per_s": r["timm_samples_per_s"], "amprepro_samples_per_s": round(r["amprepro_samples_per_s"], 2),
-             "ratio": round(r["ratio"], 4)} for r in timm],
+            {"model": r["model"], "precision": r["precision"],
+             "optimizer": r["amprepro"]["spec"]["train"]["optimizer"], "timm_samples_per_s": r["timm_samples_per_s"],
+             "amprepro_samples_per_s": round(r["amprepro_samples_per_s"], 2), "ratio": round(r["ratio"], 4)}
+            for r in timm],
         "timm_note": None if timm else "no timm comparison in this lease (vendor/timm/benchmark.py not carried)",
     }
 
