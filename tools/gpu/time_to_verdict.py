@@ -1,6 +1,7 @@
 """Assemble results-reference/perf/<commit>/time-to-verdict.json from one fresh-box route
 (tools/gpu/time_to_verdict.sh): the seconds from the first call's start to `make verify`'s verdict, the gate, the
-apex build's own seconds, every job kind's wall seconds (from Snakemake's log) and the timm comparison's ratios of the same lease.
+apex build's own seconds, every job kind's wall seconds (from Snakemake's log) and the timm comparison's ratios of
+the same lease.
 
     python tools/gpu/time_to_verdict.py --started EPOCH_FILE --verdict EPOCH_FILE --log make-run.log \
         --results results --timm timm_compare.json --commit HASH --out time-to-verdict.json
