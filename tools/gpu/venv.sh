@@ -14,11 +14,12 @@ venv=${venv:-${AMPREPRO_VENV:-/tmp/amprepro-venv}}
     image_site=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') &&
     python3 -m venv "$venv" &&
       echo "$image_site" > "$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/image.pth" &&
-      { ls /tmp/whl/pulp-*.whl > /dev/null 2>&1 || ls .whl/pulp-*.whl > /dev/null 2>&1 ||
+      { ls .whl-a/pulp-*.whl > /dev/null 2>&1 || ls /tmp/whl/pulp-*.whl > /dev/null 2>&1 ||
+        ls .whl/pulp-*.whl > /dev/null 2>&1 ||
         { echo "no pulp wheel in /tmp/whl or .whl: first a call carrying .whl-a that runs"\
                "'mkdir -p /tmp/whl && cp .whl-a/*.whl /tmp/whl/' (tools/gpu/README.md)"; false; }; } &&
       "$venv/bin/python" -m pip install -q --no-index --no-deps --no-cache-dir .whl/*.whl \
-        $(ls /tmp/whl/*.whl 2>/dev/null) &&
+        $(ls .whl-a/*.whl 2>/dev/null || ls /tmp/whl/*.whl 2>/dev/null) &&
       touch "$venv/.ready" || { echo "venv setup failed"; exit 1; }
   fi
   "$venv/bin/python" -c 'import torch, snakemake, wrapt' || { echo "venv lacks torch or snakemake"; exit 1; }
