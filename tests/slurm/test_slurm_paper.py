@@ -48,7 +48,7 @@ CONFIG = {
              "models": {TWO_NODE_MODEL: {"arch": "tiny_transformer", "data": "digits", "batch_size": 64,
                                          "gpus": 2, "nodes": 2, "precisions": ["amp_bf16"]}},
              # one model's largest-batch search through Slurm, not the preset's three
-             "largest_batch": {"models": ["cnn"]}},
+             "largest_batch": {"models": ["cnn"], "precisions": ["amp_bf16"]}},
 }
 SANITY_SHIM = """#!/usr/bin/env bash
 # tests/slurm/test_slurm_paper.py: the fake GPUs have no CUDA; sanity would stop the run on cuda.is_available.

@@ -22,28 +22,12 @@ def check_largest_batch(runs: dict) -> None:
             raise ConfigError(
                 f"Config error at runs.largest_batch.models: {model} is data-parallel or compiled; the search tries "
                 "batches in one process, one step each. Fix: name its single-GPU, uncompiled model instead.")
-    check_largest_batch_precisions(runs)
-
-
-def check_largest_batch_precisions(runs: dict) -> None:
-    """runs.largest_batch.precisions names only precisions that one of its models runs (else it would search nothing
-    for that name, silently)."""
-    asked = runs.get("largest_batch") or {}
-    if not asked.get("precisions"):
-        return
-    models = set(asked.get("models", []))
-    ran = {c["precision"] for c in cells(runs) if c["model"] in models}
-    unknown = [p for p in asked.get("precisions") or [] if p not in ran]
-    if unknown:
-        raise ConfigError(
-            f"Config error at runs.largest_batch.precisions: {', '.join(unknown)} is not a precision of "
-            f"{', '.join(sorted(models)) or 'its models'} in this run ({', '.join(sorted(ran)) or 'none'}). Fix: name "
-            "one of those, or remove it.")
 
 
 def largest_batch_searches(runs: dict) -> list[dict]:
     """{model, precision, seed} of every search runs.largest_batch asks for: the model's first seed's cells (of
-    runs.largest_batch.precisions where it names them; issue 40: searches no claim reads cost GPU time), except the
+    runs.largest_batch.precisions where it names them; issue 40: searches no claim reads cost GPU time; a named
+    precision that none of the models runs, say after a runs.precisions override, is searched nowhere), except the
     compiled precisions (FP8, compiled bf16: one step per try would time the compiler, and the search builds the model
     eagerly)."""
     asked = runs.get("largest_batch") or {}
