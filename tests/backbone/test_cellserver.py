@@ -230,5 +230,28 @@ def test_a_largest_batch_search_forks_from_the_server_too_and_only_known_entries
     assert "starting a fresh interpreter" not in done.stderr
     record = json.loads(out.read_text())  # this machine has no GPU: the search says so instead of guessing
     assert record["status"] == "skipped" and "no CUDA GPU" in record["reason"]
-    assert cellserver.refusal({"entry": "os.system", "interpreter": {}, "env": {}},
-                              cellserver.Server({}, {}, {}, [])).startswith("the server runs only train, batchsearch")
+    refused = cellserver.refusal({"entry": "os.system", "interpreter": {}, "env": {}},
+                                 cellserver.Server({}, {}, {}, []))
+    assert refused.startswith("the server runs only train, batchsearch, notrun")
+
+
+def test_a_cell_short_of_gpus_is_written_as_skipped_by_a_forked_child(env, server, tmp_path):
+    """The launcher's not-started record (a 2-GPU cell that sees none) comes from a child of the server, with no fresh
+    import of torch, and says the same as one written without a server."""
+    (tmp_path / "apex.json").write_text(json.dumps({"status": "skipped", "reason": "test"}))
+    records = {}
+    for how, extra in (("forked", {cellserver.ENV: server[1]}), ("fresh", {})):
+        out = tmp_path / how
+        command = [sys.executable, "-m", "amprepro.plan.launcher", "--per-node", "2", "--device", "cuda", "--",
+                   "--spec", cell_spec(2), "--apex", str(tmp_path / "apex.json"),
+                   "--metrics", str(out / "metrics.json"), "--steps", str(out / "steps.csv")]
+        done = subprocess.run(command, env={**env, "CUDA_VISIBLE_DEVICES": "", **extra}, cwd=tmp_path,
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert "starting a fresh interpreter" not in done.stderr
+        records[how] = json.loads((out / "metrics.json").read_text())
+    forked, fresh = records["forked"], records["fresh"]
+    assert (forked["status"], forked["skip_cause"], forked["skip_needs"]) == ("skipped", "machine", "2 GPUs")
+    assert forked["reason"] == fresh["reason"] == (
+        "this cell asks for 2 GPU(s) per node; this job sees 0 (CUDA_VISIBLE_DEVICES=)")
+    assert "forked from amprepro.plan.cellserver" in json.dumps(forked) and "forked from" not in json.dumps(fresh)

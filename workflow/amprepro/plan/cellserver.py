@@ -39,8 +39,10 @@ PRELOAD = ["torch", "torch._dynamo", "torch.utils.flop_counter", "torch.utils.ch
            "amprepro.train.models", "amprepro.train.precision", "amprepro.train.measure", "amprepro.train.flops",
            "amprepro.memory", "amprepro.cellspec", "amprepro.train.data", "amprepro.train.distributed",
            "amprepro.train.batchsearch"]
-# What a forked child may run: a training cell, or a largest-batch search (rules/largest_batch.smk).
-ENTRIES = {"train": "amprepro.train.train", "batchsearch": "amprepro.train.batchsearch"}
+# What a forked child may run: a training cell, a largest-batch search (rules/largest_batch.smk), or the record of a
+# cell the launcher does not start (too few GPUs or nodes for it).
+ENTRIES = {"train": "amprepro.train.train", "batchsearch": "amprepro.train.batchsearch",
+           "notrun": "amprepro.train.notrun"}
 # Settings read while those modules are imported: a job that sets them differently gets a fresh interpreter.
 IMPORT_TIME_PREFIXES = ("TORCH", "PYTORCH", "OMP_", "KMP_", "MKL_", "OPENBLAS_", "GOTO", "LD_PRELOAD",
                         "LD_LIBRARY_PATH", "PYTHONHASHSEED", "PYTHONWARNINGS", "CUDA_MODULE_LOADING")

@@ -180,9 +180,16 @@ def main(argv=None) -> None:
     job = slurm_job(env) if args.nodes > 1 else {}
     missing = shortfall(args.per_node, args.nodes, args.device, env, job, lambda: cuda_devices_visible(env))
     if missing:
+        print(f"amprepro.plan.launcher: not starting the cell: {missing[1]}", file=sys.stderr, flush=True)
+        from amprepro.plan import cellserver
+
+        # the record in a child of the cell server where there is one (torch already imported), else here
+        code = cellserver.run_cell(["--cause", "machine", "--needs", missing[0], "--reason", missing[1], "--",
+                                    *args.train], env, "notrun")
+        if code is not None:
+            sys.exit(code)
         from amprepro.train import train
 
-        print(f"amprepro.plan.launcher: not starting the cell: {missing[1]}", file=sys.stderr, flush=True)
         train.write_not_run(args.train, "machine", *missing)
         return
     if args.per_node == 1 and args.nodes == 1:
