@@ -3,6 +3,8 @@ claim metric and the summary and report that carry it. The GPU part (one real st
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from amprepro import config as cfg
@@ -265,6 +267,19 @@ def test_a_baselines_search_gets_two_shares_of_the_runs_seconds():
     shares = sum(cfg.largest_batch_seconds(searches, 90, s["precision"]) for s in searches)
     assert abs(shares - 90) < 0.05  # the run's seconds, shared out, no more
     assert cfg.largest_batch_seconds([{"model": "a", "precision": "amp_bf16"}], 90, "amp_bf16") == 90
+
+
+def test_the_paper_presets_searches_are_what_the_bigger_batch_claim_reads_at_the_old_shares():
+    import yaml
+
+    repo = Path(__file__).resolve().parents[2]
+    base = yaml.safe_load((repo / "config" / "config.yaml").read_text())
+    config = cfg.validate_config(cfg.deep_merge(base, {"preset": "paper"}))
+    runs, _ = cfg.resolve_runs(config, repo / "config" / "presets", ["NVIDIA H200"], "test probe")
+    searches = cfg.largest_batch_searches(runs)
+    assert [(s["model"], s["precision"]) for s in searches] == [("vit_b_16", p) for p in ("fp32", "tf32", "apex_o1")]
+    seconds = runs["largest_batch"]["seconds"]  # 8 s a baseline, 4 s apex O1: as when 18 searches shared 90 s
+    assert [cfg.largest_batch_seconds(searches, seconds, s["precision"]) for s in searches] == [8.0, 8.0, 4.0]
 
 
 def test_a_try_starts_without_optimizer_state_and_its_first_step_builds_it():
