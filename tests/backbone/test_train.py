@@ -15,6 +15,20 @@ def spec(precision_name="fp32", arch="small_cnn", steps=12, lr=0.002, optimizer=
             "train": {"steps": steps, "warmup_steps": 2, "lr": lr, "optimizer": optimizer}}
 
 
+def test_a_finished_cell_says_where_its_seconds_went():
+    """Issue 40: phase_seconds, each phase the wall time since the one before, and the loop at least the run's own
+    wall_seconds (which it contains); a forked or fresh process also says how long it lived before the run."""
+    metrics, _ = train.run(spec(steps=4), NO_APEX, threads=1)
+    phases = metrics["phase_seconds"]
+    assert list(phases) == ["process_start_to_run", "device_and_provenance", "fit_check", "build", "data", "loop"]
+    assert all(value >= 0 for value in phases.values() if value is not None)
+    assert phases["process_start_to_run"] is None or phases["process_start_to_run"] > 0
+    assert phases["loop"] >= metrics["wall_seconds"] - 0.01
+    from amprepro.cellrecord import CellRecord
+
+    assert CellRecord.from_dict(metrics, source="test").as_dict()["phase_seconds"] == phases
+
+
 def test_fp32_run_writes_metrics_and_steps():
     metrics, rows = train.run(spec(), NO_APEX, threads=1)
     assert metrics["status"] == "ok"

@@ -34,6 +34,18 @@ def job_kinds(logs: list[Path]) -> dict:
             for rule, s in sorted(kinds.items(), key=lambda kv: -sum(kv[1]))}
 
 
+def cell_phases(results: Path) -> dict:
+    """Per phase of a cell's process (metrics.json's phase_seconds, amprepro.train.measure.Phases): how many cells
+    recorded it and their summed seconds, so the train jobs' time splits into start-up, build, data and loop."""
+    sums = collections.defaultdict(lambda: [0, 0.0])
+    for path in sorted(results.glob("runs/*/*/*/metrics.json")):
+        for phase, seconds in ((read_json(path) or {}).get("phase_seconds") or {}).items():
+            if seconds is not None:
+                sums[phase][0] += 1
+                sums[phase][1] += seconds
+    return {phase: {"cells": n, "sum_s": round(total, 1)} for phase, (n, total) in sums.items()}
+
+
 def record(args) -> dict:
     started, verdict = (float(Path(p).read_text().split()[0]) for p in (args.started, args.verdict))
     results = Path(args.results)
@@ -50,6 +62,7 @@ def record(args) -> dict:
         "apex_build": {k: build.get(k) for k in ("cache", "jobs", "max_jobs", "parallel", "extensions_built",
                                                  "extensions_left_out")},
         "job_kinds": job_kinds([Path(p) for p in args.log]),
+        "cell_phases": cell_phases(results),
         "timm_ratios": None if timm is None else [
             {"model": r["model"], "precision": r["precision"],
              "optimizer": r["amprepro"]["spec"]["train"]["optimizer"], "timm_samples_per_s": r["timm_samples_per_s"],

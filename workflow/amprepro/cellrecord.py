@@ -202,6 +202,10 @@ class CellRecord:
     host_threads: dict = ABSENT
     #: Wall time from just before the first training step to the end of the run's measurements, seconds.
     wall_seconds: float = ABSENT
+    #: Where the cell's process spent its seconds before writing this record (amprepro.train.measure.Phases):
+    #: process_start_to_run (since its start or fork, from /proc; None elsewhere), device_and_provenance (the device,
+    #: its CUDA context and the base record), fit_check, build, data, loop (train_loop, wall_seconds and more).
+    phase_seconds: dict = ABSENT
 
     @classmethod
     def keys(cls) -> tuple[str, ...]:

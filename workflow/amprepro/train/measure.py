@@ -91,6 +91,31 @@ def host_load() -> dict:
     return {"cpus": os.cpu_count(), "load_1min": round(os.getloadavg()[0], 2)}
 
 
+def process_age_seconds() -> float | None:
+    """Seconds since this process started (a forked cell: since its fork), from /proc; None where there is no /proc."""
+    try:
+        with open("/proc/self/stat") as stat, open("/proc/uptime") as uptime:
+            fields, up = stat.read().rsplit(")", 1)[1].split(), float(uptime.read().split()[0])
+        started = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # starttime, field 22 of proc(5): ticks after boot
+        return round(up - started, 2)
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class Phases:
+    """Where a cell's seconds went, for its record's phase_seconds (issue 40: a cell job took about 6 s on the H200
+    when its timed steps took 1-2): each mark is the wall time since the one before."""
+
+    def __init__(self):
+        self.seconds = {"process_start_to_run": process_age_seconds()}
+        self.last = time.monotonic()
+
+    def mark(self, name: str) -> None:
+        now = time.monotonic()
+        self.seconds[name] = round(now - self.last, 3)
+        self.last = now
+
+
 def thread_pools() -> dict:
     """The threads this process computes with on the host: torch's intra-op pool and each BLAS / OpenMP pool loaded."""
     try:

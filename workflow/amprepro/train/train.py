@@ -80,8 +80,9 @@ def run(spec: CellSpec | dict, apex: dict, threads: int, dist=None, plan: dict |
     whether that fits, and the allocator limit of an emulated smaller card."""
     import torch
 
-    from amprepro.train import distributed
+    from amprepro.train import distributed, measure
 
+    phases = measure.Phases()
     spec = CellSpec.of(spec).planned(plan)
     dist = dist or distributed.Dist()
     torch.set_num_threads(threads)
@@ -91,18 +92,20 @@ def run(spec: CellSpec | dict, apex: dict, threads: int, dist=None, plan: dict |
     if skip:
         cause, needs, reason = skip
         return {**base, "status": "skipped", "reason": reason, "skip_cause": cause, "skip_needs": needs}, []
+    phases.mark("device_and_provenance")
     try:
-        return train_cell(spec, apex, dist, device, base, plan)
+        return train_cell(spec, apex, dist, device, base, plan, phases)
     except Exception as exc:
         if dist.active:  # torchrun stops the other ranks; a half-written DDP record would be worse than none
             raise
         return failure_record(base, exc), []
 
 
-def train_cell(spec: CellSpec, apex: dict, dist, device, base: dict, plan: dict | None = None
+def train_cell(spec: CellSpec, apex: dict, dist, device, base: dict, plan: dict | None = None, phases=None
                ) -> tuple[dict, list[dict]]:
     """Seed, set TF32, cap the allocator and skip a cell that cannot fit; then build the cell (build_cell), its
-    memory breakdown and its batches, and train it (train_loop)."""
+    memory breakdown and its batches, and train it (train_loop). phases (measure.Phases): a finished cell's record
+    says in phase_seconds how long each of these took."""
     from amprepro import memory
     from amprepro.train import measure, precision
 
@@ -117,10 +120,16 @@ def train_cell(spec: CellSpec, apex: dict, dist, device, base: dict, plan: dict 
     skipped = does_not_fit(spec, base, plan, device)
     if skipped:
         return skipped, []
+    phases = phases or measure.Phases()
+    phases.mark("fit_check")
     cell = build_cell(spec, device, plan, dist, compile_now=False)  # compiled in the loop, after the step-0 eval
     breakdown = measure.Breakdown(cell.model, cell.trainer.optimizer, enabled=device.type == "cuda")
+    phases.mark("build")
     batches = make_data(settings, spec.seed, device, cell.model)
-    return train_loop(spec, dist, device, base, cell, batches, breakdown, {"tf32": tf32, **cell.settings()})
+    phases.mark("data")
+    metrics, rows = train_loop(spec, dist, device, base, cell, batches, breakdown, {"tf32": tf32, **cell.settings()})
+    phases.mark("loop")  # its steps, warm-up included, the held-out losses, the compile, FLOP count and evaluation
+    return {**metrics, "phase_seconds": phases.seconds}, rows
 
 
 def parse_args(argv=None) -> argparse.Namespace:
