@@ -53,3 +53,33 @@ def test_paper_run_script_runs_the_pipeline_and_packs_the_results(tmp_path):
     with tarfile.open(out / "checks.tgz") as packed:
         names = packed.getnames()
     assert {"checks/pytest-gpu.log", "checks/apex-noop.log", "checks/apex-rerun.log"} <= set(names)
+
+
+def test_time_to_verdict_record_from_a_committed_route_log(tmp_path):
+    """tools/gpu/time_to_verdict.py on the 443ae11 route's log and apex record (results-reference/perf/443ae11): every
+    job kind's seconds as Snakemake stamped them, the apex build's own seconds, the cells' phases, and no timm ratios
+    when the lease had none."""
+    import gzip
+    import json
+
+    perf = REPO / "results-reference/perf/443ae11"
+    log = tmp_path / "make-run.log"
+    log.write_bytes(gzip.decompress((perf / "make-run-box2.log.gz").read_bytes()))
+    (tmp_path / "results/apex").mkdir(parents=True)
+    shutil.copy(perf / "apex-build-box2.json", tmp_path / "results/apex/build.json")
+    cell = tmp_path / "results/runs/m/fp32/seed0"
+    cell.mkdir(parents=True)
+    (cell / "metrics.json").write_text(json.dumps({"phase_seconds": {"build": 1.5, "process_start_to_run": None}}))
+    (tmp_path / "started").write_text("100\n")
+    (tmp_path / "verdict").write_text("594\n")
+    out = tmp_path / "ttv.json"
+    done = subprocess.run([sys.executable, str(REPO / "tools/gpu/time_to_verdict.py"), "--started", "started",
+                           "--verdict", "verdict", "--log", str(log), "--results", "results", "--commit", "443ae11",
+                           "--out", str(out)], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    record = json.loads(out.read_text())
+    assert record["seconds_to_verdict"] == 494.0 and record["apex_build_seconds"] == 80.46
+    assert record["job_kinds"]["train"] == {"jobs": 57, "sum_s": 354.0, "max_s": 39.0, "mean_s": 6.21}
+    assert record["job_kinds"]["largest_batch"]["jobs"] == 18
+    assert record["cell_phases"] == {"build": {"cells": 1, "sum_s": 1.5}}  # a phase /proc could not time is left out
+    assert record["timm_ratios"] is None and "no timm comparison" in record["timm_note"]
