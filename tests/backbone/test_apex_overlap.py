@@ -75,11 +75,10 @@ def test_the_build_leaves_each_gpu_cell_its_cpus_when_half_the_cores_remain(core
 
 
 def test_on_a_gpu_box_the_compile_takes_no_gpu_and_half_the_cores(workdir, tmp_path, monkeypatch):
-    fake = tmp_path / "bin" / "nvidia-smi"
-    fake.parent.mkdir()
-    fake.write_text("#!/bin/sh\necho 'GPU 0: NVIDIA H200 (UUID: GPU-00000000)'\n")
-    fake.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{fake.parent}:{job_env()['PATH']}")
+    from test_launch import fake_nvidia_smi
+
+    fake_nvidia_smi(tmp_path / "bin", gpus=1)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{job_env()['PATH']}")
     dry = snakemake(workdir, "results/apex/apex.json", "results/runs/resnet50/amp_bf16/seed0/metrics.json", "-n", "-p",
                     "--forceall", "--cores", "16", "--resources", "gpu=1").stdout
     jobs = {block.split(":")[0].split()[-1]: block for block in re.split(r"\n(?=(?:rule|checkpoint) )", dry)}
@@ -122,11 +121,10 @@ def test_a_cell_reads_the_view_of_its_models_apex_build():
 
 def test_the_build_rules_get_the_extensions_the_cells_use(workdir, tmp_path, monkeypatch):
     """apex_build and apex get the run matrix's extension set (amprepro.apexexts) in --settings; the shell none."""
-    fake = tmp_path / "bin" / "nvidia-smi"
-    fake.parent.mkdir()
-    fake.write_text("#!/bin/sh\necho 'GPU 0: NVIDIA H200 (UUID: GPU-00000000)'\n")
-    fake.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{fake.parent}:{job_env()['PATH']}")
+    from test_launch import fake_nvidia_smi
+
+    fake_nvidia_smi(tmp_path / "bin", gpus=1)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{job_env()['PATH']}")
     dry = snakemake(workdir, "results/apex/apex.json", "results/apex/shell.json", "-n", "-p", "--forceall",
                     "--cores", "16", "--resources", "gpu=1").stdout
     commands = [line for line in dry.splitlines() if "amprepro.env.apex_stage" in line]

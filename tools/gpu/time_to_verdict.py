@@ -13,7 +13,10 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "workflow"))
 import job_seconds
+
+from amprepro.cellrecord import metrics_files
 
 
 def read_json(path: Path):
@@ -38,8 +41,8 @@ def cell_phases(results: Path) -> dict:
     """Per phase of a cell's process (metrics.json's phase_seconds, amprepro.train.measure.Phases): how many cells
     recorded it and their summed seconds, so the train jobs' time splits into start-up, build, data and loop."""
     sums = collections.defaultdict(lambda: [0, 0.0])
-    for path in sorted(results.glob("runs/*/*/*/metrics.json")):
-        for phase, seconds in ((read_json(path) or {}).get("phase_seconds") or {}).items():
+    for _, metrics in metrics_files(results / "runs"):
+        for phase, seconds in (metrics.get("phase_seconds") or {}).items():
             if seconds is not None:
                 sums[phase][0] += 1
                 sums[phase][1] += seconds
