@@ -101,7 +101,7 @@ def run(spec: CellSpec | dict, apex: dict, threads: int, dist=None, plan: dict |
         return failure_record(base, exc), []
 
 
-def train_cell(spec: CellSpec, apex: dict, dist, device, base: dict, plan: dict | None, phases
+def train_cell(spec: CellSpec, apex: dict, dist, device, base: dict, plan: dict | None = None, phases=None
                ) -> tuple[dict, list[dict]]:
     """Seed, set TF32, cap the allocator and skip a cell that cannot fit; then build the cell (build_cell), its
     memory breakdown and its batches, and train it (train_loop). phases (measure.Phases): a finished cell's record
@@ -120,6 +120,7 @@ def train_cell(spec: CellSpec, apex: dict, dist, device, base: dict, plan: dict 
     skipped = does_not_fit(spec, base, plan, device)
     if skipped:
         return skipped, []
+    phases = phases or measure.Phases()
     phases.mark("fit_check")
     cell = build_cell(spec, device, plan, dist, compile_now=False)  # compiled in the loop, after the step-0 eval
     breakdown = measure.Breakdown(cell.model, cell.trainer.optimizer, enabled=device.type == "cuda")
