@@ -8,6 +8,7 @@ the same lease.
 """
 import argparse
 import collections
+import csv
 import json
 import sys
 from pathlib import Path
@@ -49,6 +50,21 @@ def cell_phases(results: Path) -> dict:
     return {phase: {"cells": n, "sum_s": round(total, 1)} for phase, (n, total) in sums.items()}
 
 
+def step_seconds(results: Path) -> dict:
+    """The GPU's own work the config asks for: every finished cell's step times (steps.csv, warm-up steps included),
+    summed. No route can be faster than this plus the searches' trial budget without running fewer steps."""
+    cells, total = 0, 0.0
+    for path, _ in metrics_files(results / "runs"):
+        try:
+            with open(path.parent / "steps.csv", newline="") as handle:
+                times = [float(row["step_time_s"]) for row in csv.DictReader(handle) if row.get("step_time_s")]
+        except (OSError, KeyError, ValueError):
+            continue
+        if times:
+            cells, total = cells + 1, total + sum(times)
+    return {"cells": cells, "sum_s": round(total, 1)}
+
+
 def record(args) -> dict:
     started, verdict = (float(Path(p).read_text().split()[0]) for p in (args.started, args.verdict))
     results = Path(args.results)
@@ -66,12 +82,14 @@ def record(args) -> dict:
                                                  "extensions_left_out")},
         "job_kinds": job_kinds([Path(p) for p in args.log]),
         "cell_phases": cell_phases(results),
+        "step_seconds": step_seconds(results),
         "timm_ratios": None if timm is None else [
             {"model": r["model"], "precision": r["precision"],
              "optimizer": r["amprepro"]["spec"]["train"]["optimizer"], "timm_samples_per_s": r["timm_samples_per_s"],
              "amprepro_samples_per_s": round(r["amprepro_samples_per_s"], 2), "ratio": round(r["ratio"], 4)}
             for r in timm],
-        "timm_note": None if timm else "no timm comparison in this lease (vendor/timm/benchmark.py not carried)",
+        "timm_note": None if timm else (args.timm_note or "no timm comparison in this lease (vendor/timm/benchmark.py "
+                                                         "not carried)"),
     }
 
 
@@ -82,6 +100,7 @@ def main() -> None:
     parser.add_argument("--log", action="append", required=True)
     parser.add_argument("--results", default="results")
     parser.add_argument("--timm")
+    parser.add_argument("--timm-note", help="why no timm comparison, where timm was carried")
     parser.add_argument("--commit", required=True)
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
