@@ -85,3 +85,37 @@ def test_time_to_verdict_record_from_a_committed_route_log(tmp_path):
     assert record["cell_phases"] == {"build": {"cells": 1, "sum_s": 1.5}}  # a phase /proc could not time is left out
     assert record["step_seconds"] == {"cells": 1, "sum_s": 1.0}  # warm-up steps count; a step with no time does not
     assert record["timm_ratios"] is None and "no timm comparison" in record["timm_note"]
+
+
+def test_steps_budget_slices_each_cells_own_step_times(tmp_path):
+    """tools/gpu/steps_budget.py: a window's median from the cell's steps.csv, its distance from the median the cell
+    reported, the seconds the dropped steps took; a model whose throughput the tolerances do not compare counts in no
+    window, and a cell that is not ok is left out."""
+    import json
+
+    def cell(model, times, status="ok", median=None):
+        folder = tmp_path / "runs" / model / "fp32/seed0"
+        folder.mkdir(parents=True)
+        (folder / "steps.csv").write_text("step,step_time_s\n" + "".join(f"{i},{t}\n" for i, t in enumerate(times)))
+        (folder / "metrics.json").write_text(json.dumps({"status": status, "warmup_steps": 10,
+                                                         "step_time_median_s": median}))
+
+    # 30 steps: a slow first step, then 1.0 s steps, the last ten 1.2 s (the reported median of steps 10-29: 1.1)
+    cell("big", [5.0] + [1.0] * 19 + [1.2] * 10, median=1.1)
+    cell("digits", [0.01] * 30, median=0.01)
+    cell("broken", [1.0] * 30, status="collapsed", median=1.0)
+    (tmp_path / "tol.yaml").write_text("overrides:\n  - match: {model: [digits]}\n    metrics:\n"
+                                       "      throughput_per_s: null\n")
+    out = tmp_path / "budget.json"
+    done = subprocess.run([sys.executable, str(REPO / "tools/gpu/steps_budget.py"), str(tmp_path / "runs"),
+                           "--band", "0.05", "--tolerances", str(tmp_path / "tol.yaml"), "--out", str(out)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    record = json.loads(out.read_text())
+    assert record["throughput_not_compared"] == ["digits/fp32/seed0"] and record["spent_s"] == 36.0
+    windows = record["cells"]["big/fp32/seed0"]["windows"]
+    assert windows["3+10"] == {"median_s": 1.0, "rel": -0.0909, "holds": False, "saves_s": 19.0}
+    assert windows["5+20"] == {"median_s": 1.0, "rel": -0.0909, "holds": False, "saves_s": 6.0}
+    assert "10+20" not in windows  # the cell's own window
+    assert record["windows"]["3+10"] == {"cells": 1, "hold": 0, "worst_rel": -0.0909, "saves_s": 19.0}
+    assert "3+10: 0 of 1 cells within 5%, worst -9.1%, saves 19.0 s of 36.0 s" in done.stdout

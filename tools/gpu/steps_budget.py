@@ -1,0 +1,101 @@
+"""How many training steps a cell's speed needs (issue 40, item 1), read from a finished run's own step times: for every
+cell, the median step time over fewer warm-up steps or fewer timed steps, against the median the cell reported, and the
+GPU seconds the dropped steps took. Nothing runs: the shorter windows are slices of the steps.csv each cell wrote.
+
+    python tools/gpu/steps_budget.py results/runs --band 0.08 --tolerances reference/tolerances.yaml --out FILE
+
+A window "holds" when its median is within --band (relative) of the cell's own median, the throughput band of
+reference/tolerances.yaml; the cells whose throughput that file does not compare (the digits and LoRA models:
+host-bound, there for accuracy or memory) are listed apart and count in no window. The windows are slices of one run,
+not independent runs. The final loss is not judged here: a run of fewer steps ends at another loss, which is why
+cutting steps means recording the reference again.
+"""
+
+import argparse
+import csv
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "workflow"))
+from amprepro.cellrecord import metrics_files
+
+WINDOWS = [(3, 20), (5, 20), (10, 10), (5, 10), (3, 10), (5, 5)]  # (warm-up steps, timed steps)
+
+
+def step_times(path: Path) -> list[float] | None:
+    try:
+        with open(path, newline="") as handle:
+            return [float(row["step_time_s"]) for row in csv.DictReader(handle)]
+    except (OSError, KeyError, ValueError):
+        return None  # a step with no time (a cell that collapsed) or no file: not a speed to judge
+
+
+def cell_budget(times: list[float], warmup: int, reported: float, band: float) -> dict:
+    """The cell's windows: each one's median, its distance from the reported median and the seconds it saves."""
+    spent = sum(times)
+    windows = {}
+    for w, k in WINDOWS:
+        if w + k > len(times) or (w, k) == (warmup, len(times) - warmup):
+            continue
+        median = statistics.median(times[w:w + k])
+        rel = median / reported - 1
+        windows[f"{w}+{k}"] = {"median_s": round(median, 6), "rel": round(rel, 4), "holds": abs(rel) <= band,
+                               "saves_s": round(spent - sum(times[:w + k]), 3)}
+    return {"steps": len(times), "warmup": warmup, "median_s": reported, "spent_s": round(spent, 3),
+            "windows": windows}
+
+
+def uncompared_models(tolerances: Path | None) -> set[str]:
+    """Models whose throughput reference/tolerances.yaml sets to null (for every precision)."""
+    if tolerances is None:
+        return set()
+    overrides = yaml.safe_load(tolerances.read_text()).get("overrides") or []
+    return {model for rule in overrides
+            if "throughput_per_s" in (rule.get("metrics") or {}) and rule["metrics"]["throughput_per_s"] is None
+            and set(rule.get("match") or {}) == {"model"} for model in rule["match"]["model"]}
+
+
+def budget(runs: Path, band: float, uncompared: set[str] = frozenset()) -> dict:
+    cells, apart = {}, []
+    for path, metrics in metrics_files(runs):
+        if metrics.get("status") != "ok" or not metrics.get("step_time_median_s"):
+            continue
+        if path.parent.relative_to(runs).parts[0] in uncompared:
+            apart.append("/".join(path.parent.relative_to(runs).parts))
+            continue
+        times = step_times(path.parent / "steps.csv")
+        if not times:
+            continue
+        key = "/".join(path.parent.relative_to(runs).parts)
+        cells[key] = cell_budget(times, int(metrics["warmup_steps"]), float(metrics["step_time_median_s"]), band)
+    totals = {}
+    for name in {name for cell in cells.values() for name in cell["windows"]}:
+        held = [c["windows"][name] for c in cells.values() if name in c["windows"]]
+        totals[name] = {"cells": len(held), "hold": sum(w["holds"] for w in held),
+                        "worst_rel": max((w["rel"] for w in held), key=abs),
+                        "saves_s": round(sum(w["saves_s"] for w in held), 1)}
+    spent = round(sum(c["spent_s"] for c in cells.values()), 1)
+    return {"band": band, "throughput_not_compared": apart, "spent_s": spent,
+            "windows": dict(sorted(totals.items())), "cells": cells}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("runs", type=Path, help="a results/runs folder")
+    parser.add_argument("--band", type=float, default=0.08, help="relative distance a window may have (0.08)")
+    parser.add_argument("--tolerances", type=Path, help="reference/tolerances.yaml: leave out what it does not compare")
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    out = budget(args.runs, args.band, uncompared_models(args.tolerances))
+    args.out.write_text(json.dumps(out, indent=2) + "\n")
+    for name, total in out["windows"].items():
+        print(f"warm-up+timed {name}: {total['hold']} of {total['cells']} cells within {args.band:.0%}, worst "
+              f"{total['worst_rel']:+.1%}, saves {total['saves_s']} s of {out['spent_s']} s")
+
+
+if __name__ == "__main__":
+    main()
