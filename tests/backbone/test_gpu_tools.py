@@ -119,3 +119,41 @@ def test_steps_budget_slices_each_cells_own_step_times(tmp_path):
     assert "10+20" not in windows  # the cell's own window
     assert record["windows"]["3+10"] == {"cells": 1, "hold": 0, "worst_rel": -0.0909, "saves_s": 19.0}
     assert "3+10: 0 of 1 cells within 5%, worst -9.1%, saves 19.0 s of 36.0 s" in done.stdout
+
+
+def test_chain_runs_the_stages_asked_for_in_their_own_session_and_packs_them(tmp_path):
+    """tools/gpu/chain.sh on stand-in stage scripts: `start` copies the tree (without results/), runs the stages named
+    in STAGES in order in a process session of their own and brings back one tarball per finished stage; a second
+    `start` does not start them again; a bad stage name or a box without a chain is refused with the reason."""
+    tree = tmp_path / "repo"
+    (tree / "tools/gpu").mkdir(parents=True)
+    shutil.copy(REPO / "tools/gpu/chain.sh", tree / "tools/gpu/chain.sh")
+    (tree / "results").mkdir()
+    (tree / "results/keep-out.txt").write_text("not copied")
+    stand_in = ('mkdir -p "$OUT" && echo "$0 ${RUN_PRESET:-paper} ${RUN_CAP:-none} $*" > "$OUT/ran.txt" && '
+                'ls results > "$OUT/results-seen.txt" 2>&1; true\n')
+    for script in ("time_to_verdict.sh", "full_run.sh"):
+        (tree / "tools/gpu" / script).write_text(stand_in)
+    chain_dir = tmp_path / "chain"
+    env = {**os.environ, "OUT": str(tmp_path / "out1"), "AMPREPRO_CHAIN_DIR": str(chain_dir), "COMMIT": "abc1234"}
+
+    def chain(*args, **extra):
+        return subprocess.run(["bash", "tools/gpu/chain.sh", *args], cwd=tree, env={**env, **extra},
+                              capture_output=True, text=True, timeout=120)
+
+    refused = chain("start", "30", STAGES="ttv report")
+    assert refused.returncode == 1 and "STAGES: report is not one of ttv, full, full12" in refused.stdout
+    assert chain("wait", "30").stdout.strip() == "no chain on this box: the box is fresh, start it again"
+    done = chain("start", "60", STAGES="ttv full12")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "stage done" in done.stdout
+    assert [line.split()[1] for line in (chain_dir / "stages.log").read_text().splitlines()] == ["ttv", "full12",
+                                                                                                "done"]
+    with tarfile.open(tmp_path / "out1/full12.tgz") as packed:
+        ran = packed.extractfile("full12/ran.txt").read().decode()
+        seen = packed.extractfile("full12/results-seen.txt").read().decode()
+    assert ran.split()[1:] == ["full", "12", "1700", "verify"]
+    assert "keep-out.txt" not in seen  # the tree was copied without results/
+    assert not (tmp_path / "out1/full.tgz").exists()
+    again = chain("start", "30", OUT=str(tmp_path / "out2"), STAGES="full")
+    assert "chain started at" not in again.stdout and (tmp_path / "out2/ttv.tgz").exists()

@@ -7,33 +7,43 @@
 #   COMMIT=<hash> bash tools/gpu/chain.sh start [seconds]   # first call: carry .whl-a .whl vendor/apex-25.05*
 #                                                           # vendor/timm (tools/gpu/README.md, "One call on a fresh box")
 #   bash tools/gpu/chain.sh wait [seconds]                  # every later call, carrying nothing
+#   STAGES="full12" COMMIT=<hash> bash tools/gpu/chain.sh start   # some of the stages only, in this order
 #
 # The stages: (1) issue 40's fresh-box paper route with apex built cold, to make verify's verdict, then timm
 # (time_to_verdict.sh); (2) the full preset (issue 39) in the same results/, so it runs only the cells the paper
 # preset has not, then make verify; (3) the full preset at a 12 GiB cap, then make verify.
 set -uo pipefail
 OUT=${OUT:?set OUT to the output directory of the call}
+mkdir -p "$OUT" || exit 1
 mode=${1:?start or wait}
 budget=${2:-560}
 deadline=$((SECONDS + budget))
-chain=/tmp/amprepro-chain
+chain=${AMPREPRO_CHAIN_DIR:-/tmp/amprepro-chain}  # a test points it elsewhere
 tree=$chain/tree
 if [ "$mode" = start ] && [ ! -f "$chain/started" ]; then
   COMMIT=${COMMIT:?set COMMIT to the commit being measured}
   [[ $COMMIT =~ ^[0-9a-f]{7,40}$ ]] || { echo "COMMIT=$COMMIT is not a commit hash"; exit 1; }
+  stages=${STAGES:-ttv full full12}
+  for stage in $stages; do
+    [[ $stage =~ ^(ttv|full|full12)$ ]] || { echo "STAGES: $stage is not one of ttv, full, full12"; exit 1; }
+  done
   mkdir -p "$tree" "$chain/out"
   tar cf - --exclude=./results --exclude=./.snakemake . | tar xf - -C "$tree" || exit 1
   date +%s > "$chain/started"
-  cat > "$chain/stages.sh" <<EOF
-cd $tree
-echo "stage ttv \$(date +%s)"
-OUT=$chain/out/ttv COMMIT=$COMMIT bash tools/gpu/time_to_verdict.sh 1150 > $chain/ttv.out 2>&1
-echo "stage full \$(date +%s)"
-RUN_PRESET=full RUN_CAP=none OUT=$chain/out/full bash tools/gpu/full_run.sh 1700 verify > $chain/full.out 2>&1
-echo "stage full12 \$(date +%s)"
-RUN_PRESET=full RUN_CAP=12 OUT=$chain/out/full12 bash tools/gpu/full_run.sh 1000 verify > $chain/full12.out 2>&1
-echo "stage done \$(date +%s)"
-EOF
+  {
+    echo "cd $tree"
+    for stage in $stages; do
+      echo "echo \"stage $stage \$(date +%s)\""
+      case $stage in
+        ttv) echo "OUT=$chain/out/ttv COMMIT=$COMMIT bash tools/gpu/time_to_verdict.sh 1150 > $chain/ttv.out 2>&1" ;;
+        full) echo "RUN_PRESET=full RUN_CAP=none OUT=$chain/out/full bash tools/gpu/full_run.sh 1700 verify" \
+                   "> $chain/full.out 2>&1" ;;
+        full12) echo "RUN_PRESET=full RUN_CAP=12 OUT=$chain/out/full12 bash tools/gpu/full_run.sh 1700 verify" \
+                     "> $chain/full12.out 2>&1" ;;
+      esac
+    done
+    echo "echo \"stage done \$(date +%s)\""
+  } > "$chain/stages.sh"
   setsid nohup bash "$chain/stages.sh" > "$chain/stages.log" 2>&1 < /dev/null &
   echo "chain started at $(cat "$chain/started") in $tree"
 fi
