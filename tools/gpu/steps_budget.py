@@ -27,11 +27,13 @@ WINDOWS = [(3, 20), (5, 20), (10, 10), (5, 10), (3, 10), (5, 5)]  # (warm-up ste
 
 
 def step_times(path: Path) -> list[float] | None:
+    """The step times a cell's steps.csv holds, in step order (a row without one left out); None without the file or
+    the column. The one reader of steps.csv's times for tools/gpu (time_to_verdict.py sums them)."""
     try:
         with open(path, newline="") as handle:
-            return [float(row["step_time_s"]) for row in csv.DictReader(handle)]
+            return [float(row["step_time_s"]) for row in csv.DictReader(handle) if row.get("step_time_s")]
     except (OSError, KeyError, ValueError):
-        return None  # a step with no time (a cell that collapsed) or no file: not a speed to judge
+        return None
 
 
 def cell_budget(times: list[float], warmup: int, reported: float, band: float) -> dict:

@@ -8,7 +8,6 @@ the same lease.
 """
 import argparse
 import collections
-import csv
 import json
 import sys
 from pathlib import Path
@@ -16,6 +15,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "workflow"))
 import job_seconds
+import steps_budget
 
 from amprepro.cellrecord import metrics_files
 
@@ -55,11 +55,7 @@ def step_seconds(results: Path) -> dict:
     summed. No route can be faster than this plus the searches' trial budget without running fewer steps."""
     cells, total = 0, 0.0
     for path, _ in metrics_files(results / "runs"):
-        try:
-            with open(path.parent / "steps.csv", newline="") as handle:
-                times = [float(row["step_time_s"]) for row in csv.DictReader(handle) if row.get("step_time_s")]
-        except (OSError, KeyError, ValueError):
-            continue
+        times = steps_budget.step_times(path.parent / "steps.csv")
         if times:
             cells, total = cells + 1, total + sum(times)
     return {"cells": cells, "sum_s": round(total, 1)}
