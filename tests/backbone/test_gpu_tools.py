@@ -157,3 +157,35 @@ def test_chain_runs_the_stages_asked_for_in_their_own_session_and_packs_them(tmp
     assert not (tmp_path / "out1/full.tgz").exists()
     again = chain("start", "30", OUT=str(tmp_path / "out2"), STAGES="full")
     assert "chain started at" not in again.stdout and (tmp_path / "out2/ttv.tgz").exists()
+
+
+def test_time_to_verdict_names_what_our_cell_runs_that_timm_does_not(tmp_path):
+    """The timm ratios of the committed 3015d60 lease (results-reference/perf/3015d60/timm_compare.json), each with
+    what our recipe adds: nothing for bf16, a GradScaler for fp16, which waits on the host only without the fused
+    optimizer."""
+    import json
+
+    perf = REPO / "results-reference/perf/3015d60"
+    log = tmp_path / "make-run.log"
+    log.write_bytes(gzip_decompress(perf / "make-run.log.gz"))
+    (tmp_path / "started").write_text("100\n")
+    (tmp_path / "verdict").write_text("501\n")
+    out = tmp_path / "ttv.json"
+    done = subprocess.run([sys.executable, str(REPO / "tools/gpu/time_to_verdict.py"), "--started", "started",
+                           "--verdict", "verdict", "--log", str(log), "--results", "results", "--commit", "3015d60",
+                           "--timm", str(perf / "timm_compare.json"), "--out", str(out)], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    rows = {(r["model"], r["precision"]): r for r in json.loads(out.read_text())["timm_ratios"]}
+    assert {key: row["ratio"] for key, row in rows.items()} == {
+        ("vit_timm", "amp_bf16"): 1.0311, ("vit_timm", "amp_fp16"): 0.9366,
+        ("vit_timm_fused_adamw", "amp_bf16"): 1.0571, ("vit_timm_fused_adamw", "amp_fp16"): 1.0164}
+    assert rows["vit_timm", "amp_bf16"]["recipe_differs"] is None
+    assert "reads the inf flag on the host" in rows["vit_timm", "amp_fp16"]["recipe_differs"]
+    assert "no host wait" in rows["vit_timm_fused_adamw", "amp_fp16"]["recipe_differs"]
+
+
+def gzip_decompress(path):
+    import gzip
+
+    return gzip.decompress(path.read_bytes())

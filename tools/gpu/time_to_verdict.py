@@ -17,6 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "workflow"))
 import job_seconds
 import steps_budget
 
+from amprepro import precisions
 from amprepro.cellrecord import metrics_files
 
 
@@ -61,6 +62,16 @@ def step_seconds(results: Path) -> dict:
     return {"cells": cells, "sum_s": round(total, 1)}
 
 
+def recipe_difference(precision: str, optimizer: str) -> str | None:
+    """What our cell runs that timm's benchmark.py does not, where it costs time: torch.amp.GradScaler, whose step
+    reads the inf flag on the host before a non-fused optimizer's step (timm's benchmark runs no scaler)."""
+    if not precisions.get(precision).grad_scaler:
+        return None
+    if optimizer.endswith("_fused"):
+        return "GradScaler (timm runs none); the fused optimizer takes its inf flag on the device: no host wait"
+    return "GradScaler (timm runs none): its step reads the inf flag on the host before this non-fused optimizer's step"
+
+
 def record(args) -> dict:
     started, verdict = (float(Path(p).read_text().split()[0]) for p in (args.started, args.verdict))
     results = Path(args.results)
@@ -82,7 +93,8 @@ def record(args) -> dict:
         "timm_ratios": None if timm is None else [
             {"model": r["model"], "precision": r["precision"],
              "optimizer": r["amprepro"]["spec"]["train"]["optimizer"], "timm_samples_per_s": r["timm_samples_per_s"],
-             "amprepro_samples_per_s": round(r["amprepro_samples_per_s"], 2), "ratio": round(r["ratio"], 4)}
+             "amprepro_samples_per_s": round(r["amprepro_samples_per_s"], 2), "ratio": round(r["ratio"], 4),
+             "recipe_differs": recipe_difference(r["precision"], r["amprepro"]["spec"]["train"]["optimizer"])}
             for r in timm],
         "timm_note": None if timm else (args.timm_note or "no timm comparison in this lease (vendor/timm/benchmark.py "
                                                          "not carried)"),
