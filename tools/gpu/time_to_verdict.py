@@ -39,11 +39,11 @@ def job_kinds(logs: list[Path]) -> dict:
             for rule, s in sorted(kinds.items(), key=lambda kv: -sum(kv[1]))}
 
 
-def cell_phases(results: Path) -> dict:
+def cell_phases(cells: list[tuple[Path, dict]]) -> dict:
     """Per phase of a cell's process (metrics.json's phase_seconds, amprepro.train.measure.Phases): how many cells
     recorded it and their summed seconds, so the train jobs' time splits into start-up, build, data and loop."""
     sums = collections.defaultdict(lambda: [0, 0.0])
-    for _, metrics in metrics_files(results / "runs"):
+    for _, metrics in cells:
         for phase, seconds in (metrics.get("phase_seconds") or {}).items():
             if seconds is not None:
                 sums[phase][0] += 1
@@ -51,15 +51,15 @@ def cell_phases(results: Path) -> dict:
     return {phase: {"cells": n, "sum_s": round(total, 1)} for phase, (n, total) in sums.items()}
 
 
-def step_seconds(results: Path) -> dict:
+def step_seconds(cells: list[tuple[Path, dict]]) -> dict:
     """The GPU's own work the config asks for: every finished cell's step times (steps.csv, warm-up steps included),
     summed. No route can be faster than this plus the searches' trial budget without running fewer steps."""
-    cells, total = 0, 0.0
-    for path, _ in metrics_files(results / "runs"):
+    counted, total = 0, 0.0
+    for path, _ in cells:
         times = steps_budget.step_times(path.parent / "steps.csv")
         if times:
-            cells, total = cells + 1, total + sum(times)
-    return {"cells": cells, "sum_s": round(total, 1)}
+            counted, total = counted + 1, total + sum(times)
+    return {"cells": counted, "sum_s": round(total, 1)}
 
 
 def recipe_difference(precision: str, optimizer: str) -> str | None:
@@ -75,6 +75,7 @@ def recipe_difference(precision: str, optimizer: str) -> str | None:
 def record(args) -> dict:
     started, verdict = (float(Path(p).read_text().split()[0]) for p in (args.started, args.verdict))
     results = Path(args.results)
+    cells = metrics_files(results / "runs")  # read once, for the phases and the step times
     verify = read_json(results / "verify" / "verify.json") or {}
     build = read_json(results / "apex" / "build.json") or {}
     timm = read_json(Path(args.timm)) if args.timm else None
@@ -88,8 +89,8 @@ def record(args) -> dict:
         "apex_build": {k: build.get(k) for k in ("cache", "jobs", "max_jobs", "parallel", "extensions_built",
                                                  "extensions_left_out")},
         "job_kinds": job_kinds([Path(p) for p in args.log]),
-        "cell_phases": cell_phases(results),
-        "step_seconds": step_seconds(results),
+        "cell_phases": cell_phases(cells),
+        "step_seconds": step_seconds(cells),
         "timm_ratios": None if timm is None else [
             {"model": r["model"], "precision": r["precision"],
              "optimizer": r["amprepro"]["spec"]["train"]["optimizer"], "timm_samples_per_s": r["timm_samples_per_s"],

@@ -109,6 +109,7 @@ def train_cell(spec: CellSpec, apex: dict, dist, device, base: dict, plan: dict 
     from amprepro import memory
     from amprepro.train import measure, precision
 
+    phases = phases or measure.Phases()  # a caller without the run's phases: timed from here
     settings, train = spec.settings, spec.train
     if train.get("deterministic"):
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
@@ -120,7 +121,6 @@ def train_cell(spec: CellSpec, apex: dict, dist, device, base: dict, plan: dict 
     skipped = does_not_fit(spec, base, plan, device)
     if skipped:
         return skipped, []
-    phases = phases or measure.Phases()
     phases.mark("fit_check")
     cell = build_cell(spec, device, plan, dist, compile_now=False)  # compiled in the loop, after the step-0 eval
     breakdown = measure.Breakdown(cell.model, cell.trainer.optimizer, enabled=device.type == "cuda")
