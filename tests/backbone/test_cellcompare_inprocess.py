@@ -374,3 +374,24 @@ def test_the_warnings_count_and_list_each_kind():
         "4 cell(s) of this run are not in the reference",
         "5 reference cell(s) did not run here"]
     assert cellcompare.comparison_warnings([], dict.fromkeys(counts, 0)) == []
+
+
+def test_other_step_counts_compare_speed_and_memory_not_the_loss():
+    spec = {"model_config": {"batch_size": 128, "arch": "vit_b_16"}, "train": {"steps": 30, "warmup_steps": 10}}
+    fewer = {**spec, "train": {"steps": 13, "warmup_steps": 3}}
+    cell = compare_cell("m/fp32/seed0", here(loss=9.0), ref(), RULES, fewer, spec)
+    assert (cell["verdict"], cell["note"]) == ("pass", "")
+    throughput, loss = cell["checks"]
+    assert throughput["metric"] == "throughput_per_s" and throughput["ok"] is True
+    assert loss == {"metric": "final_loss", "here": 9.0, "reference": None, "ratio": None, "ok": None, "allowed": "",
+                    "note": "not compared: the reference ran 10 warm-up + 20 timed steps, this run 3 warm-up + 10 "
+                            "timed (speed and memory are compared)", "reference_runs": 0}
+    slow = compare_cell("m/fp32/seed0", here(throughput=50.0), ref(), RULES, fewer, spec)
+    assert slow["verdict"] == "fail" and slow["checks"][0]["ok"] is False
+    other = {**fewer, "train": {"steps": 13, "warmup_steps": 3, "lr": 0.1}}
+    assert compare_cell("m/fp32/seed0", here(), ref(), RULES, other, spec)["verdict"] == "not_comparable"
+    result = compare({"cells": [here(loss=9.0)]}, {"cells": {"m/fp32/0": {**ref(), "spec": spec}}},
+                     {"metrics": RULES}, {"m/fp32/0": fewer})
+    assert result["counts"]["pass"] == 1 and result["warnings"] == [
+        "1 cell(s) compared on speed and memory only: the reference has no run at their step counts, so their final "
+        "loss is not compared (promote this run to add it)"]

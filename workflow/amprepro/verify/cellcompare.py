@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from amprepro.cellid import CellId
 from amprepro.cellspec import PLANNED_KEYS  # what the memory plan may change
-from amprepro.verify.reference import band, band_for
+from amprepro.verify.reference import STEP_COUNT_FREE, band, band_for, differs_only_in_step_counts
 
 METRIC_LABEL = {"throughput_per_s": "throughput", "peak_allocated_bytes": "peak GPU memory",
                 "peak_reserved_bytes": "peak reserved GPU memory", "final_loss": "final loss",
@@ -155,7 +155,9 @@ def compare_cell(name: str, row_here: dict | None, row_ref: dict | None, rules: 
         return {**cell, "verdict": "not_in_reference",
                 "note": "every reference run failed this cell, so there is nothing to compare: "
                         f"{row_ref.get('reason')}"}
-    if spec_here and spec_ref and spec_here != spec_ref:
+    counts_differ = bool(spec_here and spec_ref and spec_here != spec_ref
+                         and differs_only_in_step_counts(spec_here, spec_ref))
+    if spec_here and spec_ref and spec_here != spec_ref and not counts_differ:
         planned = planned_difference(spec_here, spec_ref, plan_here)
         if planned:
             return {**cell, "verdict": "not_comparable_here",
@@ -190,11 +192,27 @@ def compare_cell(name: str, row_here: dict | None, row_ref: dict | None, rules: 
             cell["checks"].append({"metric": metric, "here": row_here.get(metric), "reference": None, "ratio": None,
                                    "ok": None, "allowed": "", "note": SHARED_NOTE, "reference_runs": 0})
             continue
+        if counts_differ and metric not in STEP_COUNT_FREE:
+            cell["checks"].append({"metric": metric, "here": row_here.get(metric), "reference": None, "ratio": None,
+                                   "ok": None, "allowed": "", "note": step_counts_note(spec_here, spec_ref),
+                                   "reference_runs": 0})
+            continue
         check = check_metric(metric, rule, row_here.get(metric), row_ref.get("metrics", {}).get(metric))
         cell["checks"].append(check)
         if check["ok"] is False:
             cell["verdict"] = "fail"
     return cell
+
+
+def step_counts_note(spec_here: dict, spec_ref: dict) -> str:
+    """Why a step-count-bound metric (the loss after the last step, the accuracy) is not compared: the reference's
+    newest runs ran this cell for another number of steps; speed and memory are (reference.STEP_COUNT_FREE)."""
+    def counts(spec):
+        train = spec.get("train", {})
+        return f"{train.get('warmup_steps')} warm-up + {train.get('steps', 0) - train.get('warmup_steps', 0)} timed"
+
+    return (f"not compared: the reference ran {counts(spec_ref)} steps, this run {counts(spec_here)} "
+            "(speed and memory are compared)")
 
 
 def compare(summary: dict, aggregate: dict, tolerances: dict, specs_here: dict | None = None,
@@ -227,6 +245,11 @@ def comparison_warnings(cells: list[dict], counts: dict) -> list[str]:
                         + listed)
     if counts["not_comparable"]:
         warnings.append(f"{counts['not_comparable']} cell(s) not compared: their settings differ from the reference's")
+    by_counts = sum(any(ch.get("note", "").startswith("not compared: the reference ran")
+                        for ch in c.get("checks", ())) for c in cells)
+    if by_counts:
+        warnings.append(f"{by_counts} cell(s) compared on speed and memory only: the reference has no run at their "
+                        "step counts, so their final loss is not compared (promote this run to add it)")
     if counts["not_in_reference"]:
         warnings.append(f"{counts['not_in_reference']} cell(s) of this run are not in the reference")
     if counts["not_run_here"]:

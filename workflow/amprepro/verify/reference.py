@@ -39,10 +39,12 @@ NUMERIC = {"throughput_per_s", "step_time_median_s", "step_time_p90_s", "peak_al
            "speedup_vs_fp32", "speedup_vs_tf32", "memory_ratio_vs_fp32"}
 AGGREGATED = ["throughput_per_s", "peak_allocated_bytes", "peak_reserved_bytes", "final_loss", "eval_accuracy",
               "step_time_median_s", "step_time_p90_s", "speedup_vs_fp32", "speedup_vs_tf32", "memory_ratio_vs_fp32"]
-# Settings that change how long a cell runs but not what a timed step measures: the median step time (after the same
-# warm-up) and the allocator peak (reached in the first steps). A run that differs from the newest only in these
-# still counts for the metrics below; its loss after the last step and its accuracy do not.
-STEP_COUNTS = ("steps",)
+# Settings that change how long a cell runs but not what a timed step measures: the median step time and the allocator
+# peak (reached in the first steps). A run that differs from the newest only in these still counts for the metrics
+# below; its loss after the last step and its accuracy do not, and verify compares such a cell on these only. The
+# warm-up counts too: in every compared 30-step cell of two fresh H200s, the median of steps 3-12 was within 4 % of
+# the median after 10 warm-up steps (results-reference/perf/3015d60/steps-budget*.json, tools/gpu/steps_budget.py).
+STEP_COUNTS = ("steps", "warmup_steps")
 STEP_COUNT_FREE = {"throughput_per_s", "peak_allocated_bytes", "peak_reserved_bytes", "step_time_median_s",
                    "step_time_p90_s", "speedup_vs_fp32", "speedup_vs_tf32", "memory_ratio_vs_fp32"}
 
@@ -238,8 +240,7 @@ def aggregate_cell(key: str, runs: list[Run]) -> dict:
         else:
             used.append(run)
             if newest_spec and spec and spec != newest_spec:
-                partly[run.id] = (f"{spec['train']['steps']} steps, not {newest_spec['train']['steps']}: counted "
-                                  "for step time, throughput and memory only")
+                partly[run.id] = f"{step_counts(spec, newest_spec)}: counted for step time, throughput and memory only"
     statuses = Counter(run.rows[key]["status"] for run in used)
     last = present[-1].rows[key]
     cell = {"model": last["model"], "precision": last["precision"], "seed": last["seed"], "spec": newest_spec,
@@ -264,8 +265,17 @@ def aggregate_cell(key: str, runs: list[Run]) -> dict:
     return cell
 
 
+def step_counts(spec: dict, newest: dict) -> str:
+    """'50 steps, not 30'; with the warm-up where that differs too: '30 steps (10 warm-up), not 13 (3 warm-up)'."""
+    this, that = spec.get("train", {}), newest.get("train", {})
+    if this.get("warmup_steps") == that.get("warmup_steps"):
+        return f"{this.get('steps')} steps, not {that.get('steps')}"
+    return (f"{this.get('steps')} steps ({this.get('warmup_steps')} warm-up), not {that.get('steps')} "
+            f"({that.get('warmup_steps')} warm-up)")
+
+
 def differs_only_in_step_counts(spec: dict, newest: dict) -> bool:
-    """Same model, precision, seed and settings, and the same warm-up; only the number of timed steps differs."""
+    """Same model, precision, seed and settings; only the number of steps (warm-up or timed) differs."""
     def without_counts(s):
         return {**s, "train": {k: v for k, v in s.get("train", {}).items() if k not in STEP_COUNTS}}
 
