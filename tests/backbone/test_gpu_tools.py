@@ -1,5 +1,7 @@
 """The scripts a GPU session runs (tools/gpu) work end to end here, on the smoke preset: device time is scarce."""
 
+import io
+import json
 import os
 import shutil
 import subprocess
@@ -119,6 +121,41 @@ def test_steps_budget_slices_each_cells_own_step_times(tmp_path):
     assert "10+20" not in windows  # the cell's own window
     assert record["windows"]["3+10"] == {"cells": 1, "hold": 0, "worst_rel": -0.0909, "saves_s": 19.0}
     assert "3+10: 0 of 1 cells within 5%, worst -9.1%, saves 19.0 s of 36.0 s" in done.stdout
+
+
+def test_steps_budget_over_a_reference_reads_each_runs_steps_and_its_warmup(tmp_path):
+    """--reference: every committed run's steps.csv from its steps.tar.gz, the warm-up from its provenance, the
+    median recomputed from the steps; a cell that shared its GPU (summary.csv) or whose speed is not compared is
+    listed apart."""
+    run = tmp_path / "ref/runs/2026-01-01-aaaaaaaa"
+    run.mkdir(parents=True)
+    cells = {"big/fp32/0": [5.0] * 8 + [1.0] * 12 + [1.2] * 10, "small/fp32/0": [0.1] * 30,
+             "digits/fp32/0": [0.01] * 30}
+    (run / "provenance.json").write_text(json.dumps({"specs": {
+        key: {"train": {"warmup_steps": 8 if key.startswith("big") else 10}} for key in cells}}))
+    (run / "summary.csv").write_text("model,precision,seed,gpu_shared_cells_per_gpu\nbig,fp32,0,\n"
+                                     "small,fp32,0,8\ndigits,fp32,0,\n")
+    with tarfile.open(run / "steps.tar.gz", "w:gz") as archive:
+        for key, times in cells.items():
+            model, precision, seed = key.split("/")
+            data = ("step,step_time_s\n" + "".join(f"{i},{t}\n" for i, t in enumerate(times))).encode()
+            member = tarfile.TarInfo(f"runs/{model}/{precision}/seed{seed}/steps.csv")
+            member.size = len(data)
+            archive.addfile(member, io.BytesIO(data))
+    (tmp_path / "tol.yaml").write_text("overrides:\n  - match: {model: [digits]}\n    metrics:\n"
+                                       "      throughput_per_s: null\n")
+    out = tmp_path / "budget.json"
+    done = subprocess.run([sys.executable, str(REPO / "tools/gpu/steps_budget.py"), str(tmp_path / "ref"),
+                           "--reference", "--band", "0.08", "--tolerances", str(tmp_path / "tol.yaml"),
+                           "--out", str(out)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    record = json.loads(out.read_text())
+    assert sorted(record["throughput_not_compared"]) == ["2026-01-01-aaaaaaaa/digits/fp32/0",
+                                                         "2026-01-01-aaaaaaaa/small/fp32/0"]
+    big = record["cells"]["2026-01-01-aaaaaaaa/big/fp32/0"]
+    assert (big["warmup"], big["median_s"], big["spent_s"]) == (8, 1.0, 64.0)  # median of steps 8-29
+    assert big["windows"]["3+10"] == {"median_s": 3.0, "rel": 2.0, "holds": False, "saves_s": 19.0}
+    assert big["windows"]["10+10"] == {"median_s": 1.0, "rel": 0.0, "holds": True, "saves_s": 12.0}
 
 
 def test_chain_runs_the_stages_asked_for_in_their_own_session_and_packs_them(tmp_path):

@@ -3,6 +3,12 @@ cell, the median step time over fewer warm-up steps or fewer timed steps, agains
 GPU seconds the dropped steps took. Nothing runs: the shorter windows are slices of the steps.csv each cell wrote.
 
     python tools/gpu/steps_budget.py results/runs --band 0.08 --tolerances reference/tolerances.yaml --out FILE
+    python tools/gpu/steps_budget.py reference/nvidia-h200 --reference --tolerances reference/tolerances.yaml --out FILE
+
+With --reference, the same for every committed reference run's cells (their steps.csv in the run's steps.tar.gz, the
+warm-up from its provenance, the median recomputed from the steps as tests/report/test_reference_steps.py checks it
+is), keyed run/cell: independent runs on several machines, the compiled and FP8 cells among them. Cells that shared
+their GPU with others (the run's summary.csv says so) are listed apart, as verify does not compare their speed.
 
 A window "holds" when its median is within --band (relative) of the cell's own median, the throughput band of
 reference/tolerances.yaml; the cells whose throughput that file does not compare (the digits and LoRA models:
@@ -13,9 +19,11 @@ cutting steps means recording the reference again.
 
 import argparse
 import csv
+import io
 import json
 import statistics
 import sys
+import tarfile
 from pathlib import Path
 
 import yaml
@@ -74,6 +82,10 @@ def budget(runs: Path, band: float, uncompared: set[str] = frozenset()) -> dict:
             continue
         key = "/".join(path.parent.relative_to(runs).parts)
         cells[key] = cell_budget(times, int(metrics["warmup_steps"]), float(metrics["step_time_median_s"]), band)
+    return totals_of(cells, band, apart)
+
+
+def totals_of(cells: dict, band: float, apart: list) -> dict:
     totals = {}
     for name in {name for cell in cells.values() for name in cell["windows"]}:
         held = [c["windows"][name] for c in cells.values() if name in c["windows"]]
@@ -85,14 +97,43 @@ def budget(runs: Path, band: float, uncompared: set[str] = frozenset()) -> dict:
             "windows": dict(sorted(totals.items())), "cells": cells}
 
 
+def reference_budget(reference: Path, band: float, uncompared: set[str] = frozenset()) -> dict:
+    """budget() over the committed runs of a reference folder, keyed '<run id>/<model>/<precision>/<seed>'."""
+    cells, apart = {}, []
+    for run in sorted(p for p in (reference / "runs").iterdir() if (p / "steps.tar.gz").is_file()):
+        specs = json.loads((run / "provenance.json").read_text()).get("specs") or {}
+        with open(run / "summary.csv", newline="") as handle:  # cells that shared their GPU: speed not compared
+            shared = {f"{r['model']}/{r['precision']}/{r['seed']}" for r in csv.DictReader(handle)
+                      if r.get("gpu_shared_cells_per_gpu")}
+        with tarfile.open(run / "steps.tar.gz") as archive:
+            for member in archive.getmembers():
+                parts = Path(member.name).parts  # runs/<model>/<precision>/seed<N>/steps.csv
+                if not member.isfile() or len(parts) != 5:
+                    continue
+                model, precision, seed = parts[1], parts[2], parts[3].removeprefix("seed")
+                key = f"{run.name}/{model}/{precision}/{seed}"
+                if model in uncompared or f"{model}/{precision}/{seed}" in shared:
+                    apart.append(key)
+                    continue
+                spec = specs.get(f"{model}/{precision}/{seed}")
+                text = io.TextIOWrapper(archive.extractfile(member), encoding="utf-8")
+                times = [float(row["step_time_s"]) for row in csv.DictReader(text) if row.get("step_time_s")]
+                if spec and len(times) > spec["train"]["warmup_steps"]:
+                    warmup = spec["train"]["warmup_steps"]
+                    cells[key] = cell_budget(times, warmup, statistics.median(times[warmup:]), band)
+    return totals_of(cells, band, apart)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("runs", type=Path, help="a results/runs folder")
+    parser.add_argument("runs", type=Path, help="a results/runs folder (a reference/<gpu> folder with --reference)")
+    parser.add_argument("--reference", action="store_true", help="read a reference folder's committed runs")
     parser.add_argument("--band", type=float, default=0.08, help="relative distance a window may have (0.08)")
     parser.add_argument("--tolerances", type=Path, help="reference/tolerances.yaml: leave out what it does not compare")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
-    out = budget(args.runs, args.band, uncompared_models(args.tolerances))
+    read = reference_budget if args.reference else budget
+    out = read(args.runs, args.band, uncompared_models(args.tolerances))
     args.out.write_text(json.dumps(out, indent=2) + "\n")
     for name, total in out["windows"].items():
         print(f"warm-up+timed {name}: {total['hold']} of {total['cells']} cells within {args.band:.0%}, worst "
