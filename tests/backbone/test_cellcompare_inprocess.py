@@ -395,3 +395,17 @@ def test_other_step_counts_compare_speed_and_memory_not_the_loss():
     assert result["counts"]["pass"] == 1 and result["warnings"] == [
         "1 cell(s) compared on speed and memory only: the reference has no run at their step counts, so their final "
         "loss is not compared (promote this run to add it)"]
+
+
+def test_from_a_summary_alone_its_step_columns_say_whether_the_loss_is_compared():
+    spec = {"model_config": {"batch_size": 128, "arch": "vit_b_16"}, "train": {"steps": 13, "warmup_steps": 3}}
+    old = compare_cell("m/fp32/seed0", here(loss=9.0, steps="30", warmup_steps="10"), ref(), RULES, None, spec)
+    assert old["verdict"] == "pass" and old["checks"][1]["note"] == (
+        "not compared: the reference ran 3 warm-up + 10 timed steps, this run 10 warm-up + 20 timed (speed and memory "
+        "are compared)")
+    assert compare_cell("m/fp32/seed0", here(loss=9.0, steps=13, warmup_steps=3), ref(), RULES, None,
+                        spec)["verdict"] == "fail"
+    # A summary without the columns (before 2026-12-04) is compared on everything, as it always was.
+    assert compare_cell("m/fp32/seed0", here(loss=9.0), ref(), RULES, None, spec)["verdict"] == "fail"
+    assert compare_cell("m/fp32/seed0", here(loss=9.0, steps="", warmup_steps=""), ref(), RULES, None,
+                        spec)["verdict"] == "fail"

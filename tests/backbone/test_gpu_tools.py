@@ -220,6 +220,16 @@ def test_time_to_verdict_names_what_our_cell_runs_that_timm_does_not(tmp_path):
     assert rows["vit_timm", "amp_bf16"]["recipe_differs"] is None
     assert "reads the inf flag on the host" in rows["vit_timm", "amp_fp16"]["recipe_differs"]
     assert "no host wait" in rows["vit_timm_fused_adamw", "amp_fp16"]["recipe_differs"]
+    assert json.loads(out.read_text())["timm_note"] is None
+    # Part of a comparison (the call's budget ended first: time_to_verdict.sh passes the partial file) keeps its note.
+    partial = tmp_path / "timm_compare.partial.json"
+    partial.write_text(json.dumps(json.loads((perf / "timm_compare.json").read_text())[:3]))
+    done = subprocess.run([sys.executable, str(REPO / "tools/gpu/time_to_verdict.py"), "--started", "started",
+                           "--verdict", "verdict", "--log", str(log), "--results", "results", "--commit", "3015d60",
+                           "--timm", str(partial), "--timm-note", "did not finish", "--out", str(out)], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60)
+    record = json.loads(out.read_text())
+    assert done.returncode == 0 and len(record["timm_ratios"]) == 3 and record["timm_note"] == "did not finish"
 
 
 def gzip_decompress(path):

@@ -212,7 +212,18 @@ def test_the_committed_card_runs_still_verify_against_the_committed_reference(ru
     since included), from its summary alone: the same cells compared and PASS, as make verify said on the H200; a
     lowered batch or smaller shape is not compared (the summary's batch_size and shape)."""
     summary = json.loads((REPO / "results-reference" / "memory-caps" / run / "summary.json").read_text())
+    # These summaries (2026-12-01 to 12-03) predate the steps columns; their cells ran what the paper preset's cells ran
+    # then (10 + 20 steps), as a reference run of that preset records per cell. Since 04ad031 the paper preset runs
+    # 3 + 10 and the reference's newest runs too, so their loss is no longer compared; their speed and memory are.
+    then = json.loads((REPO / "reference/nvidia-h200/runs/2026-12-04-cc22bc65/provenance.json").read_text())["specs"]
+    for row in summary["cells"]:
+        train = then[f"{row['model']}/{row['precision']}/{row['seed']}"]["train"]
+        assert "steps" not in row
+        row["steps"], row["warmup_steps"] = train["steps"], train["warmup_steps"]
     result = verify.verify(summary, REPO / "reference", None, probe=NO_SMI)
     on_the_gpu = json.loads((REPO / "results-reference" / "memory-caps" / run / "verify.json").read_text())
     assert result["counts"]["pass"] == on_the_gpu["counts"]["pass"] == compared
     assert result["counts"]["fail"] == 0 and result["gate"]["result"] == "PASS"
+    loss = [check for cell in result["cells"] for check in cell["checks"] if check["metric"] == "final_loss"]
+    assert {check["ok"] for check in loss} == {True, None}  # compared where the counts agree (digits, 7B, compile)
+    assert any(check["note"].startswith("not compared: the reference ran 3 warm-up + 10 timed") for check in loss)

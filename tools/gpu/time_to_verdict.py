@@ -97,8 +97,8 @@ def record(args) -> dict:
              "amprepro_samples_per_s": round(r["amprepro_samples_per_s"], 2), "ratio": round(r["ratio"], 4),
              "recipe_differs": recipe_difference(r["precision"], r["amprepro"]["spec"]["train"]["optimizer"])}
             for r in timm],
-        "timm_note": None if timm else (args.timm_note or "no timm comparison in this lease (vendor/timm/benchmark.py "
-                                                         "not carried)"),
+        "timm_note": args.timm_note or (None if timm else "no timm comparison in this lease "
+                                                          "(vendor/timm/benchmark.py not carried)"),
     }
 
 
@@ -109,7 +109,8 @@ def main() -> None:
     parser.add_argument("--log", action="append", required=True)
     parser.add_argument("--results", default="results")
     parser.add_argument("--timm")
-    parser.add_argument("--timm-note", help="why no timm comparison, where timm was carried")
+    parser.add_argument("--timm-note", help="why there is no timm comparison, or only part of one, where timm was "
+                                             "carried")
     parser.add_argument("--commit", required=True)
     parser.add_argument("--out", required=True)
     args = parser.parse_args()

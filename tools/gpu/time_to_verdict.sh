@@ -32,9 +32,15 @@ if [ -f vendor/timm/benchmark.py ] && [ ! -f /tmp/amprepro-timm/timm_compare.jso
   CUDA_VISIBLE_DEVICES=0 timeout $((deadline - SECONDS - 20)) "$venv/bin/python" tools/gpu/timm_compare.py \
     --benchmark vendor/timm/benchmark.py "${cells[@]}" --apex results/apex/apex.json --out /tmp/amprepro-timm
 fi
+# benchmark.py carried but the comparison unfinished: the call's budget ended first. What finished goes in, said so.
+timm=/tmp/amprepro-timm/timm_compare.json timm_note=()
+if [ -f vendor/timm/benchmark.py ] && [ ! -f $timm ]; then
+  timm_note=(--timm-note "timm's comparison did not finish within this call's budget (call again to finish it)")
+  [ -f /tmp/amprepro-timm/timm_compare.partial.json ] && timm=/tmp/amprepro-timm/timm_compare.partial.json
+fi
 "$venv/bin/python" tools/gpu/time_to_verdict.py --started "$started" --verdict "$verdict" \
   --log /tmp/amprepro-ttv-make-run.log --results results --commit "$COMMIT" --out "$OUT/time-to-verdict.json" \
-  $( [ -f /tmp/amprepro-timm/timm_compare.json ] && echo --timm /tmp/amprepro-timm/timm_compare.json)
-cp /tmp/amprepro-timm/timm_compare.json "$OUT/" 2>/dev/null
+  $( [ -f $timm ] && echo --timm $timm) "${timm_note[@]}"
+cp $timm "$OUT/" 2>/dev/null
 gzip -c /tmp/amprepro-ttv-make-run.log > "$OUT/make-run.log.gz"
 ls -la "$OUT"

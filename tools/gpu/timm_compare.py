@@ -68,8 +68,10 @@ def main() -> None:
         rows.append(row)
         print(f"{spec['model']}/{spec['precision']}: timm {timm:.1f}/s, amprepro {ours:.1f}/s, "
               f"ratio {ours / timm:.3f} ({(ours / timm - 1) * 100:+.1f} %)", flush=True)
-    args.out.mkdir(parents=True, exist_ok=True)
+        args.out.mkdir(parents=True, exist_ok=True)  # what has finished, should the call's budget end before the rest
+        (args.out / "timm_compare.partial.json").write_text(json.dumps(rows, indent=2))
     (args.out / "timm_compare.json").write_text(json.dumps(rows, indent=2))
+    (args.out / "timm_compare.partial.json").unlink()
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ COLUMNS = [
     "epoch_hours_derived", "mem_weights_bytes", "mem_gradients_bytes", "mem_optimizer_state_bytes",
     "mem_master_weights_bytes", "mem_activations_bytes", "mem_estimate_total_bytes",
     "batch_size", "preset_batch_size", "shape", "shape_name", "parameters", "plan_note", "heldout_loss_final",
+    "steps", "warmup_steps",  # what the cell was set to run (its spec): verify from a summary alone reads them
     "largest_batch", "largest_batch_bound", "largest_batch_failing", "largest_batch_grid",
     # LoRA cells (amprepro.train.lora; the LoRA claim, amprepro.analysis.loraclaim) and the allocator limit of a cap
     "lora_base", "lora_shape", "lora_rank", "trainable_parameters", "initial_loss", "heldout_loss_initial",
@@ -103,6 +104,8 @@ def add_plan(rows: list[dict], metrics: list[dict]) -> list[dict]:
         row["shape_name"] = plan.get("shape_name")
         row["parameters"] = m.get("parameters")
         row["plan_note"] = plan.get("why")
+        train = (m.get("spec") or {}).get("train") or {}
+        row["steps"], row["warmup_steps"] = train.get("steps"), train.get("warmup_steps")
         lora = settings.lora  # from the spec: a skipped cell has no record of its own
         row["lora_base"] = None if lora is None else lora.base
         row["lora_shape"] = None if lora is None else settings.shape or settings.arch

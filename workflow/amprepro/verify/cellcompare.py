@@ -155,8 +155,11 @@ def compare_cell(name: str, row_here: dict | None, row_ref: dict | None, rules: 
         return {**cell, "verdict": "not_in_reference",
                 "note": "every reference run failed this cell, so there is nothing to compare: "
                         f"{row_ref.get('reason')}"}
-    counts_differ = bool(spec_here and spec_ref and spec_here != spec_ref
-                         and differs_only_in_step_counts(spec_here, spec_ref))
+    # Only the number of steps differs (this run's spec, else its summary row's step columns): speed and memory are
+    # compared, the loss after the last step is not.
+    counts_here = step_counts_of(spec_here) if spec_here else summary_step_counts(row_here)
+    counts_differ = bool(spec_ref and counts_here and counts_here != step_counts_of(spec_ref)
+                         and (not spec_here or differs_only_in_step_counts(spec_here, spec_ref)))
     if spec_here and spec_ref and spec_here != spec_ref and not counts_differ:
         planned = planned_difference(spec_here, spec_ref, plan_here)
         if planned:
@@ -194,7 +197,8 @@ def compare_cell(name: str, row_here: dict | None, row_ref: dict | None, rules: 
             continue
         if counts_differ and metric not in STEP_COUNT_FREE:
             cell["checks"].append({"metric": metric, "here": row_here.get(metric), "reference": None, "ratio": None,
-                                   "ok": None, "allowed": "", "note": step_counts_note(spec_here, spec_ref),
+                                   "ok": None, "allowed": "",
+                                   "note": step_counts_note(counts_here, step_counts_of(spec_ref)),
                                    "reference_runs": 0})
             continue
         check = check_metric(metric, rule, row_here.get(metric), row_ref.get("metrics", {}).get(metric))
@@ -204,14 +208,26 @@ def compare_cell(name: str, row_here: dict | None, row_ref: dict | None, rules: 
     return cell
 
 
-def step_counts_note(spec_here: dict, spec_ref: dict) -> str:
+def step_counts_of(spec: dict) -> tuple:
+    train = spec.get("train") or {}
+    return train.get("steps"), train.get("warmup_steps")
+
+
+def summary_step_counts(row: dict | None) -> tuple | None:
+    """(steps, warm-up steps) a summary row says its cell ran; None for a row without them (summaries before
+    2026-12-04's steps columns) or without a cell."""
+    if not row or row.get("steps") in (None, "") or row.get("warmup_steps") in (None, ""):
+        return None
+    return int(row["steps"]), int(row["warmup_steps"])
+
+
+def step_counts_note(here: tuple, ref: tuple) -> str:
     """Why a step-count-bound metric (the loss after the last step, the accuracy) is not compared: the reference's
     newest runs ran this cell for another number of steps; speed and memory are (reference.STEP_COUNT_FREE)."""
-    def counts(spec):
-        train = spec.get("train", {})
-        return f"{train.get('warmup_steps')} warm-up + {train.get('steps', 0) - train.get('warmup_steps', 0)} timed"
+    def counts(steps, warmup):
+        return f"{warmup} warm-up + {steps - warmup} timed"
 
-    return (f"not compared: the reference ran {counts(spec_ref)} steps, this run {counts(spec_here)} "
+    return (f"not compared: the reference ran {counts(*ref)} steps, this run {counts(*here)} "
             "(speed and memory are compared)")
 
 
