@@ -168,8 +168,8 @@ def test_chain_runs_the_stages_asked_for_in_their_own_session_and_packs_them(tmp
     (tree / "results").mkdir()
     (tree / "results/keep-out.txt").write_text("not copied")
     stand_in = ('mkdir -p "$OUT" && echo "$0 ${RUN_PRESET:-paper} ${RUN_CAP:-none} $*" > "$OUT/ran.txt" && '
-                'ls results > "$OUT/results-seen.txt" 2>&1; true\n')
-    for script in ("time_to_verdict.sh", "full_run.sh"):
+                'ls results > "$OUT/results-seen.txt" 2>&1; mkdir -p results && touch "results/by-$(basename $0)"\n')
+    for script in ("time_to_verdict.sh", "full_run.sh", "make_run.sh"):
         (tree / "tools/gpu" / script).write_text(stand_in)
     chain_dir = tmp_path / "chain"
     env = {**os.environ, "OUT": str(tmp_path / "out1"), "AMPREPRO_CHAIN_DIR": str(chain_dir), "COMMIT": "abc1234"}
@@ -179,18 +179,23 @@ def test_chain_runs_the_stages_asked_for_in_their_own_session_and_packs_them(tmp
                               capture_output=True, text=True, timeout=120)
 
     refused = chain("start", "30", STAGES="ttv report")
-    assert refused.returncode == 1 and "STAGES: report is not one of ttv, full, full12" in refused.stdout
+    assert refused.returncode == 1 and "STAGES: report is not one of ttv, full, full12, ref" in refused.stdout
     assert chain("wait", "30").stdout.strip() == "no chain on this box: the box is fresh, start it again"
-    done = chain("start", "60", STAGES="ttv full12")
+    done = chain("start", "60", STAGES="ttv full12 ref")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "stage done" in done.stdout
-    assert [line.split()[1] for line in (chain_dir / "stages.log").read_text().splitlines()] == ["ttv", "full12",
-                                                                                                "done"]
+    assert [line.split()[1] for line in (chain_dir / "stages.log").read_text().splitlines()] == [
+        "ttv", "full12", "ref", "done"]
     with tarfile.open(tmp_path / "out1/full12.tgz") as packed:
         ran = packed.extractfile("full12/ran.txt").read().decode()
         seen = packed.extractfile("full12/results-seen.txt").read().decode()
     assert ran.split()[1:] == ["full", "12", "1700", "verify"]
-    assert "keep-out.txt" not in seen  # the tree was copied without results/
+    assert "keep-out.txt" not in seen and "by-time_to_verdict.sh" in seen  # the tree without results/, then ttv's
+    with tarfile.open(tmp_path / "out1/ref.tgz") as packed:  # another route in its own copy, without those results
+        ran = packed.extractfile("ref/ran.txt").read().decode()
+        seen = packed.extractfile("ref/results-seen.txt").read().decode()
+    assert ran.split()[0].endswith("tools/gpu/make_run.sh") and ran.split()[1:] == ["paper", "none", "1150", "verify"]
+    assert "No such file" in seen
     assert not (tmp_path / "out1/full.tgz").exists()
     again = chain("start", "30", OUT=str(tmp_path / "out2"), STAGES="full")
     assert "chain started at" not in again.stdout and (tmp_path / "out2/ttv.tgz").exists()

@@ -8,10 +8,13 @@
 #                                                           # vendor/timm (tools/gpu/README.md, "One call on a fresh box")
 #   bash tools/gpu/chain.sh wait [seconds]                  # every later call, carrying nothing
 #   STAGES="full12" COMMIT=<hash> bash tools/gpu/chain.sh start   # some of the stages only, in this order
+#   STAGES="ttv ref" COMMIT=<hash> bash tools/gpu/chain.sh start  # two reference runs of the paper preset on one box
 #
-# The stages: (1) issue 40's fresh-box paper route with apex built cold, to make verify's verdict, then timm
-# (time_to_verdict.sh); (2) the full preset (issue 39) in the same results/, so it runs only the cells the paper
-# preset has not, then make verify; (3) the full preset at a 12 GiB cap, then make verify.
+# The stages: ttv, issue 40's fresh-box paper route with apex built cold, to make verify's verdict, then timm
+# (time_to_verdict.sh); full, the full preset (issue 39) in the same results/, so it runs only the cells the paper
+# preset has not, then make verify; full12, the full preset at a 12 GiB cap, then make verify; ref, the paper preset's
+# route again in a copy of the tree with no results/ (another reference run of this machine, to promote: one box then
+# gives two runs).
 set -uo pipefail
 OUT=${OUT:?set OUT to the output directory of the call}
 mkdir -p "$OUT" || exit 1
@@ -25,7 +28,7 @@ if [ "$mode" = start ] && [ ! -f "$chain/started" ]; then
   [[ $COMMIT =~ ^[0-9a-f]{7,40}$ ]] || { echo "COMMIT=$COMMIT is not a commit hash"; exit 1; }
   stages=${STAGES:-ttv full full12}
   for stage in $stages; do
-    [[ $stage =~ ^(ttv|full|full12)$ ]] || { echo "STAGES: $stage is not one of ttv, full, full12"; exit 1; }
+    [[ $stage =~ ^(ttv|full|full12|ref)$ ]] || { echo "STAGES: $stage is not one of ttv, full, full12, ref"; exit 1; }
   done
   mkdir -p "$tree" "$chain/out"
   tar cf - --exclude=./results --exclude=./.snakemake . | tar xf - -C "$tree" || exit 1
@@ -40,6 +43,9 @@ if [ "$mode" = start ] && [ ! -f "$chain/started" ]; then
                    "> $chain/full.out 2>&1" ;;
         full12) echo "RUN_PRESET=full RUN_CAP=12 OUT=$chain/out/full12 bash tools/gpu/full_run.sh 1700 verify" \
                      "> $chain/full12.out 2>&1" ;;
+        ref) echo "mkdir -p $chain/ref-tree && tar cf - --exclude=./results --exclude=./.snakemake . |" \
+                  "tar xf - -C $chain/ref-tree && (cd $chain/ref-tree &&" \
+                  "OUT=$chain/out/ref bash tools/gpu/make_run.sh 1150 verify > $chain/ref.out 2>&1)" ;;
       esac
     done
     echo "echo \"stage done \$(date +%s)\""
@@ -53,9 +59,9 @@ while [ $((deadline - SECONDS)) -gt 25 ] && ! grep -q "stage done" "$chain/stage
 done
 echo "== $(($(date +%s) - $(cat "$chain/started"))) s since the chain started"
 cat "$chain/stages.log"
-for f in ttv full full12; do [ -f "$chain/$f.out" ] && { echo "== $f"; tail -n 30 "$chain/$f.out"; }; done
+for f in ttv full full12 ref; do [ -f "$chain/$f.out" ] && { echo "== $f"; tail -n 30 "$chain/$f.out"; }; done
 # At most 8 files come back: one tarball per finished stage folder, plus the running stage's make-run log.
-for d in ttv full full12; do
+for d in ttv full full12 ref; do
   [ -d "$chain/out/$d" ] && tar czf "$OUT/$d.tgz" -C "$chain/out" "$d"
 done
 for log in /tmp/amprepro-ttv-make-run.log /tmp/make-run-full-none.log /tmp/make-run-full-12.log; do
