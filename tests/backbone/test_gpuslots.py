@@ -95,10 +95,13 @@ GPU_JOBS = ["--gpus 2 -- python -m amprepro.plan.launcher --per-node 2 --nodes 1
 @pytest.mark.parametrize("gpu, expected", [
     # nvidia-smi lists GPUs here: the digits cells, whose speed no claim judges, share it
     # (amprepro.plan.resources.shares_gpu); a timed cell takes a GPU and a whole GPU's gpu_share, a shared cell one
+    # the apex shell's check (untimed) takes a slot beside them; the full build's check a whole GPU
     ("auto", [*GPU_JOBS, "gpu=1, gpu_share=8, gres=", "gpu=0, gpu_share=1, gres=",
-              "--gpus 0 --shared 8 -- python -m amprepro.plan.launcher --per-node 1 --nodes 1 --device cuda --"]),
+              "--gpus 0 --shared 8 -- python -m amprepro.plan.launcher --per-node 1 --nodes 1 --device cuda --",
+              "--gpus 0 --shared 8 -- python -m amprepro.env.apex_stage --shell",
+              "--gpus 1 -- python -m amprepro.env.apex_stage --built"]),
     # gpu: true, jobs sent to GPU nodes from a machine without one (Slurm): gpuslots' locks share nothing there
-    ("true", [*GPU_JOBS, "gpu=1, gpu_share=0, gres="]),
+    ("true", [*GPU_JOBS, "gpu=1, gpu_share=0, gres=", "--gpus 1 -- python -m amprepro.env.apex_stage --shell"]),
     ("false", ["--gpus 0 -- python -m amprepro.plan.launcher --per-node 1 --nodes 1 --device cpu --",
                "--gpus 0 -- python -m amprepro.env.apex_stage", "gpu=0, gpu_share=0, gres="]),
 ])

@@ -102,6 +102,9 @@ rule apex_shell_build:
         " --jobs {threads} > {log} 2>&1"
 
 
+# Nothing in the shell's check is timed, so where cells share GPUs here it takes a slot beside the digits cells (one
+# of the untimed cells' CELLS_PER_SHARED_GPU) instead of the whole GPU: on a fresh one-GPU H200 it held the GPU for
+# 28 s before the first timed cell, 10 of them waiting for those cells (results-reference/perf/04ad031).
 checkpoint apex_shell:
     """Install the shell and verify it: apex imports from its site dir, none of the extensions does, apex.amp O1 and O2
     take a step (on the Python fallback without amp_C)."""
@@ -117,15 +120,17 @@ checkpoint apex_shell:
         TRAIN_ENV
     threads: min(4, CORES)
     resources:
-        gpu=1 if GPUS else 0,
+        gpu=untimed_gpus,
+        gpu_share=untimed_gpu_share,
         cpus_per_gpu=4 if GPUS else 0,
         mem_mb=8000,
         runtime=30,
     params:
         settings=json.dumps({**config["apex"], "required": APEX_REQUIRED}, sort_keys=True),
+        slots=untimed_gpuslots,
         code=code_digest("env.apex_stage", "runinputs"),
     shell:
-        "python -m amprepro.gpuslots --gpus {resources.gpu} -- python -m amprepro.env.apex_stage --shell"
+        "python -m amprepro.gpuslots --gpus {resources.gpu}{params.slots} -- python -m amprepro.env.apex_stage --shell"
         " --built {input.build} --settings {params.settings:q} --out {output.apex} --jobs {threads} > {log} 2>&1"
         " && python -m amprepro.runinputs apex --record {output.apex} --out {output.runs}"
         " >> {log} 2>&1"

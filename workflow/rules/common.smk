@@ -65,6 +65,22 @@ def whole_gpu_share(wildcards=None):
     return cell_resources.CELLS_PER_SHARED_GPU if sharing_here() else 0
 
 
+def untimed_gpus(wildcards=None):
+    """`gpu` of an untimed GPU check that may share its GPU (the apex shell's): none where cells share GPUs here
+    (gpu_share counts it), else a GPU where there are GPUs."""
+    return 0 if sharing_here() else (1 if GPUS else 0)
+
+
+def untimed_gpu_share(wildcards=None):
+    """`gpu_share` of such a check: one slot beside the untimed cells, as a cell that shares a GPU takes."""
+    return 1 if sharing_here() else 0
+
+
+def untimed_gpuslots(wildcards=None):
+    """amprepro.gpuslots' options besides --gpus for such a check: --shared K where it shares, else none."""
+    return f" --shared {cell_resources.CELLS_PER_SHARED_GPU:d}" if sharing_here() else ""
+
+
 RUNTIME_FACTOR = float(config["resources"]["runtime_factor"])  # nested --config values arrive as strings
 GPU_MEMORY_LIMIT = gpu_memory_limit(config)  # GiB of an emulated smaller card, or None
 LARGEST_BATCH = RUNS.get("largest_batch") or {}  # workflow/rules/largest_batch.smk
