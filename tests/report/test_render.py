@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import json
 import re
 
 import pytest
@@ -123,3 +124,14 @@ def test_check_offline_catches_what_would_break_offline():
     assert render.check_offline('<link rel="stylesheet" href="//cdn.example.org/a.css">')
     assert render.check_offline("<style>@import 'x.css';</style>")
     assert render.check_offline('<img src="figures/a.png">') == []  # relative files are caught by the browser test
+
+
+def test_cell_seconds_reads_papermills_durations_slowest_first(tmp_path):
+    from amprepro.report.render import cell_seconds
+
+    notebook = tmp_path / "executed.ipynb"
+    notebook.write_text(json.dumps({"cells": [
+        {"cell_type": "markdown", "metadata": {}}, {"cell_type": "code", "metadata": {"papermill": {"duration": 0.5}}},
+        {"cell_type": "code", "metadata": {"papermill": {"duration": 1.25}}},
+        {"cell_type": "code", "metadata": {"papermill": {"duration": None}}}]}))
+    assert cell_seconds(str(notebook)) == [(1.25, 2), (0.5, 1)]

@@ -9,9 +9,11 @@ that is not embedded, so the report opens offline, error-free.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import sys
+import time
 from pathlib import Path
 
 TEMPLATE_DIR = Path(__file__).resolve().parents[2] / "report" / "nbconvert"
@@ -41,6 +43,13 @@ def execute(notebook: str, executed: str, params: dict) -> None:
     Path(executed).parent.mkdir(parents=True, exist_ok=True)
     papermill.execute_notebook(notebook, executed, parameters=params, kernel_name="python3", cwd=os.getcwd(),
                                progress_bar=False)
+
+
+def cell_seconds(executed: str) -> list[tuple[float, int]]:
+    """(seconds, index) of each code cell the executed notebook records a papermill duration for, slowest first."""
+    cells = json.loads(Path(executed).read_text(encoding="utf-8")).get("cells", [])
+    timed = [((cell.get("metadata") or {}).get("papermill") or {}).get("duration") for cell in cells]
+    return sorted(((round(d, 2), i) for i, d in enumerate(timed) if isinstance(d, (int, float))), reverse=True)
 
 
 def check_offline(html: str) -> list[str]:
@@ -96,8 +105,15 @@ def main(argv=None) -> None:
     parser.add_argument("--html", required=True)
     parser.add_argument("--param", action="append", default=[], help="name=value, passed to papermill")
     args = parser.parse_args(argv)
+    started = time.perf_counter()
     execute(args.notebook, args.executed, parse_params(args.param))
+    executed = time.perf_counter()
     to_html(args.executed, args.html)
+    timed = cell_seconds(args.executed)
+    slowest = ", ".join(f"cell {i} {d:.1f} s" for d, i in timed[:3])
+    # where the report's time goes (its log), e.g. a first import building matplotlib's font cache on a fresh machine
+    print(f"report: notebook {executed - started:.1f} s (its cells {sum(d for d, _ in timed):.1f} s; slowest: "
+          f"{slowest}), HTML {time.perf_counter() - executed:.1f} s", file=sys.stderr)
     print(f"report: {args.html}")
 
 
