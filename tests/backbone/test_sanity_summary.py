@@ -167,3 +167,13 @@ def test_a_torchvision_whose_operator_runs_passes_and_a_library_not_installed_is
     missing = sanity.library_check(torch, "timm", needed=True)
     assert skipped["status"] == "skip" and skipped["detail"] == "timm is not installed; no model of this run needs it"
     assert missing["status"] == "fail" and missing["required"] and "timm==1.0.26" in missing["fix"]
+
+
+def test_each_group_of_checks_is_timed_for_the_log(capsys, tmp_path):
+    seconds = {}
+    sanity.run_checks(apex_required=False, expect_gpu=False, seconds=seconds)
+    assert list(seconds)[:5] == ["torch import", "torch", "toolkit", "autocast", "GradScaler"]
+    assert list(seconds)[-1] == "Jupyter kernel" and all(s >= 0 for s in seconds.values())
+    sanity.main(["--apex-required", "False", "--expect-gpu", "False", "--out", str(tmp_path / "s.json")])
+    assert "sanity: seconds: torch import " in capsys.readouterr().err
+    assert "seconds" not in (tmp_path / "s.json").read_text()

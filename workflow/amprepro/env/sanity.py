@@ -10,6 +10,7 @@ import argparse
 import importlib
 import os
 import sys
+import time
 from pathlib import Path
 
 from amprepro.files import write_json
@@ -207,17 +208,29 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
 
 
-def run_checks(apex_required: bool, expect_gpu: bool, archs: tuple[str, ...] = ()) -> list[dict]:
+def run_checks(apex_required: bool, expect_gpu: bool, archs: tuple[str, ...] = (),
+               seconds: dict | None = None) -> list[dict]:
+    """Every check, in order; `seconds` (when given) gets each group's wall time, for the job's log."""
+    seconds = {} if seconds is None else seconds
+
+    def timed(name, run, *args):
+        started = time.perf_counter()
+        try:
+            return run(*args)
+        finally:
+            seconds[name] = round(time.perf_counter() - started, 2)
+
     try:
-        import torch
+        torch = timed("torch import", importlib.import_module, "torch")
     except ImportError as exc:
         return [check("torch import", "fail", f"{sys.executable}: {exc}",
                       "the `python` the jobs run has no torch: start the pipeline with `make run` (it puts .venv/bin "
                       "first on PATH), activate the venv, or use `snakemake --use-conda`", required=True)]
     needs = libraries_for(archs)  # after torch: amprepro.train.models imports it
-    return (torch_checks(torch, expect_gpu) + toolkit_checks(torch, apex_required) + autocast_checks(torch)
-            + [grad_scaler_check(torch)]
-            + [library_check(torch, package, package in needs) for package in LIBRARY_FIX] + [kernel_check()])
+    return (timed("torch", torch_checks, torch, expect_gpu) + timed("toolkit", toolkit_checks, torch, apex_required)
+            + timed("autocast", autocast_checks, torch) + [timed("GradScaler", grad_scaler_check, torch)]
+            + [timed(package, library_check, torch, package, package in needs) for package in LIBRARY_FIX]
+            + [timed("Jupyter kernel", kernel_check)])
 
 
 def main(argv=None) -> None:
@@ -229,9 +242,12 @@ def main(argv=None) -> None:
                         help="the archs of this run's models: the check of a library one is built from is required")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
-    results = run_checks(args.apex_required == "True", args.expect_gpu == "True", tuple(args.archs))
+    seconds = {}
+    results = run_checks(args.apex_required == "True", args.expect_gpu == "True", tuple(args.archs), seconds)
     for r in results:
         print(f"[{r['status']:4}] {r['name']}: {r['detail']}" + (f"  FIX: {r['fix']}" if r["fix"] else ""))
+    # where the job's time goes, for its log (sanity.json holds the checks alone, equal for an equal outcome)
+    print("sanity: seconds: " + ", ".join(f"{name} {s:.2f}" for name, s in seconds.items()), file=sys.stderr)
     blocking = [r for r in results if r["status"] == "fail" and r["required"]]
     if blocking:
         for r in blocking:
