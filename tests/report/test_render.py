@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import base64
-import json
 import re
 
 import pytest
@@ -126,12 +125,11 @@ def test_check_offline_catches_what_would_break_offline():
     assert render.check_offline('<img src="figures/a.png">') == []  # relative files are caught by the browser test
 
 
-def test_cell_seconds_reads_papermills_durations_slowest_first(tmp_path):
+def test_cell_seconds_reads_papermills_durations_slowest_first():
     from amprepro.report.render import cell_seconds
 
-    notebook = tmp_path / "executed.ipynb"
-    notebook.write_text(json.dumps({"cells": [
+    notebook = {"cells": [
         {"cell_type": "markdown", "metadata": {}}, {"cell_type": "code", "metadata": {"papermill": {"duration": 0.5}}},
         {"cell_type": "code", "metadata": {"papermill": {"duration": 1.25}}},
-        {"cell_type": "code", "metadata": {"papermill": {"duration": None}}}]}))
-    assert cell_seconds(str(notebook)) == [(1.25, 2), (0.5, 1)]
+        {"cell_type": "code", "metadata": {"papermill": {"duration": None}}}]}
+    assert cell_seconds(notebook) == [(1.25, 2), (0.5, 1)]

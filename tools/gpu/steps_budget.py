@@ -30,16 +30,23 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "workflow"))
 from amprepro.cellrecord import metrics_files
+from amprepro.train import measure
 
 WINDOWS = [(3, 20), (5, 20), (10, 10), (5, 10), (3, 10), (5, 5)]  # (warm-up steps, timed steps)
 
 
+def read_times(handle) -> list[float]:
+    """The step times of an open steps.csv, in step order (a row without one left out). The one reader of steps.csv's
+    times for tools/gpu: a results folder's files (step_times, which time_to_verdict.py sums) and a reference run's
+    steps.tar.gz."""
+    return [float(row["step_time_s"]) for row in csv.DictReader(handle) if row.get("step_time_s")]
+
+
 def step_times(path: Path) -> list[float] | None:
-    """The step times a cell's steps.csv holds, in step order (a row without one left out); None without the file or
-    the column. The one reader of steps.csv's times for tools/gpu (time_to_verdict.py sums them)."""
+    """read_times of a cell's steps.csv; None without the file or the column."""
     try:
         with open(path, newline="") as handle:
-            return [float(row["step_time_s"]) for row in csv.DictReader(handle) if row.get("step_time_s")]
+            return read_times(handle)
     except (OSError, KeyError, ValueError):
         return None
 
@@ -116,11 +123,11 @@ def reference_budget(reference: Path, band: float, uncompared: set[str] = frozen
                     apart.append(key)
                     continue
                 spec = specs.get(f"{model}/{precision}/{seed}")
-                text = io.TextIOWrapper(archive.extractfile(member), encoding="utf-8")
-                times = [float(row["step_time_s"]) for row in csv.DictReader(text) if row.get("step_time_s")]
+                times = read_times(io.TextIOWrapper(archive.extractfile(member), encoding="utf-8"))
                 if spec and len(times) > spec["train"]["warmup_steps"]:
-                    warmup = spec["train"]["warmup_steps"]
-                    cells[key] = cell_budget(times, warmup, statistics.median(times[warmup:]), band)
+                    warmup = spec["train"]["warmup_steps"]  # the median as the cell computed it
+                    median = measure.step_stats(times, warmup, 1)["step_time_median_s"]
+                    cells[key] = cell_budget(times, warmup, median, band)
     return totals_of(cells, band, apart)
 
 

@@ -209,7 +209,7 @@ def threads_for_cell(wildcards):
 def gpuslots_for_cell(wildcards):
     """amprepro.gpuslots' options besides --gpus (one string, from a constant): --shared K for a cell that shares
     a GPU, else none."""
-    return f" --shared {cell_resources.CELLS_PER_SHARED_GPU:d}" if shares_gpu(wildcards) else ""
+    return untimed_gpuslots() if shares_gpu(wildcards) else ""  # shares_gpu holds only where sharing_here()
 
 
 def cpus_per_gpu_for_cell(wildcards):

@@ -9,7 +9,6 @@ that is not embedded, so the report opens offline, error-free.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import sys
@@ -45,10 +44,9 @@ def execute(notebook: str, executed: str, params: dict) -> None:
                                progress_bar=False)
 
 
-def cell_seconds(executed: str) -> list[tuple[float, int]]:
+def cell_seconds(nb) -> list[tuple[float, int]]:
     """(seconds, index) of each code cell the executed notebook records a papermill duration for, slowest first."""
-    cells = json.loads(Path(executed).read_text(encoding="utf-8")).get("cells", [])
-    timed = [((cell.get("metadata") or {}).get("papermill") or {}).get("duration") for cell in cells]
+    timed = [((cell.get("metadata") or {}).get("papermill") or {}).get("duration") for cell in nb.get("cells", [])]
     return sorted(((round(d, 2), i) for i, d in enumerate(timed) if isinstance(d, (int, float))), reverse=True)
 
 
@@ -80,7 +78,8 @@ def strip_stderr(nb) -> list[str]:
     return moved
 
 
-def to_html(executed: str, html_path: str) -> None:
+def to_html(executed: str, html_path: str):
+    """The HTML of the executed notebook, checked offline, written atomically; returns the notebook it read."""
     import nbformat
     from nbconvert import HTMLExporter
 
@@ -96,6 +95,7 @@ def to_html(executed: str, html_path: str) -> None:
     tmp = Path(html_path).with_suffix(".tmp")
     tmp.write_text(body)
     os.replace(tmp, html_path)
+    return nb
 
 
 def main(argv=None) -> None:
@@ -108,8 +108,7 @@ def main(argv=None) -> None:
     started = time.perf_counter()
     execute(args.notebook, args.executed, parse_params(args.param))
     executed = time.perf_counter()
-    to_html(args.executed, args.html)
-    timed = cell_seconds(args.executed)
+    timed = cell_seconds(to_html(args.executed, args.html))
     slowest = ", ".join(f"cell {i} {d:.1f} s" for d, i in timed[:3])
     # where the report's time goes (its log), e.g. a first import building matplotlib's font cache on a fresh machine
     print(f"report: notebook {executed - started:.1f} s (its cells {sum(d for d, _ in timed):.1f} s; slowest: "

@@ -128,6 +128,7 @@ def describe_failure(key: str, check: dict) -> str:
 # what else ran then, so they are not compared; the loss, accuracy and allocator peak (per process) still are.
 SHARING_METRICS = ("throughput_per_s", "step_time_median_s", "energy_j_per_item")
 SHARED_NOTE = "not compared: measured on a GPU shared with other untimed cells"
+STEP_COUNTS_NOTE = "not compared: the reference ran"  # the start of step_counts_note's text, which the warning counts
 
 
 def _machine_skip(row: dict | None) -> bool:
@@ -227,8 +228,7 @@ def step_counts_note(here: tuple, ref: tuple) -> str:
     def counts(steps, warmup):
         return f"{warmup} warm-up + {steps - warmup} timed"
 
-    return (f"not compared: the reference ran {counts(*ref)} steps, this run {counts(*here)} "
-            "(speed and memory are compared)")
+    return f"{STEP_COUNTS_NOTE} {counts(*ref)} steps, this run {counts(*here)} (speed and memory are compared)"
 
 
 def compare(summary: dict, aggregate: dict, tolerances: dict, specs_here: dict | None = None,
@@ -261,7 +261,7 @@ def comparison_warnings(cells: list[dict], counts: dict) -> list[str]:
                         + listed)
     if counts["not_comparable"]:
         warnings.append(f"{counts['not_comparable']} cell(s) not compared: their settings differ from the reference's")
-    by_counts = sum(any(ch.get("note", "").startswith("not compared: the reference ran")
+    by_counts = sum(any(ch.get("note", "").startswith(STEP_COUNTS_NOTE)
                         for ch in c.get("checks", ())) for c in cells)
     if by_counts:
         warnings.append(f"{by_counts} cell(s) compared on speed and memory only: the reference has no run at their "
