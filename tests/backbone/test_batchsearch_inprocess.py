@@ -215,8 +215,8 @@ def test_main_reads_its_files_runs_the_search_and_writes_the_record(tmp_path, mo
 
     seen = []
 
-    def run(spec, cell, plan, apex, up_to, seconds):
-        seen.append((spec, cell, plan, apex, up_to, seconds))
+    def run(spec, cell, plan, apex, up_to, seconds, init_cache):
+        seen.append((spec, cell, plan, apex, up_to, seconds, init_cache))
         return {"status": "ok", "why": "fits at 96, not at 104"}
 
     monkeypatch.setattr(bs, "run", run)
@@ -226,9 +226,9 @@ def test_main_reads_its_files_runs_the_search_and_writes_the_record(tmp_path, mo
     out = tmp_path / "out" / "m" / "fp32.json"
     bs.main(["--spec", json.dumps(SPEC.as_dict()), "--cell", str(tmp_path / "cell.json"), "--plan",
              str(tmp_path / "plan.json"), "--apex", str(tmp_path / "apex.json"), "--up-to", "4", "--seconds", "2.5",
-             "--out", str(out)])
+             "--init-cache", str(tmp_path / "init"), "--out", str(out)])
     assert seen == [(SPEC, {"status": "ok", "peak_allocated_bytes": 5}, {"batch_size": 32}, {"status": "missing"},
-                     4, 2.5)]
+                     4, 2.5, str(tmp_path / "init"))]
     record = json.loads(out.read_text())
     assert record.pop("wall_seconds") >= 0
     assert record == {"status": "ok", "why": "fits at 96, not at 104"}
@@ -236,8 +236,8 @@ def test_main_reads_its_files_runs_the_search_and_writes_the_record(tmp_path, mo
     seen.clear()
     monkeypatch.setattr(bs, "run", lambda *args: seen.append(args) or {"status": "skipped", "reason": "no GPU"})
     bs.main(["--spec", json.dumps(SPEC.as_dict()), "--cell", str(tmp_path / "cell.json"), "--out", str(out)])
-    [(_, _, plan, apex, up_to, seconds)] = seen
-    assert (plan, up_to, seconds) == (None, 8, 10.0)
+    [(_, _, plan, apex, up_to, seconds, init_cache)] = seen
+    assert (plan, up_to, seconds, init_cache) == (None, 8, 10.0, None)
     assert apex.get("status") != "built"  # no --apex: no apex build is put on the path
     assert capsys.readouterr().out == "m/fp32: skipped no GPU\n"
     assert json.loads(out.read_text())["reason"] == "no GPU"
@@ -337,7 +337,8 @@ def fake_gpu(monkeypatch):
     model = torch.nn.Sequential(torch.nn.Linear(4, 2), torch.nn.Linear(2, 2))
     model[1].weight.requires_grad_(False)
     state.model = model
-    monkeypatch.setattr(cell, "prepare_model", lambda config, device: on_card(device) or model)
+    monkeypatch.setattr(cell, "prepare_model",
+                        lambda config, device, init_cache=None: (on_card(device) or model, None))
     monkeypatch.setattr(cell.Cell, "inputs", inputs)
     monkeypatch.setattr(cell, "make_optimizer", make_optimizer)
     monkeypatch.setattr(precision, "Trainer", Trainer)

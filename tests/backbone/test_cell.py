@@ -67,5 +67,5 @@ def test_a_compiling_precision_compiles_once_now_or_when_the_caller_says():
 
 def test_the_search_builds_its_trial_through_build_cell():
     source = inspect.getsource(batchsearch.run)
-    assert "build_cell(spec, device, plan)" in source
+    assert "build_cell(spec, device, plan, init_cache=init_cache)" in source
     assert "prepare_model" not in source and "make_optimizer" not in source and "Trainer(" not in source

@@ -192,7 +192,7 @@ def test_a_cell_materialises_a_bf16_base_in_bf16_without_an_fp32_copy(monkeypatc
 
     monkeypatch.setattr(models, "place", placed)
     config = text_spec("amp_bf16", "bf16")["model_config"]
-    model = train.prepare_model(config, torch.device("cpu"))
+    model, _ = train.prepare_model(config, torch.device("cpu"))
     assert seen == [{torch.bfloat16}]
     assert model.rope_cos.dtype == torch.bfloat16 and lora.adapters(model)
     assert {p.dtype for p in lora.trainable(model)} == {torch.float32}

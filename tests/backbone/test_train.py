@@ -162,7 +162,7 @@ def test_fp16_scaler_steps_report_scale_and_skips_without_reading_back_inside_th
 
 
 def test_a_cell_that_breaks_is_recorded_as_failed_with_the_reason(monkeypatch, capsys):
-    def broken(model_config, device):
+    def broken(model_config, device, init_cache=None):
         raise TypeError("zero_grad() got an unexpected keyword argument 'set_to_none'")
 
     monkeypatch.setattr(cell, "prepare_model", broken)
@@ -174,7 +174,7 @@ def test_a_cell_that_breaks_is_recorded_as_failed_with_the_reason(monkeypatch, c
 
 
 def test_out_of_memory_is_a_skip_that_names_the_batch_size(monkeypatch):
-    def too_big(model_config, device):
+    def too_big(model_config, device, init_cache=None):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
 
     monkeypatch.setattr(cell, "prepare_model", too_big)

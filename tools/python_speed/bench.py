@@ -104,7 +104,7 @@ def run_cell(cell: str, steps: int, warmup: int, seed: int = 0) -> dict:
     kind, model_config = CELLS[cell]
     train.seed_everything(seed, False)
     device = torch.device("cpu")
-    model = train.prepare_model(model_config, device)
+    model, _ = train.prepare_model(model_config, device)
     optimizer = train.make_optimizer("adamw", model.parameters(), LR, 0.0, device)
     trainer = precision.Trainer("fp32", model, optimizer, train.cross_entropy, device)
     batches = train.make_data(model_config, seed, device, model)

@@ -194,6 +194,9 @@ class CellRecord:
     apex_fused_kernels: Any = ABSENT
     #: The FP8 conversion's record (amprepro.train.float8), or None for a precision without FP8.
     float8: dict | None = ABSENT
+    #: Where the initial weights came from (amprepro.train.initcache.record): {"source": "built" or "cache", "key":
+    #: the cache's key or None, "seconds": the build or the read, "note": why a file was not used or not kept}.
+    init_weights: dict | None = ABSENT
     #: How the model was compiled (amprepro.train.float8.compile_model, via amprepro.train.cell.Cell.compile).
     compiled: Any = ABSENT
     #: How busy the host was right after the timed steps: {"cpus", "load_1min"} (amprepro.train.measure.host_load).

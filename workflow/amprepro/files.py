@@ -37,12 +37,12 @@ def make_temp_dir(parent: str | Path, prefix: str) -> Path:
     return _new_sibling(Path(parent), prefix, _new_dir)
 
 
-def _atomic_write(path: str | Path, write) -> None:
+def _atomic_write(path: str | Path, write, mode: str = "w") -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = _new_sibling(path.parent, f".{path.name}.", _new_file)
     try:
-        with os.fdopen(fd, "w", newline="") as handle:
+        with os.fdopen(fd, mode, **({"newline": ""} if "b" not in mode else {})) as handle:
             write(handle)
         os.replace(tmp, path)
     except BaseException:
@@ -52,6 +52,11 @@ def _atomic_write(path: str | Path, write) -> None:
 
 def write_json(path: str | Path, data) -> None:
     _atomic_write(path, lambda h: (json.dump(data, h, indent=2, sort_keys=True, default=str), h.write("\n")))
+
+
+def write_binary(path: str | Path, write) -> None:
+    """write(handle) into a binary file that appears at path only once complete."""
+    _atomic_write(path, write, "wb")
 
 
 def read_json(path: str | Path):

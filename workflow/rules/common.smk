@@ -85,6 +85,9 @@ RUNTIME_FACTOR = float(config["resources"]["runtime_factor"])  # nested --config
 GPU_MEMORY_LIMIT = gpu_memory_limit(config)  # GiB of an emulated smaller card, or None
 LARGEST_BATCH = RUNS.get("largest_batch") or {}  # workflow/rules/largest_batch.smk
 SEARCHES = largest_batch_searches(RUNS) if GPUS else []
+# Initial weights one cell built, which the next cell of the same model and seed reads instead of building them again
+# (amprepro.train.initcache: bit for bit, checked; the cell's record says which).
+INIT_CACHE = "results/cache/init"
 ARCHS = sorted({m["arch"] for m in RUNS["models"].values()})  # sanity checks the libraries they are built from
 
 # How every job finds the amprepro package: the one place. Each shell command starts with PYTHONPATH exported to the

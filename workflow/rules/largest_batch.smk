@@ -25,8 +25,9 @@ rule largest_batch:
         apex=lambda wildcards, input: ["--apex", input.apex] if "apex" in input.keys() else [],
         up_to=LARGEST_BATCH.get("up_to", 8),
         seconds=search_seconds,
+        init_cache=INIT_CACHE,
         code=code_digest("train.batchsearch", "train.train", "plan.launcher"),
     shell:
         "python -m amprepro.gpuslots --gpus {resources.gpu} -- python -m amprepro.plan.launcher"
         " --per-node 1 --nodes 1 --device cuda --entry batchsearch -- --spec {params.spec:q} {params.apex:q} --cell {input.cell} --plan {input.plan}"
-        " --up-to {params.up_to} --seconds {params.seconds} --out {output} > {log} 2>&1"
+        " --up-to {params.up_to} --seconds {params.seconds} --init-cache {params.init_cache} --out {output} > {log} 2>&1"

@@ -25,11 +25,13 @@ rule train:
         launch=launch_for_cell,
         slots=gpuslots_for_cell,
         apex=lambda wildcards, input: ["--apex", input.apex] if "apex" in input.keys() else [],
+        init_cache=INIT_CACHE,
         code=code_digest("train.train", "plan.launcher"),  # with what they import: cellspec, memory, cellserver
     shell:
         "python -m amprepro.gpuslots --gpus {resources.gpu}{params.slots} --"
         " python -m amprepro.plan.launcher {params.launch} -- --spec {params.spec:q} {params.apex:q}"
-        " --plan {input.plan} --threads {threads} --metrics {output.metrics} --steps {output.steps} > {log} 2>&1"
+        " --plan {input.plan} --threads {threads} --init-cache {params.init_cache}"
+        " --metrics {output.metrics} --steps {output.steps} > {log} 2>&1"
 
 
 rule peak:

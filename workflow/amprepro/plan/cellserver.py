@@ -161,10 +161,24 @@ def preload() -> list[str]:
         except Exception:
             for added in set(sys.modules) - before:
                 del sys.modules[added]
+    if "amprepro.train.train" in loaded:
+        warm_meta_device()
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():
         raise SystemExit("a preloaded module started CUDA: a forked cell could not use the GPU")
     return loaded
+
+
+def warm_meta_device() -> None:
+    """The meta device's first operations cost about 0.9 s of lazy set-up, which every cell that reads its initial
+    weights from the cache would pay again (amprepro.train.initcache.warm): paid here once, before the forks."""
+    try:
+        from amprepro.train import initcache
+
+        initcache.warm()
+    except Exception as exc:  # a cell then pays the set-up itself
+        print(f"amprepro.plan.cellserver: the meta device was not warmed ({type(exc).__name__}: {exc})",
+              file=sys.stderr)
 
 
 @dataclass(frozen=True)

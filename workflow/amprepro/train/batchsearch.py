@@ -202,7 +202,8 @@ def not_searched(spec: CellSpec, reason: str, **extra) -> dict:
             "reason": reason, **extra}
 
 
-def run(spec: CellSpec, cell: dict, plan: dict | None, apex: dict, up_to: int, seconds: float) -> dict:
+def run(spec: CellSpec, cell: dict, plan: dict | None, apex: dict, up_to: int, seconds: float,
+        init_cache=None) -> dict:
     if cell.get("status") != "ok":  # before importing torch: seconds per job on a cluster node
         return not_searched(spec, f"its cell did not run at the planned batch ({cell.get('status')}: "
                                   f"{(cell.get('reason') or '')[:160]})")
@@ -220,7 +221,8 @@ def run(spec: CellSpec, cell: dict, plan: dict | None, apex: dict, up_to: int, s
     limit = oom.apply_memory_limit(plan, device)
     budget = limit or torch.cuda.mem_get_info(device)[0] + torch.cuda.memory_reserved(device)
     settings = spec.settings
-    built = build_cell(spec, device, plan)  # as the training run builds its cell (amprepro.train.train.train_cell)
+    # as the training run builds its cell (amprepro.train.train.train_cell), its weights from the same cache
+    built = build_cell(spec, device, plan, init_cache=init_cache)
     trainer = built.trainer
 
     data_seconds = {}  # per batch tried: the part of its try that made its batch (synthetic data: on the device)
@@ -288,6 +290,7 @@ def main(argv=None) -> None:
     parser.add_argument("--apex", help="results/apex/runs.json, for an apex precision")
     parser.add_argument("--up-to", type=int, default=8, help="the largest batch tried, times the planned batch")
     parser.add_argument("--seconds", type=float, default=10.0, help="trial-step seconds this search may spend")
+    parser.add_argument("--init-cache", help="directory of initial weights that cells share (amprepro.train.initcache)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     from amprepro.train import record as records
@@ -297,7 +300,8 @@ def main(argv=None) -> None:
     apex = records.cell_apex(args.apex)
     train.put_apex_on_path(apex)
     started = time.monotonic()
-    record = run(spec, read_json(args.cell), records.cell_plan(args.plan), apex, args.up_to, args.seconds)
+    record = run(spec, read_json(args.cell), records.cell_plan(args.plan), apex, args.up_to, args.seconds,
+                 args.init_cache)
     record["wall_seconds"] = round(time.monotonic() - started, 2)
     write_json(args.out, record)
     print(f"{spec.model}/{spec.precision}: {record['status']} "

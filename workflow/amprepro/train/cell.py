@@ -80,13 +80,16 @@ def swap_layer_norms(model):
     return model
 
 
-def prepare_model(settings: ModelSettings | dict, device):
+def prepare_model(settings: ModelSettings | dict, device, init_cache=None):
+    """The model, on its device, and where its initial weights came from (amprepro.train.initcache: built, or read
+    from init_cache, the directory of weights earlier cells built; None: always built)."""
     import torch
 
-    from amprepro.train import lora, models
+    from amprepro.train import initcache, lora, models
 
     settings = ModelSettings.of(settings)
-    model = models.build(settings.arch, settings)
+    model, init_weights = initcache.build(settings.arch_entry, settings, lambda: models.build(settings.arch, settings),
+                                          init_cache)
     if settings.fused_layer_norm:
         model = swap_layer_norms(model)
     adapters = lora.setting(settings)  # LoRA: a frozen base with trainable adapters (amprepro.train.lora)
@@ -97,7 +100,7 @@ def prepare_model(settings: ModelSettings | dict, device):
         model = lora.apply(model, adapters)
     if settings.channels_last:
         model = model.to(memory_format=torch.channels_last)
-    return model
+    return model, init_weights
 
 
 @dataclass
@@ -111,6 +114,7 @@ class Cell:
     trainer: Any
     float8: dict | None
     compiled: str | None = None
+    init_weights: dict | None = None
 
     @property
     def compiles(self) -> bool:
@@ -139,19 +143,21 @@ class Cell:
         spec, trainer = self.spec, self.trainer
         return {"optimizer": spec.optimizer, "apex_cast_cache": trainer.apex_cast_cache,
                 "apex_build": spec.apex_build if spec.needs_apex else None,
-                "apex_fused_kernels": trainer.apex_fused_kernels, "float8": self.float8}
+                "apex_fused_kernels": trainer.apex_fused_kernels, "float8": self.float8,
+                "init_weights": self.init_weights}
 
 
-def build_cell(spec: CellSpec | dict, device, plan: dict | None, dist=None, compile_now: bool = True) -> Cell:
+def build_cell(spec: CellSpec | dict, device, plan: dict | None, dist=None, compile_now: bool = True,
+               init_cache=None) -> Cell:
     """The cell of `spec` at the batch and shape of `plan` (its model's view of the memory plan; None: as written), on
     `device`. dist: the data-parallel group (amprepro.train.distributed.Dist) whose DDP wraps the model; None: one
     process. compile_now=False leaves the compile to the caller's cell.compile() (the training run: after its held-out
-    loss before the first step, which runs eager)."""
+    loss before the first step, which runs eager). init_cache: the directory of initial weights (prepare_model)."""
     from amprepro.train import float8, precision
 
     spec = CellSpec.of(spec).planned(plan)
     settings, train = spec.settings, spec.train
-    model = prepare_model(settings, device)
+    model, init_weights = prepare_model(settings, device, init_cache)
     fp8 = float8.convert(model, spec.precision)  # torchao Float8Linear on the qualifying layers; None: no FP8
     # only what trains: every parameter, or a LoRA model's adapters (its frozen base has no gradient and no state)
     trainable = [p for p in model.parameters() if p.requires_grad]
@@ -162,7 +168,7 @@ def build_cell(spec: CellSpec | dict, device, plan: dict | None, dist=None, comp
     trainer = precision.Trainer(spec.precision, model, optimizer, cross_entropy, device, wrap=wrap,
                                 recomputes=getattr(model, "checkpointing", False),
                                 scaler_init_scale=train.get("grad_scaler_init_scale"))
-    cell = Cell(spec, model, trainer, fp8)
+    cell = Cell(spec, model, trainer, fp8, init_weights=init_weights)
     if compile_now:
         cell.compile()
     return cell

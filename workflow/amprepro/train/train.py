@@ -74,10 +74,11 @@ def put_apex_on_path(apex: dict) -> None:
         sys.path.insert(0, apex["site_dir"])
 
 
-def run(spec: CellSpec | dict, apex: dict, threads: int, dist=None, plan: dict | None = None
+def run(spec: CellSpec | dict, apex: dict, threads: int, dist=None, plan: dict | None = None, init_cache=None
         ) -> tuple[dict, list[dict]]:
     """One cell. plan: its model's view of the memory plan (amprepro.plan.memplan): the batch and shape it runs at,
-    whether that fits, and the allocator limit of an emulated smaller card."""
+    whether that fits, and the allocator limit of an emulated smaller card. init_cache: the directory of initial
+    weights earlier cells built (amprepro.train.initcache); None: build them."""
     import torch
 
     from amprepro.train import distributed, measure
@@ -94,15 +95,15 @@ def run(spec: CellSpec | dict, apex: dict, threads: int, dist=None, plan: dict |
         return {**base, "status": "skipped", "reason": reason, "skip_cause": cause, "skip_needs": needs}, []
     phases.mark("device_and_provenance")
     try:
-        return train_cell(spec, apex, dist, device, base, plan, phases)
+        return train_cell(spec, apex, dist, device, base, plan, phases, init_cache)
     except Exception as exc:
         if dist.active:  # torchrun stops the other ranks; a half-written DDP record would be worse than none
             raise
         return failure_record(base, exc), []
 
 
-def train_cell(spec: CellSpec, apex: dict, dist, device, base: dict, plan: dict | None = None, phases=None
-               ) -> tuple[dict, list[dict]]:
+def train_cell(spec: CellSpec, apex: dict, dist, device, base: dict, plan: dict | None = None, phases=None,
+               init_cache=None) -> tuple[dict, list[dict]]:
     """Seed, set TF32, cap the allocator and skip a cell that cannot fit; then build the cell (build_cell), its
     memory breakdown and its batches, and train it (train_loop). phases (measure.Phases): a finished cell's record
     says in phase_seconds how long each of these took."""
@@ -122,7 +123,8 @@ def train_cell(spec: CellSpec, apex: dict, dist, device, base: dict, plan: dict 
     if skipped:
         return skipped, []
     phases.mark("fit_check")
-    cell = build_cell(spec, device, plan, dist, compile_now=False)  # compiled in the loop, after the step-0 eval
+    # compiled in the loop, after the step-0 eval
+    cell = build_cell(spec, device, plan, dist, compile_now=False, init_cache=init_cache)
     breakdown = measure.Breakdown(cell.model, cell.trainer.optimizer, enabled=device.type == "cuda")
     phases.mark("build")
     batches = make_data(settings, spec.seed, device, cell.model)
@@ -140,6 +142,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--metrics", required=True)
     parser.add_argument("--steps", required=True)
     parser.add_argument("--plan", help="results/plan/models/<model>.json: the memory plan's view for this model")
+    parser.add_argument("--init-cache", help="directory of initial weights that cells share (amprepro.train.initcache)")
     return parser.parse_args(argv)
 
 
@@ -158,7 +161,7 @@ def main(argv=None) -> None:
     from amprepro.train import distributed
 
     dist = distributed.setup()
-    metrics, rows = run(spec, apex, args.threads, dist, plan)
+    metrics, rows = run(spec, apex, args.threads, dist, plan, args.init_cache)
     dist.close()
     if dist.is_main:
         write_results(args, metrics, rows)

@@ -1,0 +1,198 @@
+"""amprepro.train.initcache: a model's initial weights read from the cache are the weights a fresh build gives, bit for
+bit, and the cell goes on from the same random state; a damaged file or one the meta device cannot reproduce is
+never used."""
+
+import dataclasses
+import json
+import random
+import sys
+import types
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from amprepro import archs
+from amprepro.modelsettings import ModelSettings
+from amprepro.train import initcache, models, train
+from amprepro.train.cell import seed_everything
+
+NO_APEX = {"status": "skipped", "reason": "no apex source configured"}
+# Every arch built on the CPU without a package this machine may lack (torchvision and timm: GPU boxes).
+CPU_ARCHS = {"small_cnn": "digits", "tiny_transformer": "digits", "gpt_tiny": "synthetic_tokens",
+             "gpt_bytes": "python_stdlib", "lstm_bytes": "python_stdlib", "gumbel_bytes": "python_stdlib"}
+
+
+@pytest.fixture(autouse=True)
+def cache_every_build(monkeypatch):
+    monkeypatch.setattr(initcache, "MIN_BUILD_SECONDS", 0.0)  # the test models build in milliseconds
+
+
+def settings(arch, **more):
+    return ModelSettings.of_entry({"arch": arch, "data": CPU_ARCHS.get(arch, "synthetic_images"), "batch_size": 8,
+                                   **more})
+
+
+def build(arch, cache, seed=0, **more):
+    """The model as a cell builds it (seeded, then initcache.build), and what the generators give next."""
+    s = settings(arch, **more)
+    seed_everything(seed, False)
+    model, record = initcache.build(s.arch_entry, s, lambda: models.build(s.arch, s), cache)
+    return model, record, (torch.rand(3).tolist(), random.random(), float(np.random.rand()))
+
+
+def state(model):
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def assert_same(a, b):
+    sa, sb = state(a), state(b)
+    assert list(sa) == list(sb)
+    assert all(torch.equal(sa[k], sb[k]) and sa[k].dtype == sb[k].dtype for k in sa)
+
+
+@pytest.mark.parametrize("arch", sorted(CPU_ARCHS))
+def test_a_hit_gives_the_fresh_build_and_its_random_state(arch, tmp_path):
+    fresh, record, after = build(arch, None)
+    assert record["source"] == "built" and record["key"] is None
+    first, record_first, after_first = build(arch, tmp_path)
+    assert record_first["source"] == "built" and record_first["note"] is None, record_first
+    hit, record_hit, after_hit = build(arch, tmp_path)
+    assert record_hit == {**record_hit, "source": "cache", "key": record_first["key"], "note": None}
+    assert_same(fresh, first)
+    assert_same(fresh, hit)
+    assert after == after_first == after_hit  # the cell draws its data as if it had built the weights
+    assert not any(t.device.type == "meta" for t in list(hit.parameters()) + list(hit.buffers()))
+    assert [p.requires_grad for p in hit.parameters()] == [p.requires_grad for p in fresh.parameters()]
+
+
+def test_tied_weights_stay_tied(tmp_path):
+    build("gpt_tiny", tmp_path)
+    hit, record, _ = build("gpt_tiny", tmp_path)
+    assert record["source"] == "cache"
+    assert hit.lm_head.weight is hit.tok.weight
+    assert len(list(hit.parameters())) == len(list(build("gpt_tiny", None)[0].parameters()))
+
+
+def test_the_key_follows_the_seed_and_the_builders_settings_not_the_batch(tmp_path):
+    key = build("gpt_tiny", tmp_path)[1]["key"]
+    assert build("gpt_tiny", tmp_path, seed=1)[1]["key"] != key
+    assert build("gpt_tiny", tmp_path, seq_len=32)[1]["key"] != key
+    assert build("gpt_tiny", tmp_path, naive_norm_eps=1e-8)[1]["key"] != key
+    same = build("gpt_tiny", tmp_path, batch_size=64, compile=True)
+    assert same[1] == {**same[1], "source": "cache", "key": key}
+
+
+def test_a_damaged_file_is_rebuilt_and_replaced(tmp_path):
+    key = build("small_cnn", tmp_path)[1]["key"]
+    data = tmp_path / f"{key}.pt"
+    raw = bytearray(data.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    data.write_bytes(bytes(raw))
+    model, record, after = build("small_cnn", tmp_path)
+    assert record["source"] == "built" and "CRC-32" in record["note"]
+    assert_same(model, build("small_cnn", None)[0])
+    assert after == build("small_cnn", None)[2]
+    assert build("small_cnn", tmp_path)[1]["source"] == "cache"  # the rebuild wrote a good file again
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage-manifest", "deleted-data"])
+def test_an_unreadable_cache_builds_afresh_and_says_why(tmp_path, damage):
+    key = build("tiny_transformer", tmp_path)[1]["key"]
+    if damage == "truncate":
+        (tmp_path / f"{key}.pt").write_bytes((tmp_path / f"{key}.pt").read_bytes()[:100])
+    elif damage == "garbage-manifest":
+        (tmp_path / f"{key}.json").write_text("{not json")
+    else:
+        (tmp_path / f"{key}.pt").unlink()
+    model, record, after = build("tiny_transformer", tmp_path)
+    assert record["source"] == "built" and record["note"].startswith("cache ")
+    assert_same(model, build("tiny_transformer", None)[0])
+    assert after == build("tiny_transformer", None)[2]
+
+
+def test_another_models_file_under_the_key_is_not_used(tmp_path):
+    key = build("small_cnn", tmp_path)[1]["key"]
+    other = build("tiny_transformer", tmp_path)[1]["key"]
+    for suffix in (".pt", ".json"):
+        (tmp_path / f"{key}{suffix}").write_bytes((tmp_path / f"{other}{suffix}").read_bytes())
+    model, record, _ = build("small_cnn", tmp_path)
+    assert record["source"] == "built" and "another model" in record["note"]
+    assert_same(model, build("small_cnn", None)[0])
+
+
+class RandomAttribute(nn.Module):
+    """A module with a random tensor that is neither parameter nor buffer: the meta build cannot give it back."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+        self.projection = torch.randn(4, 4)
+
+
+def test_a_model_the_meta_build_cannot_reproduce_is_not_cached(tmp_path, monkeypatch):
+    entry = dataclasses.replace(archs.get("small_cnn"), builder="random_attribute")
+    s = settings("small_cnn")
+    seed_everything(0, False)
+    model, record = initcache.build(entry, s, RandomAttribute, tmp_path)
+    assert record["source"] == "built" and "differs from the fresh build" in record["note"]
+    assert list(tmp_path.iterdir()) == []
+    seed_everything(0, False)
+    assert torch.equal(model.projection, RandomAttribute().projection)
+
+
+def test_a_cache_that_cannot_be_written_leaves_the_build_as_it_is(tmp_path):
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    model, record, after = build("small_cnn", blocked)
+    assert record["source"] == "built" and record["note"].startswith("not cached")
+    assert_same(model, build("small_cnn", None)[0])
+    assert after == build("small_cnn", None)[2]
+
+
+def test_llama_is_never_cached(tmp_path):
+    s = ModelSettings.of_entry({"arch": "llama_tiny", "data": "synthetic_tokens", "batch_size": 2, "seq_len": 16})
+    _, record = initcache.build(s.arch_entry, s, lambda: models.build(s.arch, s), tmp_path)
+    assert record == {**record, "source": "built", "key": None}
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_no_builder_reads_the_settings_the_key_leaves_out(monkeypatch):
+    """NOT_THE_BUILDERS may differ between cells that share a file: every builder runs with settings that record the
+    reads (torchvision and timm stubbed: what our builder passes them is what counts)."""
+    reads = []
+
+    class Recording(ModelSettings):
+        def __getattribute__(self, name):
+            if name in initcache.NOT_THE_BUILDERS:
+                reads.append(name)
+            return super().__getattribute__(name)
+
+    stub = types.SimpleNamespace(vit_b_16=lambda **kw: nn.Linear(2, 2), resnet50=lambda **kw: nn.Linear(2, 2))
+    monkeypatch.setitem(sys.modules, "torchvision", types.SimpleNamespace(models=stub))
+    monkeypatch.setitem(sys.modules, "timm", types.SimpleNamespace(create_model=lambda *a, **kw: nn.Linear(2, 2)))
+    for arch in archs.REGISTRY:
+        base = ModelSettings.of_entry({"arch": arch, "data": CPU_ARCHS.get(arch, "synthetic_images"),
+                                       "batch_size": 2, "seq_len": 16 if "llama" in arch else None}
+                                      if "llama" in arch else
+                                      {"arch": arch, "data": CPU_ARCHS.get(arch, "synthetic_images"), "batch_size": 2})
+        recording = Recording(**{f.name: getattr(base, f.name) for f in dataclasses.fields(base)})
+        models.build(arch, recording)
+    assert reads == []
+
+
+def test_a_cell_with_the_cache_trains_as_one_without(tmp_path):
+    """The whole cell: the same losses with weights built, written and read; its record says where they came from."""
+    spec = {"model": "m", "precision": "fp32", "seed": 0,
+            "model_config": {"arch": "gpt_tiny", "data": "synthetic_tokens", "batch_size": 4, "seq_len": 16},
+            "train": {"steps": 5, "warmup_steps": 1, "lr": 0.001, "optimizer": "adamw"}}
+    plain, plain_rows = train.run(spec, NO_APEX, 1)
+    written, written_rows = train.run(spec, NO_APEX, 1, init_cache=tmp_path)
+    read, read_rows = train.run(spec, NO_APEX, 1, init_cache=tmp_path)
+    losses = [[r["loss"] for r in rows] for rows in (plain_rows, written_rows, read_rows)]
+    assert losses[0] == losses[1] == losses[2]
+    assert (plain["init_weights"]["source"], written["init_weights"]["source"],
+            read["init_weights"]["source"]) == ("built", "built", "cache")
+    manifest = json.loads((tmp_path / f"{read['init_weights']['key']}.json").read_text())
+    assert manifest["key"] == read["init_weights"]["key"]
