@@ -148,12 +148,13 @@ def load(cache: Path, key: str, make) -> tuple[nn.Module | None, str | None]:
     return rebuild(cache / f"{key}.pt", manifest, make)
 
 
-def rebuild(data_path: Path, manifest: dict, make) -> tuple[nn.Module | None, str | None]:
+def rebuild(data_path: Path, manifest: dict, make, crc_checked: bool = False) -> tuple[nn.Module | None, str | None]:
     """The model make() builds, with its parameters on the meta device, filled from data_path; the generators then
-    where the manifest says the build left them. On failure: None, why, and the generators as they were."""
+    where the manifest says the build left them. On failure: None, why, and the generators as they were.
+    crc_checked: the caller has just computed the file's CRC-32 (store)."""
     states = generator_states()
     try:
-        if file_crc(data_path) != manifest["crc32"]:
+        if not crc_checked and file_crc(data_path) != manifest["crc32"]:
             why = f"cache file {data_path} does not match its manifest's CRC-32: rebuilt"
         else:
             tensors = torch.load(data_path, map_location="cpu", weights_only=True, mmap=True)
@@ -221,10 +222,10 @@ def store(cache: Path, key: str, model: nn.Module, make, before: dict) -> str | 
                for kind, full, _, _, _, first in layout(model) if full == first}
     data_path = cache / f"{key}.pt"
     try:
-        files.write_binary(data_path, lambda handle: torch.save(tensors, handle))
+        files.write_binary(data_path, lambda handle: save(tensors, handle))
         manifest = {"key": key, "crc32": file_crc(data_path), "layout": layout(model), "after": after}
         set_generator_states(before)  # where the fresh build started
-        rebuilt, why = rebuild(data_path, manifest, make)
+        rebuilt, why = rebuild(data_path, manifest, make, crc_checked=True)
         set_generator_states(after)
         if rebuilt is None or not same_model(model, rebuilt):
             for path in (data_path, cache / f"{key}.json"):
@@ -235,6 +236,16 @@ def store(cache: Path, key: str, model: nn.Module, make, before: dict) -> str | 
         set_generator_states(after)
         return f"not cached: cannot write {cache} ({exc})"
     return None
+
+
+def save(tensors: dict, handle) -> None:
+    """torch.save without torch's own CRC-32 of each record: the manifest holds the file's (file_crc)."""
+    crc32 = torch.serialization.get_crc32_options()
+    torch.serialization.set_crc32_options(False)
+    try:
+        torch.save(tensors, handle)
+    finally:
+        torch.serialization.set_crc32_options(crc32)
 
 
 def tensor_at(model: nn.Module, full: str, kind: str) -> torch.Tensor:
