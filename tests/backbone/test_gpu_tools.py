@@ -106,11 +106,11 @@ def test_steps_budget_slices_each_cells_own_step_times(tmp_path):
     cell("big", [5.0] + [1.0] * 19 + [1.2] * 10, median=1.1)
     cell("digits", [0.01] * 30, median=0.01)
     cell("broken", [1.0] * 30, status="collapsed", median=1.0)
-    (tmp_path / "tol.yaml").write_text("overrides:\n  - match: {model: [digits]}\n    metrics:\n"
+    (tmp_path / "tolerances.yaml").write_text("overrides:\n  - match: {model: [digits]}\n    metrics:\n"
                                        "      throughput_per_s: null\n")
     out = tmp_path / "budget.json"
     done = subprocess.run([sys.executable, str(REPO / "tools/gpu/steps_budget.py"), str(tmp_path / "runs"),
-                           "--band", "0.05", "--tolerances", str(tmp_path / "tol.yaml"), "--out", str(out)],
+                           "--band", "0.05", "--tolerances", str(tmp_path / "tolerances.yaml"), "--out", str(out)],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     record = json.loads(out.read_text())
@@ -121,6 +121,11 @@ def test_steps_budget_slices_each_cells_own_step_times(tmp_path):
     assert "10+20" not in windows  # the cell's own window
     assert record["windows"]["3+10"] == {"cells": 1, "hold": 0, "worst_rel": -0.0909, "saves_s": 19.0}
     assert "3+10: 0 of 1 cells within 5%, worst -9.1%, saves 19.0 s of 36.0 s" in done.stdout
+    (tmp_path / "tol.yaml").write_text("metrics: {throughput_per_s: {rel_floor: 0.08}}\n")  # read as verify would
+    refused = subprocess.run([sys.executable, str(REPO / "tools/gpu/steps_budget.py"), str(tmp_path / "runs"),
+                              "--tolerances", str(tmp_path / "tol.yaml"), "--out", str(out)],
+                             capture_output=True, text=True, timeout=60)
+    assert refused.returncode != 0 and "reference folder's tolerances.yaml" in refused.stderr
 
 
 def test_steps_budget_over_a_reference_reads_each_runs_steps_and_its_warmup(tmp_path):
@@ -142,11 +147,11 @@ def test_steps_budget_over_a_reference_reads_each_runs_steps_and_its_warmup(tmp_
             member = tarfile.TarInfo(f"runs/{model}/{precision}/seed{seed}/steps.csv")
             member.size = len(data)
             archive.addfile(member, io.BytesIO(data))
-    (tmp_path / "tol.yaml").write_text("overrides:\n  - match: {model: [digits]}\n    metrics:\n"
+    (tmp_path / "tolerances.yaml").write_text("overrides:\n  - match: {model: [digits]}\n    metrics:\n"
                                        "      throughput_per_s: null\n")
     out = tmp_path / "budget.json"
     done = subprocess.run([sys.executable, str(REPO / "tools/gpu/steps_budget.py"), str(tmp_path / "ref"),
-                           "--reference", "--band", "0.08", "--tolerances", str(tmp_path / "tol.yaml"),
+                           "--reference", "--band", "0.08", "--tolerances", str(tmp_path / "tolerances.yaml"),
                            "--out", str(out)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     record = json.loads(out.read_text())

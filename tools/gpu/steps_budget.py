@@ -26,11 +26,10 @@ import sys
 import tarfile
 from pathlib import Path
 
-import yaml
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "workflow"))
 from amprepro.cellrecord import metrics_files
 from amprepro.train import measure
+from amprepro.verify import reference
 
 WINDOWS = [(3, 20), (5, 20), (10, 10), (5, 10), (3, 10), (5, 5)]  # (warm-up steps, timed steps)
 
@@ -66,22 +65,27 @@ def cell_budget(times: list[float], warmup: int, reported: float, band: float) -
             "windows": windows}
 
 
-def uncompared_models(tolerances: Path | None) -> set[str]:
-    """Models whose throughput reference/tolerances.yaml sets to null (for every precision)."""
-    if tolerances is None:
-        return set()
-    overrides = yaml.safe_load(tolerances.read_text()).get("overrides") or []
-    return {model for rule in overrides
-            if "throughput_per_s" in (rule.get("metrics") or {}) and rule["metrics"]["throughput_per_s"] is None
-            and set(rule.get("match") or {}) == {"model"} for model in rule["match"]["model"]}
+def read_tolerances(path: Path | None) -> dict | None:
+    """A reference folder's tolerances.yaml, checked and merged over the defaults as verify reads it."""
+    if path is None:
+        return None
+    if path.name != "tolerances.yaml":
+        raise SystemExit(f"--tolerances {path}: give a reference folder's tolerances.yaml (reference/tolerances.yaml)")
+    return reference.load_tolerances(path.parent, None)
 
 
-def budget(runs: Path, band: float, uncompared: set[str] = frozenset()) -> dict:
+def speed_compared(tolerances: dict | None, model: str, precision: str) -> bool:
+    """Whether verify compares this cell's throughput: its band rule (reference.band_for) has one."""
+    return tolerances is None or "throughput_per_s" in reference.band_for(tolerances, {"model": model,
+                                                                                        "precision": precision})
+
+
+def budget(runs: Path, band: float, tolerances: dict | None = None) -> dict:
     cells, apart = {}, []
     for path, metrics in metrics_files(runs):
         if metrics.get("status") != "ok" or not metrics.get("step_time_median_s"):
             continue
-        if path.parent.relative_to(runs).parts[0] in uncompared:
+        if not speed_compared(tolerances, *path.parent.relative_to(runs).parts[:2]):
             apart.append("/".join(path.parent.relative_to(runs).parts))
             continue
         times = step_times(path.parent / "steps.csv")
@@ -104,10 +108,10 @@ def totals_of(cells: dict, band: float, apart: list) -> dict:
             "windows": dict(sorted(totals.items())), "cells": cells}
 
 
-def reference_budget(reference: Path, band: float, uncompared: set[str] = frozenset()) -> dict:
+def reference_budget(reference_dir: Path, band: float, tolerances: dict | None = None) -> dict:
     """budget() over the committed runs of a reference folder, keyed '<run id>/<model>/<precision>/<seed>'."""
     cells, apart = {}, []
-    for run in sorted(p for p in (reference / "runs").iterdir() if (p / "steps.tar.gz").is_file()):
+    for run in sorted(p for p in (reference_dir / "runs").iterdir() if (p / "steps.tar.gz").is_file()):
         specs = json.loads((run / "provenance.json").read_text()).get("specs") or {}
         with open(run / "summary.csv", newline="") as handle:  # cells that shared their GPU: speed not compared
             shared = {f"{r['model']}/{r['precision']}/{r['seed']}" for r in csv.DictReader(handle)
@@ -119,7 +123,7 @@ def reference_budget(reference: Path, band: float, uncompared: set[str] = frozen
                     continue
                 model, precision, seed = parts[1], parts[2], parts[3].removeprefix("seed")
                 key = f"{run.name}/{model}/{precision}/{seed}"
-                if model in uncompared or f"{model}/{precision}/{seed}" in shared:
+                if not speed_compared(tolerances, model, precision) or f"{model}/{precision}/{seed}" in shared:
                     apart.append(key)
                     continue
                 spec = specs.get(f"{model}/{precision}/{seed}")
@@ -140,7 +144,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     read = reference_budget if args.reference else budget
-    out = read(args.runs, args.band, uncompared_models(args.tolerances))
+    out = read(args.runs, args.band, read_tolerances(args.tolerances))
     args.out.write_text(json.dumps(out, indent=2) + "\n")
     for name, total in out["windows"].items():
         print(f"warm-up+timed {name}: {total['hold']} of {total['cells']} cells within {args.band:.0%}, worst "
