@@ -1,6 +1,7 @@
 # Claims and the reference check.
 # The report (rule report) evaluates both from the same inputs and shows them, so `make run` always ends with a
-# report. `snakemake verify` / `make verify` is the gate: it fails (non-zero exit) when a cell is out of tolerance,
+# report. `make run` also writes the comparison (verify_compare, in `rule all`: it never fails), so `make verify` reads
+# it. `snakemake verify` / `make verify` is the gate: it fails (non-zero exit) when a cell is out of tolerance,
 # naming the cells and by how much. It stays out of `rule all` because it must be able to fail.
 from amprepro.analysis.claimfile import load_claims  # noqa: E402
 from amprepro.verify.verify import reference_inputs  # noqa: E402
