@@ -601,3 +601,6 @@ def test_a_forked_cell_ends_with_its_killed_snakemake_and_the_next_run_goes_on(k
                                               ("--use-apptainer", False)])
 def test_the_cell_server_starts_only_for_jobs_in_this_python(args, served):
     assert launchargs.serves_cells(launchargs.user_args({"SNAKEMAKE_ARGS": args})) is served
+    assert launchargs.serves_cells(launchargs.user_args({"SNAKEMAKE_ARGS": args}), ["all"]) is served
+    assert launchargs.serves_cells(launchargs.user_args({"SNAKEMAKE_ARGS": args}), ["verify"]) is False  # the gate
+    assert launchargs.serves_cells(launchargs.user_args({"SNAKEMAKE_ARGS": args}), ["verify", "all"]) is served

@@ -16,8 +16,8 @@ A live run is never touched: the launcher names it and exits with ANOTHER_RUN_AC
 
 For the run it also starts amprepro.plan.cellserver, which forks each one-process cell from a Python that imported
 torch once, unless the jobs run in another Python or elsewhere (--use-conda, an executor, a profile), no job runs
-at all (a dry run, --version) or AMPREPRO_FRESH_CELLS=1 asks for fresh interpreters. It stops the server when
-Snakemake ends.
+at all (a dry run, --version), the target is `make verify`'s gate or AMPREPRO_FRESH_CELLS=1 asks for fresh
+interpreters. It stops the server when Snakemake ends.
 """
 
 from __future__ import annotations
@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None, env: dict | None = None) -> int:
         if recovered := recover(workdir):
             say(recovered)
         say(f"{what}: snakemake {shlex.join(command[3:])}")
-        server = cellserver.start(env, str(workdir)) if serves_cells(user_args(env)) else None
+        server = cellserver.start(env, str(workdir)) if serves_cells(user_args(env), targets) else None
         try:
             return run_snakemake(command, lock, {**env, cellserver.ENV: server[1]} if server else env)
         finally:

@@ -25,6 +25,7 @@ NOT_LOCAL_PYTHON_OPTIONS = ("--use-conda", "--sdm", "--software-deployment-metho
 # Runs in which no job runs at all: a server would import torch and the model libraries for nothing (on 2 CPU cores,
 # more CPU than the dry run itself).
 NO_JOB_OPTIONS = ("-n", "--dry-run", "--dryrun", "--version", "-v")
+GATE_TARGETS = ("verify",)  # make verify's: the verdict from results/verify/verify.json
 
 
 class SettingError(ValueError):
@@ -205,9 +206,13 @@ def snakemake_command(targets: list[str], env: dict) -> tuple[list[str], str]:
     return [*command, "--rerun-incomplete", *extra], ", ".join(said)
 
 
-def serves_cells(extra: list[str]) -> bool:
-    """Whether the cells run here, in this Python: only then does a cell server (amprepro.plan.cellserver) help."""
-    return option_index(extra, NOT_LOCAL_PYTHON_OPTIONS) is None and option_index(extra, NO_JOB_OPTIONS) is None
+def serves_cells(extra: list[str], targets: list[str] = ()) -> bool:
+    """Whether the cells run here, in this Python: only then does a cell server (amprepro.plan.cellserver) help. Not
+    for `make verify` (the targets GATE_TARGETS only): it runs cells only where some are missing, and those start
+    fresh interpreters; a server would import torch for nothing (seconds on a GPU box) before the verdict."""
+    gate_only = bool(targets) and set(targets) <= set(GATE_TARGETS)
+    return (option_index(extra, NOT_LOCAL_PYTHON_OPTIONS) is None and option_index(extra, NO_JOB_OPTIONS) is None
+            and not gate_only)
 
 
 def workdir_of(env: dict) -> Path:
