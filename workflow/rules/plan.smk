@@ -29,6 +29,8 @@ checkpoint plan:
         views=lambda wildcards, output: str(Path(output.views[0]).parent),
         code=code_digest("plan.memplan", "plan.probe", "train.train"),  # probes run the cell (forked by name)
     shell:
-        "python -m amprepro.gpuslots --gpus {resources.gpu} -- python -m amprepro.plan.memplan"
+        # forked from the cell server where make run started one (torch imported once), else a fresh interpreter
+        "python -m amprepro.gpuslots --gpus {resources.gpu} --"
+        " python -m amprepro.plan.launcher --per-node 1 --nodes 1 --entry plan --"
         " --cells {params.cells:q} --device {params.device} {params.limit:q} --threads {threads}"
         " --out {output.plan} --views {params.views} > {log} 2>&1"

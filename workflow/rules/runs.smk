@@ -53,8 +53,9 @@ rule peak:
     params:
         code=code_digest("env.peak"),
     shell:
+        # forked from the cell server where make run started one (torch imported once), else a fresh interpreter
         "python -m amprepro.gpuslots --gpus {resources.gpu} --"
-        " python -m amprepro.env.peak --out {output.peak} > {log} 2>&1"
+        " python -m amprepro.plan.launcher --per-node 1 --nodes 1 --entry peak -- --out {output.peak} > {log} 2>&1"
 
 
 rule summary:

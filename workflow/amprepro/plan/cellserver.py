@@ -39,10 +39,12 @@ PRELOAD = ["torch", "torch._dynamo", "torch.utils.flop_counter", "torch.utils.ch
            "amprepro.train.models", "amprepro.train.precision", "amprepro.train.measure", "amprepro.train.flops",
            "amprepro.memory", "amprepro.cellspec", "amprepro.train.data", "amprepro.train.distributed",
            "amprepro.train.batchsearch"]
-# What a forked child may run: a training cell, a largest-batch search (rules/largest_batch.smk), or the record of a
-# cell the launcher does not start (too few GPUs or nodes for it).
+# What a forked child may run: a training cell, a largest-batch search (rules/largest_batch.smk), the record of a
+# cell the launcher does not start (too few GPUs or nodes for it), and the two GPU jobs before the cells that import
+# torch and nothing else heavy: the matmul peak (rules/runs.smk) and the memory plan (rules/plan.smk), each of which
+# spent about 4 of its 6 s on the H200 box importing (results-reference/perf/04ad031).
 ENTRIES = {"train": "amprepro.train.train", "batchsearch": "amprepro.train.batchsearch",
-           "notrun": "amprepro.train.notrun"}
+           "notrun": "amprepro.train.notrun", "peak": "amprepro.env.peak", "plan": "amprepro.plan.memplan"}
 # Settings read while those modules are imported: a job that sets them differently gets a fresh interpreter.
 IMPORT_TIME_PREFIXES = ("TORCH", "PYTORCH", "OMP_", "KMP_", "MKL_", "OPENBLAS_", "GOTO", "LD_PRELOAD",
                         "LD_LIBRARY_PATH", "PYTHONHASHSEED", "PYTHONWARNINGS", "CUDA_MODULE_LOADING")
@@ -238,7 +240,7 @@ def become_cell(request: dict, fds: list[int], server_pid: int, server: Server) 
     module = importlib.import_module(ENTRIES[request.get("entry", "train")])
     sys.argv = [module.__file__, *request["argv"]]
     try:
-        module.main(request["argv"])
+        module.main(request["argv"])  # an entry's main ends by returning (exit 0) or by SystemExit (memplan's: 0)
         return 0
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
