@@ -71,8 +71,14 @@ def test_time_to_verdict_record_from_a_committed_route_log(tmp_path):
     shutil.copy(perf / "apex-build-box2.json", tmp_path / "results/apex/build.json")
     cell = tmp_path / "results/runs/m/fp32/seed0"
     cell.mkdir(parents=True)
-    (cell / "metrics.json").write_text(json.dumps({"phase_seconds": {"build": 1.5, "process_start_to_run": None}}))
+    (cell / "metrics.json").write_text(json.dumps({"phase_seconds": {"build": 1.5, "process_start_to_run": None},
+                                                   "init_weights": {"source": "cache", "seconds": 0.2}}))
     (cell / "steps.csv").write_text("step,loss,step_time_s\n0,7.0,0.75\n1,6.5,0.25\n2,6.1,\n")
+    for name, source, seconds in (("n", "built", 1.5), ("o", "cache", 0.3), ("p", None, None)):
+        other = tmp_path / f"results/runs/{name}/fp32/seed0"
+        other.mkdir(parents=True)
+        (other / "metrics.json").write_text(json.dumps(
+            {"init_weights": {"source": source, "seconds": seconds}} if source else {}))
     (tmp_path / "started").write_text("100\n")
     (tmp_path / "verdict").write_text("594\n")
     out = tmp_path / "ttv.json"
@@ -85,6 +91,7 @@ def test_time_to_verdict_record_from_a_committed_route_log(tmp_path):
     assert record["job_kinds"]["train"] == {"jobs": 57, "sum_s": 354.0, "max_s": 39.0, "mean_s": 6.21}
     assert record["job_kinds"]["largest_batch"]["jobs"] == 18
     assert record["cell_phases"] == {"build": {"cells": 1, "sum_s": 1.5}}  # a phase /proc could not time is left out
+    assert record["init_weights"] == {"built": {"cells": 1, "sum_s": 1.5}, "cache": {"cells": 2, "sum_s": 0.5}}
     assert record["step_seconds"] == {"cells": 1, "sum_s": 1.0}  # warm-up steps count; a step with no time does not
     assert record["timm_ratios"] is None and "no timm comparison" in record["timm_note"]
 

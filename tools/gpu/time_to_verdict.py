@@ -51,6 +51,18 @@ def cell_phases(cells: list[tuple[Path, dict]]) -> dict:
     return {phase: {"cells": n, "sum_s": round(total, 1)} for phase, (n, total) in sums.items()}
 
 
+def init_weights(cells: list[tuple[Path, dict]]) -> dict:
+    """Where the cells' initial weights came from (metrics.json's init_weights, amprepro.train.initcache): per source,
+    how many cells and the seconds their build or read took; cells that predate the record are not counted."""
+    sums = collections.defaultdict(lambda: [0, 0.0])
+    for _, metrics in cells:
+        record = metrics.get("init_weights")
+        if record:
+            sums[record["source"]][0] += 1
+            sums[record["source"]][1] += record.get("seconds") or 0.0
+    return {source: {"cells": n, "sum_s": round(total, 1)} for source, (n, total) in sorted(sums.items())}
+
+
 def step_seconds(cells: list[tuple[Path, dict]]) -> dict:
     """The GPU's own work the config asks for: every finished cell's step times (steps.csv, warm-up steps included),
     summed. No route can be faster than this plus the searches' trial budget without running fewer steps."""
@@ -90,6 +102,7 @@ def record(args) -> dict:
                                                  "extensions_left_out")},
         "job_kinds": job_kinds([Path(p) for p in args.log]),
         "cell_phases": cell_phases(cells),
+        "init_weights": init_weights(cells),
         "step_seconds": step_seconds(cells),
         "timm_ratios": None if timm is None else [
             {"model": r["model"], "precision": r["precision"],
