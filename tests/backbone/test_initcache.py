@@ -196,3 +196,20 @@ def test_a_cell_with_the_cache_trains_as_one_without(tmp_path):
             read["init_weights"]["source"]) == ("built", "built", "cache")
     manifest = json.loads((tmp_path / f"{read['init_weights']['key']}.json").read_text())
     assert manifest["key"] == read["init_weights"]["key"]
+
+
+def test_the_folder_keeps_to_its_size_dropping_what_was_used_longest_ago(tmp_path, monkeypatch):
+    import os
+
+    keys = [build(arch, tmp_path)[1]["key"] for arch in ("small_cnn", "tiny_transformer", "gpt_tiny")]
+    sizes = {key: (tmp_path / f"{key}.pt").stat().st_size for key in keys}
+    for age, key in enumerate(keys):  # written in this order, 100 s apart
+        os.utime(tmp_path / f"{key}.pt", (1000 + 100 * age, 1000 + 100 * age))
+    assert build("small_cnn", tmp_path)[1]["source"] == "cache"  # read now: the most recently used
+    initcache.prune(tmp_path, sum(sizes.values()) - sizes[keys[1]])
+    left = {path.stem for path in tmp_path.glob("*.pt")}
+    assert left == {keys[0], keys[2]}  # tiny_transformer, the least recently used, went; small_cnn stayed
+    assert {path.stem for path in tmp_path.glob("*.json")} == left
+    monkeypatch.setattr(initcache, "MAX_BYTES", 0)  # a write prunes: all but the file it wrote
+    written = build("gpt_bytes", tmp_path)[1]["key"]
+    assert {path.name for path in tmp_path.iterdir()} == {f"{written}.pt", f"{written}.json"}

@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import os
 import random
 import time
 import zlib
@@ -46,6 +47,7 @@ NOT_THE_BUILDERS = ("batch_size", "channels_last", "compile", "fused_layer_norm"
                     "sync_batchnorm", "lora", "epoch_tokens", "eval_every", "eval_windows", "download")
 NOT_CACHED = ("llama",)  # builders whose model is not built on the CPU
 MIN_BUILD_SECONDS = 0.2
+MAX_BYTES = 8 << 30  # the folder's size after a write: the files least recently written or read go first
 CHUNK = 1 << 24
 
 
@@ -164,6 +166,9 @@ def rebuild(data_path: Path, manifest: dict, make, crc_checked: bool = False) ->
                 fill(model, tensors)
             if layout(model) == manifest["layout"] and not on_meta(model):
                 set_generator_states(manifest["after"])
+                if not crc_checked:
+                    with contextlib.suppress(OSError):  # read now: the last to go when the folder is pruned
+                        os.utime(data_path)
                 return model, None
             why = f"cache file {data_path} holds another model's tensors: rebuilt"
     except Exception as exc:  # an unreadable file, a builder the meta device cannot run: build afresh, say why
@@ -232,10 +237,24 @@ def store(cache: Path, key: str, model: nn.Module, make, before: dict) -> str | 
                 path.unlink(missing_ok=True)
             return f"not cached: {why or 'the model rebuilt from the file differs from the fresh build'}"
         files.write_json(cache / f"{key}.json", manifest)
+        prune(cache, MAX_BYTES)
     except OSError as exc:
         set_generator_states(after)
         return f"not cached: cannot write {cache} ({exc})"
     return None
+
+
+def prune(cache: Path, limit: int) -> None:
+    """Remove the files least recently written or read until the folder holds at most `limit` bytes: old keys (code
+    or versions that changed) go first, the file just written last."""
+    data = sorted(cache.glob("*.pt"), key=lambda path: path.stat().st_mtime)
+    total = sum(path.stat().st_size for path in data)
+    for path in data[:-1]:
+        if total <= limit:
+            break
+        total -= path.stat().st_size
+        for stale in (path, path.with_suffix(".json")):
+            stale.unlink(missing_ok=True)
 
 
 def save(tensors: dict, handle) -> None:
