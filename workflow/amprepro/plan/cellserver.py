@@ -40,11 +40,14 @@ PRELOAD = ["torch", "torch._dynamo", "torch.utils.flop_counter", "torch.utils.ch
            "amprepro.memory", "amprepro.cellspec", "amprepro.train.data", "amprepro.train.distributed",
            "amprepro.train.batchsearch"]
 # What a forked child may run: a training cell, a largest-batch search (rules/largest_batch.smk), the record of a
-# cell the launcher does not start (too few GPUs or nodes for it), and the two GPU jobs before the cells that import
-# torch and nothing else heavy: the matmul peak (rules/runs.smk) and the memory plan (rules/plan.smk), each of which
-# spent about 4 of its 6 s on the H200 box importing (results-reference/perf/04ad031).
+# cell the launcher does not start (too few GPUs or nodes for it), and the three GPU jobs before the cells, which
+# import what the server has imported: the stack's checks (rules/sanity.smk: 12 s on the H200 box, torch and
+# torchvision alone about 8 s of it), the matmul peak (rules/runs.smk) and the memory plan (rules/plan.smk), 6 s each,
+# about 4 of them importing torch (results-reference/perf/04ad031). A check in a child of the server checks what the
+# cells, its other children, will import.
 ENTRIES = {"train": "amprepro.train.train", "batchsearch": "amprepro.train.batchsearch",
-           "notrun": "amprepro.train.notrun", "peak": "amprepro.env.peak", "plan": "amprepro.plan.memplan"}
+           "notrun": "amprepro.train.notrun", "sanity": "amprepro.env.sanity", "peak": "amprepro.env.peak",
+           "plan": "amprepro.plan.memplan"}
 # Settings read while those modules are imported: a job that sets them differently gets a fresh interpreter.
 IMPORT_TIME_PREFIXES = ("TORCH", "PYTORCH", "OMP_", "KMP_", "MKL_", "OPENBLAS_", "GOTO", "LD_PRELOAD",
                         "LD_LIBRARY_PATH", "PYTHONHASHSEED", "PYTHONWARNINGS", "CUDA_MODULE_LOADING")

@@ -154,7 +154,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="cuda: the cell needs --per-node CUDA devices on each node")
     parser.add_argument("--entry", choices=sorted(ENTRIES), default="train",
                         help="batchsearch: a largest-batch search (one process, which records its own skips); "
-                             "peak, plan: the matmul peak and the memory plan (one process)")
+                             "sanity, peak, plan: the stack's checks, the matmul peak, the memory plan (one process)")
     parser.add_argument("--node", action="store_true", help="run this node's torchrun (srun starts one per node)")
     parser.add_argument("--master-addr", help="--node: the rendezvous host")
     parser.add_argument("--master-port", type=int, help="--node: the rendezvous port")
