@@ -164,7 +164,8 @@ def test_a_comment_edit_reruns_no_cell_and_a_real_change_reruns_them(smoke_run):
         train.write_text(original + "\nUNUSED = 1\n")
         result = snakemake(workdir, "-n", "--cores", "2", "--config", "preset=smoke")
         # the memory plan's probes run the cell's code, so the plan is made again too
-        assert job_counts(result.stdout) == {"plan": 1, "train": 12, "summary": 1, "report": 1, "all": 1}
+        assert job_counts(result.stdout) == {"plan": 1, "train": 12, "summary": 1, "report": 1, "verify_compare": 1,
+                                             "all": 1}
         assert "Params have changed" in result.stdout
         assert any(f"code of amprepro.{names}: sha256" in result.stdout  # the plan's reason, or the cells'
                    for names in ("plan.memplan, amprepro.plan.probe, amprepro.train.train",
@@ -186,12 +187,12 @@ def test_apex_and_sanity_run_again_with_the_same_outcome_rerun_no_cell(smoke_run
     assert {path: path.stat().st_mtime_ns for path in cells} == before
     sanity = workdir / "results/sanity/sanity.json"
     original = sanity.read_text()
-    try:  # other details, the same verdicts: the report shows the details again, no cell re-runs
+    try:  # other details, the same verdicts: the report and the comparison read the details again, no cell re-runs
         record = json.loads(original)
         record["checks"][0]["detail"] += " (edited)"
         sanity.write_text(json.dumps(record))
         result = snakemake(workdir, "-n", "--cores", "2", "--config", "preset=smoke")
-        assert job_counts(result.stdout) == {"report": 1, "all": 1}
+        assert job_counts(result.stdout) == {"report": 1, "verify_compare": 1, "all": 1}
     finally:
         sanity.write_text(original)
 

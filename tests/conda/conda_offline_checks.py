@@ -133,6 +133,16 @@ def read_probe(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
+# The options the rules' commands name an output with; a path after any other option is something read (verify_compare
+# reads --summary and --sanity, the files of the jobs before it).
+OUTPUT_OPTIONS = ("--out", "--csv", "--json", "--executed", "--html", "--metrics", "--steps", "--views")
+
+
+def writes(argv: list[str], outputs: list[str]) -> bool:
+    """Whether this python's command line writes one of the job's outputs."""
+    return any(value in outputs and option in OUTPUT_OPTIONS for option, value in zip(argv, argv[1:]))
+
+
 def isolation_problems(workdir: Path, jobs: list[Job], starts: list[dict]) -> list[str]:
     """Every job with outputs must have activated a .snakemake/conda/<hash>_ env, and its python must have started
     from that env (the probe logs only interpreters of the test channel's python, i.e. of conda envs). A job that ran in
@@ -148,7 +158,7 @@ def isolation_problems(workdir: Path, jobs: list[Job], starts: list[dict]) -> li
         env = (workdir / job.env).resolve()
         if env.parent != conda_dir or not re.fullmatch(r"[0-9a-f]{32}_", env.name):
             problems.append(f"{job.rule}: env {job.env} is not a .snakemake/conda/<hash>_ env")
-        job.starts = [s for s in starts if any(out in s["argv"] for out in job.outputs)]
+        job.starts = [s for s in starts if writes(s["argv"], job.outputs)]
         if not job.starts:
             problems.append(f"{job.rule} {job.outputs[0]}: no python of a conda env ran it (ran outside its env?)")
         for start in job.starts:

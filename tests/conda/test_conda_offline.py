@@ -148,8 +148,8 @@ def test_a_second_run_reuses_the_envs(offline_run):
     for log in (offline_run["log2"], offline_run["log3"]):
         assert "Creating conda environment" not in log
     assert offline_run["envs"] == offline_run["envs2"] == offline_run["envs3"], "env dirs were rebuilt"
-    # a forced rerun of summary (and so report) runs in the very same env dirs
+    # a forced rerun of summary (and so the report and the reference comparison) runs in the very same env dirs
     jobs = jobs_in_log(offline_run["log3"])
-    assert {job.rule for job in jobs if job.outputs} == {"summary", "report"}
+    assert {job.rule for job in jobs if job.outputs} == {"summary", "report", "verify_compare"}
     assert isolation_problems(offline_run["workdir"], jobs, offline_run["starts3"]) == []
     assert {Path(j.env).name for j in jobs if j.env} <= set(offline_run["envs"])

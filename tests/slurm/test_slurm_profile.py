@@ -45,11 +45,12 @@ FAILING_CELL = ("cnn", "amp_bf16", 0)  # exits 3 -> Slurm state FAILED
 HANGING_CELL = ("transformer", "tf32", 0)  # sleeps; its time limit is cut to 1 min -> Slurm state TIMEOUT
 SHIM = """#!/usr/bin/env bash
 # tests/slurm fault injection: one train cell fails, one hangs until Slurm's time limit ends it.
-# Train jobs only (their command runs amprepro.plan.launcher): the memory plan's command lists every cell too.
+# Train jobs only (amprepro.plan.launcher with a --spec): the memory plan runs the launcher too, its --cells listing
+# every cell.
 case "$*" in
-  *amprepro.plan.launcher*'"model": "{fail_model}"'*'"precision": "{fail_precision}"'*)
+  *amprepro.plan.launcher*--spec*'"model": "{fail_model}"'*'"precision": "{fail_precision}"'*)
     echo "injected failure (tests/slurm)" >&2; exit 3 ;;
-  *amprepro.plan.launcher*'"model": "{hang_model}"'*'"precision": "{hang_precision}"'*)
+  *amprepro.plan.launcher*--spec*'"model": "{hang_model}"'*'"precision": "{hang_precision}"'*)
     echo "injected hang (tests/slurm): cutting the time limit of Slurm job $SLURM_JOB_ID to 1 minute" >&2
     scontrol update JobId="$SLURM_JOB_ID" TimeLimit=1 >&2 || exit 4
     exec sleep 900 ;;

@@ -27,7 +27,8 @@ checkpoint plan:
         device="cuda" if GPUS else "cpu",
         limit=["--limit-gib", str(GPU_MEMORY_LIMIT)] if GPU_MEMORY_LIMIT else [],
         views=lambda wildcards, output: str(Path(output.views[0]).parent),
-        code=code_digest("plan.memplan", "plan.probe", "train.train"),  # probes run the cell (forked by name)
+        # its probes run the cell (forked by name); the launcher starts it
+        code=code_digest("plan.memplan", "plan.probe", "train.train", "plan.launcher"),
     shell:
         # forked from the cell server where make run started one (torch imported once), else a fresh interpreter
         "python -m amprepro.gpuslots --gpus {resources.gpu} --"

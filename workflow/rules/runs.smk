@@ -51,7 +51,7 @@ rule peak:
         mem_mb=8000,
         runtime=20,
     params:
-        code=code_digest("env.peak"),
+        code=code_digest("env.peak", "plan.launcher"),
     shell:
         # forked from the cell server where make run started one (torch imported once), else a fresh interpreter
         "python -m amprepro.gpuslots --gpus {resources.gpu} --"

@@ -26,7 +26,7 @@ checkpoint sanity:
         expect_gpu=bool(GPUS),
         apex_required=APEX_REQUIRED,
         archs=ARCHS,  # the load check of torchvision / timm is required when a model is built from them
-        code=code_digest("env.sanity", "runinputs"),
+        code=code_digest("env.sanity", "runinputs", "plan.launcher"),
     shell:
         # forked from the cell server where make run started one (its imports done once), else a fresh interpreter
         "python -m amprepro.gpuslots --gpus {resources.gpu} --"
