@@ -383,7 +383,7 @@ def planned_jobs(output: str) -> dict:
             jobs["specs"].append(json.loads(args[args.index("--spec") + 1]))
         if "amprepro.env.apex_stage" in args:
             jobs["apex"] = json.loads(args[args.index("--settings") + 1])
-        if "--entry" in args and args[args.index("--entry") + 1] == "plan" and "--limit-gib" in args:
+        if "--run" in args and args[args.index("--run") + 1] == "plan" and "--limit-gib" in args:
             jobs["limit_gib"] = args[args.index("--limit-gib") + 1]
         if "amprepro.report.render" in args:
             jobs["title"] = next(a.removeprefix("title=") for a in args if a.startswith("title="))

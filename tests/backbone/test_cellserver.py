@@ -255,3 +255,18 @@ def test_a_cell_short_of_gpus_is_written_as_skipped_by_a_forked_child(env, serve
     assert forked["reason"] == fresh["reason"] == (
         "this cell asks for 2 GPU(s) per node; this job sees 0 (CUDA_VISIBLE_DEVICES=)")
     assert "forked from amprepro.plan.cellserver" in json.dumps(forked) and "forked from" not in json.dumps(fresh)
+
+
+def test_a_one_process_job_runs_its_entry_without_a_server_and_refuses_an_unknown_one(tmp_path):
+    """`python -m amprepro.plan.cellserver --run ENTRY -- ARGS` (sanity, peak, plan): with no server announced, the
+    entry runs in this process's fresh interpreter; an entry the server does not run is refused, naming them."""
+    env = {k: v for k, v in os.environ.items() if k != cellserver.ENV} | {"PYTHONPATH": PYTHONPATH}
+    out = tmp_path / "peak.json"
+    done = subprocess.run([sys.executable, "-m", "amprepro.plan.cellserver", "--run", "peak", "--", "--out", str(out)],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(out.read_text())["status"] in ("ok", "skipped")
+    refused = subprocess.run([sys.executable, "-m", "amprepro.plan.cellserver", "--run", "evil", "--", "x"],
+                             env=env, capture_output=True, text=True, timeout=60)
+    assert refused.returncode != 0 and "ENTRY is one of train, batchsearch, notrun, sanity, peak, plan" in \
+        refused.stderr

@@ -3,6 +3,7 @@ conda stand-in, and the assertion that every job ran inside its Snakemake-create
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -140,7 +141,7 @@ OUTPUT_OPTIONS = ("--out", "--csv", "--json", "--executed", "--html", "--metrics
 
 def writes(argv: list[str], outputs: list[str]) -> bool:
     """Whether this python's command line writes one of the job's outputs."""
-    return any(value in outputs and option in OUTPUT_OPTIONS for option, value in zip(argv, argv[1:]))
+    return any(value in outputs and option in OUTPUT_OPTIONS for option, value in itertools.pairwise(argv))
 
 
 def isolation_problems(workdir: Path, jobs: list[Job], starts: list[dict]) -> list[str]:

@@ -53,7 +53,7 @@ CONFIG = {
 SANITY_SHIM = """#!/usr/bin/env bash
 # tests/slurm/test_slurm_paper.py: the fake GPUs have no CUDA; sanity would stop the run on cuda.is_available.
 args=("$@")
-if [[ " $* " == *" -m amprepro.env.sanity "* || " $* " == *" --entry sanity "* ]]; then
+if [[ " $* " == *" -m amprepro.env.sanity "* || " $* " == *" --run sanity "* ]]; then
   echo "sanity shim: --expect-gpu False in Slurm job $SLURM_JOB_ID" >> "{note}"
   for i in "${{!args[@]}}"; do
     [ "${{args[$i]}}" = True ] && [ "${{args[$((i - 1))]}}" = --expect-gpu ] && args[$i]=False
@@ -182,8 +182,8 @@ def test_paper_preset_completes_through_slurm_with_summary_and_report(paper_run)
     assert len(searches) == 1 and all(r["status"] == "skipped" and "did not run at the planned batch" in r["reason"]
                                       for r in searches), searches
     assert (paper_run.workdir / "results/report/report.html").stat().st_size > 0
-    # one sanity job (the shim sees `python -m amprepro.gpuslots ... -- python -m amprepro.plan.launcher ... --entry
-    # sanity` and then the launcher gpuslots runs: both lines name the same Slurm job)
+    # one sanity job (the shim sees `python -m amprepro.gpuslots ... -- python -m amprepro.plan.cellserver --run
+    # sanity` and then the one gpuslots runs: both lines name the same Slurm job)
     assert len(set(paper_run.sanity_shim)) == 1, paper_run.sanity_shim
 
 

@@ -27,11 +27,11 @@ checkpoint plan:
         device="cuda" if GPUS else "cpu",
         limit=["--limit-gib", str(GPU_MEMORY_LIMIT)] if GPU_MEMORY_LIMIT else [],
         views=lambda wildcards, output: str(Path(output.views[0]).parent),
-        # its probes run the cell (forked by name); the launcher starts it
-        code=code_digest("plan.memplan", "plan.probe", "train.train", "plan.launcher"),
+        # its probes run the cell (forked by name)
+        code=code_digest("plan.memplan", "plan.probe", "train.train", "plan.cellserver"),
     shell:
         # forked from the cell server where make run started one (torch imported once), else a fresh interpreter
         "python -m amprepro.gpuslots --gpus {resources.gpu} --"
-        " python -m amprepro.plan.launcher --per-node 1 --nodes 1 --entry plan --"
+        " python -m amprepro.plan.cellserver --run plan --"
         " --cells {params.cells:q} --device {params.device} {params.limit:q} --threads {threads}"
         " --out {output.plan} --views {params.views} > {log} 2>&1"

@@ -51,11 +51,11 @@ rule peak:
         mem_mb=8000,
         runtime=20,
     params:
-        code=code_digest("env.peak", "plan.launcher"),
+        code=code_digest("env.peak", "plan.cellserver"),
     shell:
         # forked from the cell server where make run started one (torch imported once), else a fresh interpreter
         "python -m amprepro.gpuslots --gpus {resources.gpu} --"
-        " python -m amprepro.plan.launcher --per-node 1 --nodes 1 --entry peak -- --out {output.peak} > {log} 2>&1"
+        " python -m amprepro.plan.cellserver --run peak -- --out {output.peak} > {log} 2>&1"
 
 
 rule summary:

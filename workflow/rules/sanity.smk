@@ -26,11 +26,11 @@ checkpoint sanity:
         expect_gpu=bool(GPUS),
         apex_required=APEX_REQUIRED,
         archs=ARCHS,  # the load check of torchvision / timm is required when a model is built from them
-        code=code_digest("env.sanity", "runinputs", "plan.launcher"),
+        code=code_digest("env.sanity", "runinputs", "plan.cellserver"),
     shell:
         # forked from the cell server where make run started one (its imports done once), else a fresh interpreter
         "python -m amprepro.gpuslots --gpus {resources.gpu} --"
-        " python -m amprepro.plan.launcher --per-node 1 --nodes 1 --entry sanity --"
+        " python -m amprepro.plan.cellserver --run sanity --"
         " --apex-required {params.apex_required} --expect-gpu {params.expect_gpu} --archs {params.archs}"
         " --out {output.sanity} > {log} 2>&1"
         # the failed checks and their fixes on the console, not only in the log

@@ -9,6 +9,7 @@ ends with os._exit. apex, which O1 patches into torch, is imported only by the c
 
     python -m amprepro.plan.cellserver --socket PATH     # amprepro.env.launch starts it, AMPREPRO_CELL_SERVER=PATH
     run_cell(train_args)                                   # a cell's launcher: the exit code, or None (start afresh)
+    python -m amprepro.plan.cellserver --run ENTRY -- ARGS # a one-process job (sanity, peak, plan): forked or fresh
 
 A cell starts a fresh interpreter instead when no server is announced or reachable, or when the server runs another
 Python or sys.path, or an environment whose settings change what its imports did (TORCH_*, OMP_*, ...).
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import importlib
 import json
 import os
 import select
@@ -177,10 +179,8 @@ def preload() -> list[str]:
 def warm_meta_device() -> None:
     """The meta device's first operations cost about 0.9 s of lazy set-up, which every cell that reads its initial
     weights from the cache would pay again (amprepro.train.initcache.warm): paid here once, before the forks."""
-    try:
-        from amprepro.train import initcache
-
-        initcache.warm()
+    try:  # by name, as PRELOAD imports: this module's code digest stays its own (the --run jobs digest it)
+        importlib.import_module("amprepro.train.initcache").warm()
     except Exception as exc:  # a cell then pays the set-up itself
         print(f"amprepro.plan.cellserver: the meta device was not warmed ({type(exc).__name__}: {exc})",
               file=sys.stderr)
@@ -238,8 +238,6 @@ def become_cell(request: dict, fds: list[int], server_pid: int, server: Server) 
         threadpool_limits(limits={"openmp": threads, "blas": min(threads, os.cpu_count() or threads)})
     os.environ[ORIGIN_ENV] = (f"forked from amprepro.plan.cellserver pid {server_pid} (threads "
                               f"{threads or 'as the server'}; preloaded: {', '.join(server.loaded)})")
-    import importlib
-
     module = importlib.import_module(ENTRIES[request.get("entry", "train")])
     sys.argv = [module.__file__, *request["argv"]]
     try:
@@ -380,7 +378,23 @@ def stop(process: subprocess.Popen, path: str) -> None:
     shutil.rmtree(os.path.dirname(path), ignore_errors=True)
 
 
+def run_entry(entry: str, argv: list[str], env: dict | None = None):
+    """Run ENTRIES[entry] with argv in a child of the server where there is one, else in a fresh interpreter (this
+    process becomes it); never returns. The jobs that only need one process start this way: a largest-batch search
+    (amprepro.plan.launcher --entry), sanity, peak and plan (`--run`, which imports nothing of amprepro's, so their
+    code digests are their own)."""
+    code = run_cell(argv, env, entry)
+    if code is not None:
+        sys.exit(code)
+    os.execvp(sys.executable, [sys.executable, "-m", ENTRIES[entry], *argv])
+
+
 def main(argv=None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--run"]:
+        if len(argv) < 3 or argv[1] not in ENTRIES or argv[2] != "--":
+            raise SystemExit(f"amprepro.plan.cellserver --run ENTRY -- ARGS: ENTRY is one of {', '.join(ENTRIES)}")
+        run_entry(argv[1], argv[3:])
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--socket", required=True, help="Unix socket path (its folder should be private: 0700)")
     args = parser.parse_args(argv)

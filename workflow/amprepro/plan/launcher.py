@@ -153,8 +153,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cpu",
                         help="cuda: the cell needs --per-node CUDA devices on each node")
     parser.add_argument("--entry", choices=sorted(ENTRIES), default="train",
-                        help="batchsearch: a largest-batch search (one process, which records its own skips); "
-                             "sanity, peak, plan: the stack's checks, the matmul peak, the memory plan (one process)")
+                        help="batchsearch: a largest-batch search (one process, which records its own skips)")
     parser.add_argument("--node", action="store_true", help="run this node's torchrun (srun starts one per node)")
     parser.add_argument("--master-addr", help="--node: the rendezvous host")
     parser.add_argument("--master-port", type=int, help="--node: the rendezvous port")
@@ -174,10 +173,7 @@ def main(argv=None) -> None:
     if args.entry != "train":  # one process, forked from the cell server where there is one
         from amprepro.plan import cellserver
 
-        code = cellserver.run_cell(args.train, env, args.entry)
-        if code is not None:
-            sys.exit(code)
-        os.execvp(sys.executable, [sys.executable, "-m", ENTRIES[args.entry], *args.train])
+        cellserver.run_entry(args.entry, args.train, env)
     job = slurm_job(env) if args.nodes > 1 else {}
     missing = shortfall(args.per_node, args.nodes, args.device, env, job, lambda: cuda_devices_visible(env))
     if missing:
