@@ -168,7 +168,7 @@ def test_a_comment_edit_reruns_no_cell_and_a_real_change_reruns_them(smoke_run):
                                              "all": 1}
         assert "Params have changed" in result.stdout
         assert any(f"code of amprepro.{names}: sha256" in result.stdout  # the plan's reason, or the cells'
-                   for names in ("plan.memplan, amprepro.plan.probe, amprepro.train.train",
+                   for names in ("plan.memplan, amprepro.plan.probe, amprepro.train.train, amprepro.plan.cellserver",
                                  "train.train, amprepro.plan.launcher"))
     finally:
         train.write_text(original)

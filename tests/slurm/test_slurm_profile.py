@@ -287,10 +287,10 @@ def test_rerun_completes_the_rest(runs):
     assert rerun.returncode == 0, f"the rerun failed:\n{rerun.output[-5000:]}"
     rules = sorted(record["Comment"] for record in rerun.records().values())
     assert rules == sorted([
-        "rule_report", "rule_summary",
+        "rule_report", "rule_summary", "rule_verify_compare",
         "rule_train_wildcards_{}_{}_{}".format(*FAILING_CELL),
         "rule_train_wildcards_{}_{}_{}".format(*HANGING_CELL),
-    ]), f"the rerun should redo exactly the two broken cells, then summary and report; it ran {rules}"
+    ]), f"the rerun should redo exactly the two broken cells, then summary, report and comparison; it ran {rules}"
     assert (runs["slurm_dir"] / "results/report/report.html").is_file()
     noop = runs["noop"]
     assert noop.returncode == 0 and "Nothing to be done" in noop.stdout + noop.stderr, \
