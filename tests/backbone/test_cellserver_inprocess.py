@@ -313,7 +313,8 @@ def cell(tmp_path, monkeypatch, signals):
         "def main(argv):\n"
         "    calls.append((list(argv), list(sys.argv)))\n"
         "    what = behaviour[0]\n"
-        "    if what == 'return': return 5\n"
+        "    if what == 'return': return None\n"
+        "    if what == 'code': return 5\n"
         "    if what == 'error': raise ValueError('boom')\n"
         "    raise SystemExit(what if what != 'none' else None)\n")
     (tmp_path / "cs_entry_mod.py").write_text(code)
@@ -347,8 +348,8 @@ def test_a_forked_cell_takes_the_jobs_files_folder_and_environment(cell, tmp_pat
         assert signal.getsignal(number) == signal.SIG_DFL
 
 
-@pytest.mark.parametrize(("behaviour", "code"), [("return", 0), (3, 3), (0, 0), ("none", 0), ("text", 1),
-                                                 ("error", 1)])
+@pytest.mark.parametrize(("behaviour", "code"), [("return", 0), ("code", 5), (3, 3), (0, 0), ("none", 0),
+                                                 ("text", 1), ("error", 1)])
 def test_a_forked_cell_gives_its_entrys_exit_code(cell, tmp_path, capsys, behaviour, code):
     cell.other.behaviour[0] = behaviour
     request = {"argv": ["o"], "env": {}, "cwd": str(tmp_path), "entry": "other"}

@@ -213,3 +213,81 @@ def test_the_folder_keeps_to_its_size_dropping_what_was_used_longest_ago(tmp_pat
     monkeypatch.setattr(initcache, "MAX_BYTES", 0)  # a write prunes: all but the file it wrote
     written = build("gpt_bytes", tmp_path)[1]["key"]
     assert {path.name for path in tmp_path.iterdir()} == {f"{written}.pt", f"{written}.json"}
+
+
+def test_the_key_names_the_cpu_kernels_and_the_torch_build(tmp_path, monkeypatch):
+    """torch's CPU normal_ draws differently on AVX2 and AVX-512: a file built on one never serves the other."""
+    key = build("small_cnn", tmp_path)[1]["key"]
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "another")
+    record = build("small_cnn", tmp_path)[1]
+    assert record["source"] == "built" and record["key"] != key
+
+
+class RandomState(nn.Module):
+    """Random values kept outside parameters and buffers, drawn after a parameter's initialisation."""
+
+    def __init__(self, where):
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+        if where == "dict":
+            self.table = {"w": torch.randn(3)}
+        elif where == "number":
+            self.jitter = float(torch.rand(1))
+        else:
+            self.nested = types.SimpleNamespace(values=[np.random.rand(2), torch.randn(2)])
+
+
+@pytest.mark.parametrize("where", ["dict", "number", "object"])
+def test_random_state_outside_the_tensors_is_never_served_from_a_file(tmp_path, where):
+    entry = dataclasses.replace(archs.get("small_cnn"), builder=f"random_{where}")
+    seed_everything(0, False)
+    _, record = initcache.build(entry, settings("small_cnn"), lambda: RandomState(where), tmp_path)
+    assert record["source"] == "built" and "differs from the fresh build" in record["note"]
+    assert not list(tmp_path.glob("*.pt")) and not list(tmp_path.glob("*.json"))
+
+
+class SharedNorm(nn.Module):
+    """One submodule (with a buffer) reached under two names."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.BatchNorm1d(4)
+        self.b = self.a
+        self.linear = nn.Linear(4, 4)
+
+
+def test_a_shared_module_comes_back_shared(tmp_path):
+    entry = dataclasses.replace(archs.get("small_cnn"), builder="shared_norm")
+    for expected in ("built", "cache"):
+        seed_everything(0, False)
+        model, record = initcache.build(entry, settings("small_cnn"), SharedNorm, tmp_path)
+        assert record["source"] == expected, record
+    assert model.a is model.b and model.a.running_mean is model.b.running_mean
+
+
+def test_a_write_that_fails_leaves_no_file_and_the_build_as_it_is(tmp_path, monkeypatch):
+    def broken(tensors, handle):
+        handle.write(b"half")
+        raise RuntimeError("PytorchStreamWriter failed writing file")
+
+    monkeypatch.setattr(initcache, "save", broken)
+    model, record, after = build("small_cnn", tmp_path)
+    assert record["source"] == "built" and "RuntimeError: PytorchStreamWriter failed" in record["note"]
+    assert list(tmp_path.iterdir()) == []
+    assert_same(model, build("small_cnn", None)[0])
+    assert after == build("small_cnn", None)[2]
+
+
+def test_pruning_spares_the_file_named_and_removes_what_a_killed_writer_left(tmp_path):
+    import os
+
+    key = build("small_cnn", tmp_path)[1]["key"]
+    left = tmp_path / f".{key}.pt.abcdef"
+    left.write_bytes(b"half")
+    os.utime(left, (1000, 1000))
+    fresh = tmp_path / f".{key}.pt.012345"  # a writer at work now
+    fresh.write_bytes(b"half")
+    initcache.prune(tmp_path, 0, keep=key)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([f"{key}.pt", f"{key}.json", fresh.name])
+    initcache.prune(tmp_path, 0)
+    assert [p.name for p in tmp_path.iterdir()] == [fresh.name]

@@ -1,5 +1,5 @@
-"""amprepro.train.initcache on the paper preset's torchvision and timm models, where those packages import (the GPU
-box; this machine's PyPI torchvision is built for CUDA torch): a hit gives the fresh build bit for bit, with the
+"""amprepro.train.initcache on the paper preset's torchvision and timm models, on a GPU box (where they import: this
+machine's PyPI torchvision is built for CUDA torch): a hit gives the fresh build bit for bit, with the
 random state after it, and costs less than the build (the times are printed: tools/gpu/checks.sh keeps them)."""
 
 import random
@@ -13,7 +13,8 @@ from amprepro.modelsettings import ModelSettings
 from amprepro.train import initcache, models
 from amprepro.train.cell import seed_everything
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU; this machine has none")]
 ARCHS = ["resnet50", "vit_b_16", "vit_base_patch16_224"]
 
 

@@ -65,19 +65,22 @@ def cell_budget(times: list[float], warmup: int, reported: float, band: float) -
             "windows": windows}
 
 
-def read_tolerances(path: Path | None) -> dict | None:
-    """A reference folder's tolerances.yaml, checked and merged over the defaults as verify reads it."""
+def read_tolerances(path: Path | None, slug: str | None = None) -> dict | None:
+    """A reference folder's tolerances.yaml, with reference/<slug>/tolerances.yaml over it, checked and merged over the
+    defaults as verify reads them (amprepro.verify.reference.load_tolerances)."""
     if path is None:
         return None
     if path.name != "tolerances.yaml":
         raise SystemExit(f"--tolerances {path}: give a reference folder's tolerances.yaml (reference/tolerances.yaml)")
-    return reference.load_tolerances(path.parent, None)
+    return reference.load_tolerances(path.parent, slug)
 
 
-def speed_compared(tolerances: dict | None, model: str, precision: str) -> bool:
+def speed_compared(tolerances: dict | None, model: str, precision: str, seed: str) -> bool:
     """Whether verify compares this cell's throughput: its band rule (reference.band_for) has one."""
-    return tolerances is None or "throughput_per_s" in reference.band_for(tolerances, {"model": model,
-                                                                                        "precision": precision})
+    if tolerances is None:
+        return True
+    return "throughput_per_s" in reference.band_for(tolerances, {"model": model, "precision": precision,
+                                                                 "seed": int(seed)})
 
 
 def budget(runs: Path, band: float, tolerances: dict | None = None) -> dict:
@@ -85,7 +88,8 @@ def budget(runs: Path, band: float, tolerances: dict | None = None) -> dict:
     for path, metrics in metrics_files(runs):
         if metrics.get("status") != "ok" or not metrics.get("step_time_median_s"):
             continue
-        if not speed_compared(tolerances, *path.parent.relative_to(runs).parts[:2]):
+        model, precision, seed = path.parent.relative_to(runs).parts[:3]
+        if not speed_compared(tolerances, model, precision, seed.removeprefix("seed")):
             apart.append("/".join(path.parent.relative_to(runs).parts))
             continue
         times = step_times(path.parent / "steps.csv")
@@ -123,7 +127,7 @@ def reference_budget(reference_dir: Path, band: float, tolerances: dict | None =
                     continue
                 model, precision, seed = parts[1], parts[2], parts[3].removeprefix("seed")
                 key = f"{run.name}/{model}/{precision}/{seed}"
-                if not speed_compared(tolerances, model, precision) or f"{model}/{precision}/{seed}" in shared:
+                if not speed_compared(tolerances, model, precision, seed) or f"{model}/{precision}/{seed}" in shared:
                     apart.append(key)
                     continue
                 spec = specs.get(f"{model}/{precision}/{seed}")
@@ -144,7 +148,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     read = reference_budget if args.reference else budget
-    out = read(args.runs, args.band, read_tolerances(args.tolerances))
+    # a reference folder is named by its GPU's slug: its own tolerances.yaml applies, as verify applies it
+    out = read(args.runs, args.band, read_tolerances(args.tolerances, args.runs.name if args.reference else None))
     args.out.write_text(json.dumps(out, indent=2) + "\n")
     for name, total in out["windows"].items():
         print(f"warm-up+timed {name}: {total['hold']} of {total['cells']} cells within {args.band:.0%}, worst "

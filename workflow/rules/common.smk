@@ -86,8 +86,9 @@ GPU_MEMORY_LIMIT = gpu_memory_limit(config)  # GiB of an emulated smaller card, 
 LARGEST_BATCH = RUNS.get("largest_batch") or {}  # workflow/rules/largest_batch.smk
 SEARCHES = largest_batch_searches(RUNS) if GPUS else []
 # Initial weights one cell built, which the next cell of the same model and seed reads instead of building them again
-# (amprepro.train.initcache: bit for bit, checked; the cell's record says which).
-INIT_CACHE = "results/cache/init"
+# (amprepro.train.initcache: bit for bit, checked; the cell's record says which). GPU runs only: on the CPU a cell's
+# memory figure is its process's peak RSS, which the check of a written file would raise.
+INIT_CACHE = ["--init-cache", "results/cache/init"] if GPUS else []
 ARCHS = sorted({m["arch"] for m in RUNS["models"].values()})  # sanity checks the libraries they are built from
 
 # How every job finds the amprepro package: the one place. Each shell command starts with PYTHONPATH exported to the

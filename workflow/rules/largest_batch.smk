@@ -30,4 +30,4 @@ rule largest_batch:
     shell:
         "python -m amprepro.gpuslots --gpus {resources.gpu} -- python -m amprepro.plan.launcher"
         " --per-node 1 --nodes 1 --device cuda --entry batchsearch -- --spec {params.spec:q} {params.apex:q} --cell {input.cell} --plan {input.plan}"
-        " --up-to {params.up_to} --seconds {params.seconds} --init-cache {params.init_cache} --out {output} > {log} 2>&1"
+        " --up-to {params.up_to} --seconds {params.seconds} {params.init_cache:q} --out {output} > {log} 2>&1"

@@ -30,7 +30,7 @@ rule train:
     shell:
         "python -m amprepro.gpuslots --gpus {resources.gpu}{params.slots} --"
         " python -m amprepro.plan.launcher {params.launch} -- --spec {params.spec:q} {params.apex:q}"
-        " --plan {input.plan} --threads {threads} --init-cache {params.init_cache}"
+        " --plan {input.plan} --threads {threads} {params.init_cache:q}"
         " --metrics {output.metrics} --steps {output.steps} > {log} 2>&1"
 
 

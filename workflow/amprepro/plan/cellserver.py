@@ -241,8 +241,8 @@ def become_cell(request: dict, fds: list[int], server_pid: int, server: Server) 
     module = importlib.import_module(ENTRIES[request.get("entry", "train")])
     sys.argv = [module.__file__, *request["argv"]]
     try:
-        module.main(request["argv"])  # an entry's main ends by returning (exit 0) or by SystemExit (memplan's: 0)
-        return 0
+        code = module.main(request["argv"])  # as `raise SystemExit(main())` would: memplan's main returns its code
+        return code if isinstance(code, int) and not isinstance(code, bool) else 0
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except BaseException:

@@ -31,7 +31,9 @@ import contextlib
 import hashlib
 import json
 import os
+import platform
 import random
+import secrets
 import time
 import zlib
 from pathlib import Path
@@ -47,6 +49,7 @@ NOT_THE_BUILDERS = ("batch_size", "channels_last", "compile", "fused_layer_norm"
                     "sync_batchnorm", "lora", "epoch_tokens", "eval_every", "eval_windows", "download")
 NOT_CACHED = ("llama",)  # builders whose model is not built on the CPU
 MIN_BUILD_SECONDS = 0.2
+DEPTH = 4  # how deep same_value looks into a module's attributes (lists, dicts, plain objects)
 MAX_BYTES = 8 << 30  # the folder's size after a write: the files least recently written or read go first
 CHUNK = 1 << 24
 
@@ -85,7 +88,11 @@ def cache_key(entry, settings) -> str:
     from amprepro.codedigest import code_digest
 
     model_settings = {k: v for k, v in settings.resolved().items() if k not in NOT_THE_BUILDERS}
-    versions = {"torch": torch.__version__}
+    # torch's CPU kernels draw differently per instruction set (normal_ on AVX2 and AVX-512), and one version number
+    # names several builds (PyPI's, conda-forge's): the machine and the build are part of the key
+    versions = {"torch": torch.__version__, "torch_build": torch.version.git_version, "numpy": np.__version__,
+                "python": platform.python_version(), "machine": platform.machine(),
+                "cpu_capability": torch.backends.cpu.get_cpu_capability()}
     if entry.package:
         try:
             versions[entry.package] = metadata.version(entry.package)
@@ -159,7 +166,7 @@ def rebuild(data_path: Path, manifest: dict, make, crc_checked: bool = False) ->
         if not crc_checked and file_crc(data_path) != manifest["crc32"]:
             why = f"cache file {data_path} does not match its manifest's CRC-32: rebuilt"
         else:
-            tensors = torch.load(data_path, map_location="cpu", weights_only=True, mmap=True)
+            tensors = torch.load(data_path, map_location="cpu", weights_only=True)  # in memory, not mapped
             with parameters_on_meta():
                 model = make()
             if layout(model) == manifest["layout"]:
@@ -178,24 +185,32 @@ def rebuild(data_path: Path, manifest: dict, make, crc_checked: bool = False) ->
 
 
 def fill(model: nn.Module, tensors: dict) -> None:
-    """Put the named tensors in place of the model's parameters and buffers; a parameter reached under two names
-    (tied weights) gets one tensor, under its first name."""
-    placed = {}
+    """Put the named tensors in place of the model's parameters and buffers; a tensor reached under two names (tied
+    weights, a shared module) gets one tensor, under its first name."""
+    placed, replaced = {}, []  # replaced: kept alive, so that no id in `placed` is reused while this runs
     for prefix, module in model.named_modules(remove_duplicate=False):
         for name, param in list(module._parameters.items()):
             if param is None:
                 continue
+            replaced.append(param)
             full = f"{prefix}.{name}" if prefix else name
             if id(param) not in placed:
-                placed[id(param)] = nn.Parameter(tensors[full], requires_grad=param.requires_grad)
+                new = nn.Parameter(tensors[full], requires_grad=param.requires_grad)
+                placed[id(param)] = placed[id(new)] = new  # a shared module is met again already filled
             setattr(module, name, placed[id(param)])  # through the module: an LSTM re-lists its flat weights
         for name, buffer in list(module._buffers.items()):
-            if buffer is not None:
-                setattr(module, name, tensors[f"{prefix}.{name}" if prefix else name])
+            if buffer is None:
+                continue
+            replaced.append(buffer)
+            if id(buffer) not in placed:
+                new = tensors[f"{prefix}.{name}" if prefix else name]
+                placed[id(buffer)] = placed[id(new)] = new
+            setattr(module, name, placed[id(buffer)])
 
 
 def on_meta(model: nn.Module) -> bool:
-    return any(t.device.type == "meta" for _, t in tensors_of(model))
+    return any(t.device.type == "meta" for _, module in model.named_modules(remove_duplicate=False)
+               for t in tensors_in(state(module)))
 
 
 def layout(model: nn.Module) -> list:
@@ -218,41 +233,56 @@ def layout(model: nn.Module) -> list:
 
 
 def store(cache: Path, key: str, model: nn.Module, make, before: dict) -> str | None:
-    """Write the model's tensors for `key`, and its manifest only if a hit from them gives this model back (the
-    generators as the build left them, either way). None, or why the file was not kept."""
+    """Write the model's tensors for `key` to a temporary file; put it in place, with its manifest, only if a hit from
+    it gives this model back. The generators are left as the build left them either way. None, or why not kept."""
     from amprepro import files
 
     after = generator_states()
     tensors = {full: tensor_at(model, full, kind).detach()
                for kind, full, _, _, _, first in layout(model) if full == first}
-    data_path = cache / f"{key}.pt"
+    temporary = cache / f".{key}.pt.{secrets.token_hex(6)}"  # hidden: prune and readers never take it for a file
     try:
-        files.write_binary(data_path, lambda handle: save(tensors, handle))
-        manifest = {"key": key, "crc32": file_crc(data_path), "layout": layout(model), "after": after}
+        cache.mkdir(parents=True, exist_ok=True)
+        with open(temporary, "xb") as handle:
+            save(tensors, handle)
+        manifest = {"key": key, "crc32": file_crc(temporary), "layout": layout(model), "after": after}
         set_generator_states(before)  # where the fresh build started
-        rebuilt, why = rebuild(data_path, manifest, make, crc_checked=True)
+        rebuilt, why = rebuild(temporary, manifest, make, crc_checked=True)
         set_generator_states(after)
         if rebuilt is None or not same_model(model, rebuilt):
-            for path in (data_path, cache / f"{key}.json"):
-                path.unlink(missing_ok=True)
             return f"not cached: {why or 'the model rebuilt from the file differs from the fresh build'}"
+        del rebuilt
+        os.replace(temporary, cache / f"{key}.pt")
         files.write_json(cache / f"{key}.json", manifest)
-        prune(cache, MAX_BYTES)
-    except OSError as exc:
+        prune(cache, MAX_BYTES, keep=key)
+    except Exception as exc:  # a full disk, a folder that cannot be written, a tensor torch cannot save: build as is
         set_generator_states(after)
-        return f"not cached: cannot write {cache} ({exc})"
+        return f"not cached: {cache} ({type(exc).__name__}: {exc})"
+    finally:
+        with contextlib.suppress(OSError):
+            temporary.unlink(missing_ok=True)
     return None
 
 
-def prune(cache: Path, limit: int) -> None:
+def prune(cache: Path, limit: int, keep: str | None = None) -> None:
     """Remove the files least recently written or read until the folder holds at most `limit` bytes: old keys (code
-    or versions that changed) go first, the file just written last."""
-    data = sorted(cache.glob("*.pt"), key=lambda path: path.stat().st_mtime)
-    total = sum(path.stat().st_size for path in data)
-    for path in data[:-1]:
+    or versions that changed) go first, `keep` never; temporary files a killed writer left, older than an hour, too."""
+    now, sized = time.time(), []
+    for path in cache.glob(".*.pt.*"):
+        with contextlib.suppress(OSError):
+            if now - path.stat().st_mtime > 3600:
+                path.unlink()
+    for path in cache.glob("*.pt"):
+        with contextlib.suppress(OSError):  # another process pruned it first
+            stat = path.stat()
+            sized.append((stat.st_mtime, stat.st_size, path))
+    total = sum(size for _, size, _ in sized)
+    for _, size, path in sorted(sized):
         if total <= limit:
             break
-        total -= path.stat().st_size
+        if path.stem == keep:
+            continue
+        total -= size
         for stale in (path, path.with_suffix(".json")):
             stale.unlink(missing_ok=True)
 
@@ -274,30 +304,56 @@ def tensor_at(model: nn.Module, full: str, kind: str) -> torch.Tensor:
 
 
 def same_model(a: nn.Module, b: nn.Module) -> bool:
-    """Equal layout, every parameter and buffer bit for bit, and every other tensor attribute of every module."""
+    """Equal layout and, module by module, equal state: every parameter and buffer bit for bit, and every other
+    attribute (tensors, numbers, strings, arrays, and what lists, dicts and plain objects hold), none on the meta
+    device. Modules are compared in their own turn; functions and hooks are code, not state."""
     if layout(a) != layout(b):
         return False
-    for (name_a, ta), (name_b, tb) in zip(tensors_of(a), tensors_of(b)):
-        if name_a != name_b or tb.device.type == "meta" or ta.dtype != tb.dtype or ta.shape != tb.shape:
-            return False
-        if not torch.equal(ta, tb):
-            return False
-    return len(list(tensors_of(a))) == len(list(tensors_of(b)))
+    modules_a = [m for _, m in a.named_modules(remove_duplicate=False)]
+    modules_b = [m for _, m in b.named_modules(remove_duplicate=False)]
+    return len(modules_a) == len(modules_b) and all(
+        same_value(state(x), state(y)) for x, y in zip(modules_a, modules_b))
 
 
-def tensors_of(model: nn.Module):
-    for prefix, module in model.named_modules(remove_duplicate=False):
-        for name, value in sorted(vars(module).items()):
-            if name in ("_parameters", "_buffers"):
-                value = {k: v for k, v in value.items() if v is not None}
-                for inner, tensor in value.items():
-                    yield f"{prefix}.{name}.{inner}", tensor
-            elif isinstance(value, torch.Tensor):
-                yield f"{prefix}.{name}", value
-            elif isinstance(value, (list, tuple)):
-                for i, item in enumerate(value):
-                    if isinstance(item, torch.Tensor):
-                        yield f"{prefix}.{name}[{i}]", item
+def state(module: nn.Module) -> dict:
+    return {name: value for name, value in vars(module).items() if name != "_modules"}
+
+
+def same_value(a, b, depth: int = 0) -> bool:
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and "meta" not in (a.device.type,
+                b.device.type) and a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b))
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, np.ndarray):
+        return a.dtype == b.dtype and a.shape == b.shape and bool(np.array_equal(a, b, equal_nan=a.dtype.kind in "fc"))
+    if isinstance(a, (bool, int, float, complex, str, bytes, type(None), set, frozenset, torch.dtype, torch.device)):
+        return a == b or (a != a and b != b)  # NaN equals NaN here
+    if depth > DEPTH or isinstance(a, nn.Module) or callable(a):
+        return True  # compared in its own turn, code, or deeper than anything a builder keeps
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(same_value(x, y, depth + 1) for x, y in zip(a, b))
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(same_value(a[k], b[k], depth + 1) for k in a)
+    if hasattr(a, "__dict__"):
+        return same_value(vars(a), vars(b), depth + 1)
+    return True  # an object without visible state
+
+
+def tensors_in(value, depth: int = 0):
+    """Every tensor an attribute holds, as same_value looks into it."""
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif depth > DEPTH or isinstance(value, nn.Module) or callable(value):
+        return
+    elif isinstance(value, (list, tuple, set, frozenset)):
+        for item in value:
+            yield from tensors_in(item, depth + 1)
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from tensors_in(item, depth + 1)
+    elif hasattr(value, "__dict__") and not isinstance(value, type):
+        yield from tensors_in(vars(value), depth + 1)
 
 
 def file_crc(path: Path) -> int:
