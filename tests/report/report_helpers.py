@@ -25,13 +25,15 @@ REFERENCE_FAIL = FIXTURES / "reference_fail"
 CLAIMS = REPO / "config" / "claims.yaml"
 
 
-def render_fixture(results: Path, out: Path, reference_dir: Path | None = None, title: str = "fixture report") -> Path:
-    """Run the real render step (papermill + nbconvert) on a fixture results tree; return report.html."""
+def render_fixture(results: Path, out: Path, reference_dir: Path | None = None, title: str = "fixture report",
+                   workers: int = 1) -> Path:
+    """Run the real render step (papermill + nbconvert) on a fixture results tree; return report.html. workers: the
+    processes drawing its figures (the report rule passes its threads)."""
     out.mkdir(parents=True, exist_ok=True)
     params = {"title": title, "summary": results / "summary/summary.json", "table": results / "summary/summary.csv",
               "environment": results / "environment/environment.json", "sanity": results / "sanity/sanity.json",
               "apex": results / "apex/apex.json", "runs_dir": results / "runs", "claims": CLAIMS,
-              "reference_dir": reference_dir or (REPO / "reference")}
+              "reference_dir": reference_dir or (REPO / "reference"), "workers": workers}
     command = [sys.executable, "-m", "amprepro.report.render", "--notebook", str(REPO / "notebooks/report.ipynb"),
                "--executed", str(out / "report.ipynb"), "--html", str(out / "report.html")]
     for name, value in params.items():

@@ -29,6 +29,7 @@ rule report:
         "results/logs/report.log",
     conda:
         REPORT_ENV
+    threads: min(8, CORES)  # processes drawing the figures (amprepro.report.figurepool): the run's last job
     resources:
         mem_mb=8000,
         runtime=30,
@@ -43,6 +44,7 @@ rule report:
             "report.reportcharts",
             "report.fp8section",
             "report.convergencereport",
+            "report.figurepool",
             files=["report/templates"],
         ),
     shell:
@@ -51,4 +53,5 @@ rule report:
         " --param title={params.title:q} --param summary={input.summary} --param table={input.table}"
         " --param environment={input.env} --param sanity={input.sanity} --param apex={input.apex}"
         " --param runs_dir=results/runs --param claims={input.claims:q} --param reference_dir={params.reference_dir:q}"
+        " --param workers={threads}"
         " > {log} 2>&1"

@@ -121,7 +121,7 @@ def curves_chart(model: str, data: dict):
         ax.set_title(f"{model}: dynamic loss scale (mean over seeds) and skipped steps")
         ax.legend(fontsize=7)
     fig.suptitle("Loss curves per precision: mean over seeds, shaded band spans min–max over seeds", fontsize=10)
-    fig.tight_layout()
+    fig.set_layout_engine("tight")  # laid out when drawn, as amprepro.report.reportcharts' figures
     return fig
 
 
@@ -152,7 +152,7 @@ def finals_chart(model: str, summary: dict, judged: dict):
     ax.set_title(f"{model}: final held-out loss per precision beside FP32's")
     if band:
         ax.legend(fontsize=7, loc="lower right")
-    fig.tight_layout()
+    fig.set_layout_engine("tight")  # laid out when drawn, as amprepro.report.reportcharts' figures
     return fig
 
 

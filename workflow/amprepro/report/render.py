@@ -21,6 +21,7 @@ SCRIPT = re.compile(r"<script\b", re.IGNORECASE)
 EXTERNAL = re.compile(r"""<(?:link|img|iframe|embed|object|source|audio|video|input)\b"""
                       r"""[^>]*?\b(?:src|href|data)\s*=\s*["']?"""
                       r"""\s*(?!data:|#)([a-z][a-z0-9+.-]*:|//)""", re.IGNORECASE)
+PENDING_FIGURE = re.compile(r"amprepro-figure-\d+-pending")  # amprepro.report.figurepool.TOKEN
 CSS_URL = re.compile(r"""(?:url\(\s*["']?\s*(?!data:|#)[^)"'\s]+|@import)""", re.IGNORECASE)
 
 
@@ -90,6 +91,8 @@ def to_html(executed: str, html_path: str):
                             exclude_input=True, exclude_input_prompt=True, exclude_output_prompt=True)
     body, _ = exporter.from_notebook_node(nb)
     problems = check_offline(body)
+    if PENDING_FIGURE.search(body):  # the notebook ended before show.finish() put every figure in place
+        problems.append("a figure is still pending (the notebook's last cell, show.finish(), did not run)")
     if problems:
         raise RenderError("report.html would not be self-contained: " + "; ".join(problems[:5]))
     tmp = Path(html_path).with_suffix(".tmp")

@@ -98,7 +98,7 @@ def claims_chart(results: list[dict], summary: dict):
         ax.set_xlabel(f"{label}; {better} of the band = better than claimed (blue: exceeds, red: falls short)")
         ax.set_title(f"Claims ({metric.replace('_', ' ')}): measured against the claimed band")
         ax.legend(fontsize=7.5, loc="lower right")
-    fig.tight_layout()
+    fig.set_layout_engine("tight")  # laid out when drawn (in a figure pool's worker: amprepro.report.figurepool)
     return fig
 
 
@@ -132,7 +132,7 @@ def verify_chart(result: dict | None):
         ax.set_title(f"{METRIC_LABEL.get(metric, metric)}: this run / reference median, per cell "
                      "(red = out of tolerance)")
         ax.legend(fontsize=7.5, loc="best")
-    fig.tight_layout()
+    fig.set_layout_engine("tight")  # laid out when drawn (in a figure pool's worker: amprepro.report.figurepool)
     return fig
 
 
@@ -197,7 +197,7 @@ def throughput_chart(summary: dict):
         if note:
             ax.set_xlabel(note, fontsize=7, color="#5b6472")
     fig.suptitle("Throughput: median over seeds; error bars span min–max over seeds (higher is better)", fontsize=10)
-    fig.tight_layout()
+    fig.set_layout_engine("tight")  # laid out when drawn (in a figure pool's worker: amprepro.report.figurepool)
     return fig
 
 
@@ -216,7 +216,7 @@ def memory_chart(summary: dict):
         ax.set_title(f"{model}: peak memory")
     what = "GPU allocator peak (max_memory_allocated)" if on_gpu else "process peak RSS (CPU: no allocator statistics)"
     fig.suptitle(f"Peak memory: {what}; lower is better; error bars span min–max over seeds", fontsize=10)
-    fig.tight_layout()
+    fig.set_layout_engine("tight")  # laid out when drawn (in a figure pool's worker: amprepro.report.figurepool)
     return fig
 
 
@@ -250,7 +250,7 @@ def breakdown_chart(frame: pd.DataFrame):
         ax.set_title(f"{model}: allocator peak by part")
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.suptitle("Where the peak memory goes: weights, gradients and optimizer state against activations", fontsize=10)
-    fig.tight_layout()
+    fig.set_layout_engine("tight")  # laid out when drawn (in a figure pool's worker: amprepro.report.figurepool)
     return fig
 
 
@@ -298,7 +298,7 @@ def speedup_chart(summary: dict, only_measured: bool = False):
     which = "both baselines" if len(shown_baselines) == 2 else shown_baselines[0][1]
     fig.suptitle(f"Speedup against {which}: median over seeds, error bars span min–max (higher is faster)",
                  fontsize=10)
-    fig.tight_layout()
+    fig.set_layout_engine("tight")  # laid out when drawn (in a figure pool's worker: amprepro.report.figurepool)
     return fig
 
 
@@ -325,7 +325,7 @@ def loss_curves(summary: dict, runs_dir: str):
         else:
             _no_data(ax, "no steps.csv")
     fig.suptitle("Loss curves: median over seeds, shaded band spans min–max over seeds", fontsize=10)
-    fig.tight_layout()
+    fig.set_layout_engine("tight")  # laid out when drawn (in a figure pool's worker: amprepro.report.figurepool)
     return fig
 
 
@@ -353,5 +353,5 @@ def loss_scale_chart(summary: dict, runs_dir: str):
     ax.set_title("Dynamic loss scale per step (fp16 runs; median over seeds, band = min–max)")
     ax.set_xlabel("step")
     ax.set_ylabel("loss scale (log2 axis)")
-    fig.tight_layout()
+    fig.set_layout_engine("tight")  # laid out when drawn (in a figure pool's worker: amprepro.report.figurepool)
     return fig

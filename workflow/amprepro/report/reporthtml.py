@@ -8,7 +8,6 @@ workflow/report/nbconvert/amprepro/static/report.css.
 
 from __future__ import annotations
 
-import base64
 import html
 import re
 from pathlib import Path
@@ -21,8 +20,8 @@ from amprepro import precisions
 from amprepro.analysis import claimmetrics
 from amprepro.analysis import claims as claims_mod
 from amprepro.memory import gib
-from amprepro.report import reportcharts
-from amprepro.report.reportcharts import breakdown_chart, png_bytes
+from amprepro.report import figurepool, reportcharts
+from amprepro.report.reportcharts import breakdown_chart
 from amprepro.report.reportlib import (
     BREAKDOWN_WHY,
     breakdown_frame,
@@ -55,8 +54,9 @@ def render(template: str, **context) -> str:
 
 
 def figure_html(fig, alt: str, caption: str = "") -> str:
-    """The figure as an embedded PNG (base64): the HTML report opens offline with every chart inside it."""
-    return render("figure.html.j2", png=base64.b64encode(png_bytes(fig)).decode("ascii"), alt=alt, caption=caption)
+    """The figure as an embedded PNG (base64): the HTML report opens offline with every chart inside it. While the
+    notebook's figure pool runs, a token stands for the PNG until the pool puts it in (amprepro.report.figurepool)."""
+    return render("figure.html.j2", png=figurepool.embed(fig), alt=alt, caption=caption)
 
 
 def glance_html(data: dict, title: str = "") -> str:
@@ -327,7 +327,7 @@ def breakdown_html(table: str, runs_dir: str | None = None) -> str:
     models = [{"name": model, "share": fixed_share_text(frame[frame["model"] == model]),
                **breakdown_table(frame[frame["model"] == model])} for model in dict.fromkeys(frame["model"])]
     return render("breakdown.html.j2", models=models, why=BREAKDOWN_WHY, alt="memory breakdown chart", caption="",
-                  png=base64.b64encode(png_bytes(breakdown_chart(frame))).decode("ascii"))
+                  png=figurepool.embed(breakdown_chart(frame)))
 
 
 def largest_batch_section(summary: dict) -> str:
