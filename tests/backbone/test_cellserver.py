@@ -270,3 +270,21 @@ def test_a_one_process_job_runs_its_entry_without_a_server_and_refuses_an_unknow
                              env=env, capture_output=True, text=True, timeout=60)
     assert refused.returncode != 0 and "ENTRY is one of train, batchsearch, notrun, sanity, peak, plan" in \
         refused.stderr
+
+
+def test_the_server_removes_its_socket_folder_when_the_launcher_dies(env, tmp_path):
+    """A launcher killed with SIGKILL (even while the server still imports): the server, ended by its death signal,
+    leaves no socket or folder in the temporary directory."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    script = ("import sys; from amprepro.plan import cellserver; "
+              "process, path = cellserver.start(dict(__import__('os').environ), sys.argv[1]); "
+              "print(path, process.pid, flush=True); __import__('time').sleep(600)")
+    launcher_process = subprocess.Popen([sys.executable, "-c", script, str(tmp_path)], stdout=subprocess.PIPE,
+                                        text=True, env={**env, "PYTHONPATH": PYTHONPATH, "TMPDIR": str(tmp)})
+    path, pid = launcher_process.stdout.readline().split()
+    assert Path(path).parent.parent == tmp and Path(path).exists()
+    launcher_process.kill()
+    launcher_process.wait()
+    assert wait_gone(int(pid)), "the server outlived its launcher"
+    assert list(tmp.iterdir()) == [], "the server left its socket folder"

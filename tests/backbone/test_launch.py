@@ -604,3 +604,35 @@ def test_the_cell_server_starts_only_for_jobs_in_this_python(args, served):
     assert launchargs.serves_cells(launchargs.user_args({"SNAKEMAKE_ARGS": args}), ["all"]) is served
     assert launchargs.serves_cells(launchargs.user_args({"SNAKEMAKE_ARGS": args}), ["verify"]) is False  # the gate
     assert launchargs.serves_cells(launchargs.user_args({"SNAKEMAKE_ARGS": args}), ["verify", "all"]) is served
+
+
+def test_socket_folders_of_killed_servers_are_swept_and_live_ones_kept(tmp_path):
+    import socket
+
+    from amprepro.plan import cellserver
+
+    def folder(name: str, listen: bool | None) -> tuple[Path, socket.socket | None]:
+        made = tmp_path / name
+        made.mkdir()
+        if listen is None:
+            return made, None
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.bind(str(made / "socket"))
+        if listen:
+            sock.listen(1)
+            return made, sock
+        sock.close()  # the file a server killed with SIGKILL leaves: connections refused
+        return made, None
+
+    dead, _ = folder(f"{cellserver.SOCKET_PREFIX}dead", listen=False)
+    never, _ = folder(f"{cellserver.SOCKET_PREFIX}never", listen=None)  # died before it bound its socket
+    live, server = folder(f"{cellserver.SOCKET_PREFIX}live", listen=True)
+    other, _ = folder("someone-elses-dead", listen=False)
+    (tmp_path / f"{cellserver.SOCKET_PREFIX}file").write_text("not a folder")
+    try:
+        assert runlock.sweep_server_folders(str(tmp_path)) == 0  # all younger than a minute: a server may be starting
+        assert runlock.sweep_server_folders(str(tmp_path), min_age_s=0) == 2
+    finally:
+        server.close()
+    assert not dead.exists() and not never.exists()
+    assert live.exists() and other.exists() and (tmp_path / f"{cellserver.SOCKET_PREFIX}file").exists()

@@ -6,7 +6,7 @@ next plain `snakemake` stops with LockException or IncompleteFilesException. The
 that run is shown to be alive: the launcher holds an flock on .snakemake/amprepro-run.lock for the whole run (the
 kernel drops it when the launcher dies), and /proc has no snakemake or amprepro job process whose working directory
 is this one (jobs can outlive a killed Snakemake). Incomplete outputs are re-run (--rerun-incomplete); finished ones
-are kept.
+are kept. The private socket folder of a cell server killed with SIGKILL, which nothing else removes, goes too.
 """
 
 from __future__ import annotations
@@ -14,8 +14,15 @@ from __future__ import annotations
 import fcntl
 import os
 import re
+import shutil
+import socket
+import stat
+import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from amprepro.plan import cellserver
 
 RUN_LOCK = "amprepro-run.lock"
 # `python -m snakemake ...`, a job's `bash -c "... python -m amprepro.train.train ..."`, torchrun's workers, the
@@ -154,4 +161,40 @@ def recover(workdir: Path) -> str | None:
                     "runs in this directory)")
     if markers:
         said.append(f"re-running {len(markers)} output(s) it left incomplete")
+    if swept := sweep_server_folders():
+        said.append(f"removed {swept} cell server socket folder(s) that killed runs left in {tempfile.gettempdir()}")
     return "; ".join(said) or None
+
+
+def sweep_server_folders(tmp: str | None = None, min_age_s: float = 60.0) -> int:
+    """Remove the private socket folders (amprepro.plan.cellserver.start) of servers killed with SIGKILL: this
+    user's, at least min_age_s old (a server that is starting has not bound its socket yet), whose socket no server
+    listens on. Returns how many."""
+    removed = 0
+    for folder in Path(tmp or tempfile.gettempdir()).glob(f"{cellserver.SOCKET_PREFIX}*"):
+        try:
+            info = folder.lstat()
+            if (not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid()
+                    or time.time() - info.st_mtime < min_age_s or listening(folder / "socket")):
+                continue
+            shutil.rmtree(folder)
+            removed += 1
+        except OSError:  # another run swept it first, or it is not ours to remove
+            continue
+    return removed
+
+
+def listening(path: Path) -> bool:
+    """Whether a server may be listening on this Unix socket: False only when nothing is there or the connection is
+    refused (the file a dead server left); a server too busy to answer within a second counts as listening."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(1.0)
+    try:
+        probe.connect(str(path))
+        return True
+    except (ConnectionRefusedError, FileNotFoundError):
+        return False
+    except OSError:
+        return True
+    finally:
+        probe.close()

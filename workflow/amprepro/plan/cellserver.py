@@ -35,6 +35,7 @@ import traceback
 from dataclasses import dataclass
 
 ENV = "AMPREPRO_CELL_SERVER"
+SOCKET_PREFIX = "amprepro-cells-"  # start's private folder in the temporary directory (amprepro.env.runlock sweeps)
 ORIGIN_ENV = "AMPREPRO_CELL_PROCESS"  # in a forked cell: which server it came from (recorded in metrics.json)
 PRELOAD = ["torch", "torch._dynamo", "torch.utils.flop_counter", "torch.utils.checkpoint", "numpy", "threadpoolctl",
            "torchvision", "timm", "amprepro.train.train",
@@ -345,6 +346,17 @@ def serve(path: str) -> None:
             kill(pid)
 
 
+def remove_socket(path: str) -> None:
+    """The socket, and start's private folder that held only it: gone whoever ends the server (the launcher's stop,
+    or the launcher's death: PR_SET_PDEATHSIG)."""
+    for remove, target in ((os.unlink, path), (os.rmdir, os.path.dirname(path))):
+        if remove is os.unlink or os.path.basename(target).startswith(SOCKET_PREFIX):
+            try:
+                remove(target)
+            except OSError:  # gone already, or a folder that holds more than the socket
+                pass
+
+
 def kill(pid: int) -> None:
     try:
         os.kill(pid, signal.SIGKILL)
@@ -359,7 +371,7 @@ def start(env: dict, cwd: str) -> tuple[subprocess.Popen, str] | None:
     """The server for one run, with env[ENV] to give the jobs; None when AMPREPRO_FRESH_CELLS=1 asks for none."""
     if env.get("AMPREPRO_FRESH_CELLS") == "1":
         return None
-    path = os.path.join(tempfile.mkdtemp(prefix="amprepro-cells-"), "socket")  # a 0700 folder: only this user
+    path = os.path.join(tempfile.mkdtemp(prefix=SOCKET_PREFIX), "socket")  # a 0700 folder: only this user
     process = subprocess.Popen([sys.executable, "-m", "amprepro.plan.cellserver", "--socket", path], env=env,
                                cwd=cwd, stdin=subprocess.DEVNULL)
     deadline = time.monotonic() + 30
@@ -400,7 +412,10 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
     signal.signal(signal.SIGTERM, lambda number, frame: sys.exit(0))
-    serve(args.socket)
+    try:
+        serve(args.socket)
+    finally:  # also when the launcher dies during the preload
+        remove_socket(args.socket)
 
 
 if __name__ == "__main__":
