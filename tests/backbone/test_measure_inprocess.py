@@ -222,3 +222,41 @@ def test_a_disabled_breakdown_hooks_nothing():
     model(torch.ones(1, 4)).sum().backward()
     optimizer.step()
     assert breakdown.result(1000) == dict.fromkeys(measure.Breakdown.KEYS)
+
+
+class FakeNVML(types.ModuleType):
+    """pynvml as far as driver_version uses it, counting init and shutdown."""
+
+    def __init__(self, version=None, fails=False):
+        super().__init__("pynvml")
+        self.version, self.fails, self.calls = version, fails, []
+
+    def nvmlInit(self):
+        self.calls.append("init")
+        if self.fails:
+            raise RuntimeError("NVML Shared Library Not Found")
+
+    def nvmlSystemGetDriverVersion(self):
+        self.calls.append("version")
+        return self.version
+
+    def nvmlShutdown(self):
+        self.calls.append("shutdown")
+
+
+@pytest.mark.parametrize("version", ["580.159.04", b"580.159.04"])
+def test_the_driver_version_comes_from_nvml_without_starting_nvidia_smi(tmp_path, monkeypatch, version):
+    fake_smi(tmp_path, monkeypatch, f"touch {tmp_path}/smi-ran; echo 1.0\n")
+    nvml = FakeNVML(version)
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    assert measure.driver_version() == "580.159.04"
+    assert nvml.calls == ["init", "version", "shutdown"] and not (tmp_path / "smi-ran").exists()
+
+
+@pytest.mark.parametrize("nvml", [FakeNVML(fails=True), FakeNVML(" "), None])
+def test_without_an_answer_from_nvml_nvidia_smi_is_asked(tmp_path, monkeypatch, nvml):
+    fake_smi(tmp_path, monkeypatch, "echo 580.65.06\n")
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)  # None: import fails
+    assert measure.driver_version() == "580.65.06"
+    if nvml is not None and not nvml.fails:
+        assert nvml.calls == ["init", "version", "shutdown"]  # NVML's reference count let go again

@@ -139,6 +139,25 @@ def nvidia_smi_query(fields: str) -> str | None:
     return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
 
 
+def driver_version() -> str | None:
+    """The NVIDIA driver's version, as `nvidia-smi --query-gpu=driver_version` prints it: from NVML in this process
+    (which the energy meter initialises anyway), else from nvidia-smi, a process of its own that each cell paid for."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            version = pynvml.nvmlSystemGetDriverVersion()
+        finally:
+            pynvml.nvmlShutdown()
+        version = version.decode() if isinstance(version, bytes) else str(version)
+        if version.strip():
+            return version.strip()
+    except Exception:  # no pynvml, or NVML not answering: ask nvidia-smi as before
+        pass
+    return nvidia_smi_query("driver_version")
+
+
 def hardware(device: torch.device) -> dict:
     info = {"device": device.type, "cpu": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(),
             "gpu_name": None, "gpu_capability": None, "gpu_count": 0, "driver": None}
@@ -147,7 +166,7 @@ def hardware(device: torch.device) -> dict:
         info["gpu_capability"] = ".".join(map(str, torch.cuda.get_device_capability(device)))
         info["gpu_count"] = torch.cuda.device_count()
         info["gpu_memory_bytes"] = torch.cuda.get_device_properties(device).total_memory
-        info["driver"] = nvidia_smi_query("driver_version")
+        info["driver"] = driver_version()
         info["cuda_visible_devices"] = os.environ.get("CUDA_VISIBLE_DEVICES")  # which GPU(s) of the machine
         info["gpu_uuid"] = gpu_uuid(device)
     return info
