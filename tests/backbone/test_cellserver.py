@@ -7,9 +7,11 @@ from __future__ import annotations
 import csv
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -272,11 +274,11 @@ def test_a_one_process_job_runs_its_entry_without_a_server_and_refuses_an_unknow
         refused.stderr
 
 
-def test_the_server_removes_its_socket_folder_when_the_launcher_dies(env, tmp_path):
+def test_the_server_removes_its_socket_folder_when_the_launcher_dies(env, tmp_path, request):
     """A launcher killed with SIGKILL (even while the server still imports): the server, ended by its death signal,
     leaves no socket or folder in the temporary directory."""
-    tmp = tmp_path / "tmp"
-    tmp.mkdir()
+    tmp = Path(tempfile.mkdtemp(prefix="cs-", dir="/tmp"))  # short: a Unix socket's path holds at most 107 bytes
+    request.addfinalizer(lambda: shutil.rmtree(tmp, ignore_errors=True))
     script = ("import sys; from amprepro.plan import cellserver; "
               "process, path = cellserver.start(dict(__import__('os').environ), sys.argv[1]); "
               "print(path, process.pid, flush=True); __import__('time').sleep(600)")
