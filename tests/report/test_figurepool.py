@@ -4,8 +4,6 @@ every one in its place, a broken pool drawn in the kernel instead, and no report
 from __future__ import annotations
 
 import base64
-import os
-import signal
 
 import matplotlib.pyplot as plt
 import nbformat
@@ -14,7 +12,7 @@ from report_helpers import GPU, REFERENCE_FAIL, render_fixture
 from test_render import charts
 
 from amprepro.report import figurepool, render
-from amprepro.report.reportcharts import png_bytes
+from amprepro.report.figurepool import png_bytes
 
 
 def figure(n: int):
@@ -39,29 +37,54 @@ def test_workers_draw_the_same_png_as_the_kernel():
     assert [s.split(",", 1)[1].split('"')[0] for s in resolved.split("<img")[1:]] == serial
 
 
-def test_a_broken_pool_draws_what_is_left_in_the_kernel():
+def test_a_dead_worker_leaves_its_figures_to_the_kernel():
     pool = figurepool.FigurePool(1)
     try:
         first = pool.submit(figure(4))
         pool.resolve(first)  # the worker is up
-        for pid in list(pool.executor._processes):  # noqa: SLF001: kill the worker as the OOM killer would
-            os.kill(pid, signal.SIGKILL)
+        worker = pool.workers[0]
+        worker.process.kill()  # as the OOM killer would
+        worker.process.wait()
+        worker.threads[1].join(timeout=30)  # its reader saw the end
+        assert not worker.alive
         second = pool.submit(figure(6))
         assert pool.resolve(second) == base64.b64encode(png_bytes(figure(6))).decode("ascii")
     finally:
         pool.close()
 
 
-def test_a_figure_that_cannot_be_drawn_fails_the_report():
+def test_a_figure_that_cannot_be_drawn_fails_the_report_with_the_workers_traceback():
     fig = figure(3)
     fig.axes[0].text(0.5, 0.5, r"$\notacommand$")  # mathtext fails when drawn, not when built
     pool = figurepool.FigurePool(2)
     try:
         token = pool.submit(fig)
-        with pytest.raises(ValueError):
+        with pytest.raises(RuntimeError, match=r"could not be drawn:[\s\S]*ValueError"):
+            pool.resolve(token)
+        assert pool.resolve(pool.submit(figure(5)))  # the worker draws on
+    finally:
+        pool.close()
+
+
+def test_what_drawing_warns_about_is_warned_in_the_kernel():
+    fig = plt.figure()
+    fig.add_axes([0.1, 0.1, 0.8, 0.8])
+    fig.set_layout_engine("tight")  # laid out, and warned about, only when drawn
+    pool = figurepool.FigurePool(2)
+    try:
+        token = pool.submit(fig)
+        with pytest.warns(RuntimeWarning, match="UserWarning: This figure includes Axes that are not compatible"):
             pool.resolve(token)
     finally:
         pool.close()
+
+
+def test_the_workers_end_with_the_pool():
+    pool = figurepool.FigurePool(3)
+    pool.resolve(pool.submit(figure(3)))
+    processes = [worker.process for worker in pool.workers]
+    pool.close()
+    assert all(process.returncode == 0 for process in processes)
 
 
 def test_without_a_pool_figures_are_drawn_where_they_are_made():

@@ -2,32 +2,59 @@
 
 Drawing (the layout, the text, the rasterising) is most of the report's time: on the paper preset's results of a
 fresh H200 (04ad031), 8 of its 12 s on 2 cores here. With more than one worker (the report rule's threads),
-`Display` sends each figure, pickled, to a process pool and shows its section at once with a token where the image
+`Display` sends each figure, pickled, to a worker process and shows its section at once with a token where the image
 goes; `finish` (the notebook's last cell) puts every PNG in place, updating those outputs where they are
-(update_display_data), so the executed notebook and the HTML are what a serial run writes. One worker draws in
-the kernel, as before. A pool that breaks (a worker killed) draws what is left in the kernel; a figure that fails to
-draw fails the report, as it would in the kernel.
+(update_display_data), so the executed notebook and the HTML are what a serial run writes. One worker draws in the
+kernel, as before.
+
+The workers are plain child processes (`python -m amprepro.report.figurepool --worker`) that talk over their own
+pipes, and end when their stdin closes. Not a multiprocessing pool: its forkserver or resource tracker outlives the
+pool holding the kernel's captured stdout, and the kernel's shutdown then waited 2.4 s for it in most runs here,
+until jupyter_client terminated it. A worker that dies leaves its figures to the kernel; a figure that fails to draw
+fails the report, with the worker's traceback, as it would in the kernel; what drawing warns about is warned again
+in the kernel, whose stderr the report moves to its log.
 """
 
 from __future__ import annotations
 
 import base64
-import multiprocessing
+import io
+import json
+import os
 import pickle
+import queue
 import re
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
-
-from amprepro.report.reportcharts import png_bytes
+import struct
+import subprocess
+import sys
+import threading
+import traceback
+import warnings
 
 TOKEN = re.compile(r"amprepro-figure-(\d+)-pending")
 WORKERS = re.compile(r"[1-9][0-9]{0,2}")
+FRAME = struct.Struct("!QBQ")  # figure index, status (0 drawn, 1 failed), payload length (a pickle, or JSON back)
 ACTIVE: FigurePool | None = None  # the notebook's pool while it runs; None: figures are drawn where they are made
 
 
+def png_bytes(fig) -> bytes:
+    """The figure as PNG, closed afterwards (a report draws a dozen)."""
+    import matplotlib.pyplot as plt
+
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return buffer.getvalue()
+
+
 def draw(blob: bytes) -> str:
-    """A pickled figure as base64 PNG (in a worker, or in the kernel where the pool broke)."""
-    return base64.b64encode(png_bytes(pickle.loads(blob))).decode("ascii")
+    """A pickled (rcParams, figure) as base64 PNG, drawn under the kernel's rcParams (some are read only when a figure
+    is drawn), in a worker, or in the kernel where a worker died."""
+    import matplotlib
+
+    rc, fig = pickle.loads(blob)
+    with matplotlib.rc_context(rc):
+        return base64.b64encode(png_bytes(fig)).decode("ascii")
 
 
 def embed(fig) -> str:
@@ -45,42 +72,132 @@ def workers_of(value) -> int:
     return int(text)
 
 
+def read_exactly(stream, size: int) -> bytes | None:
+    data = stream.read(size)
+    return data if len(data) == size else None
+
+
+class Worker:
+    """One drawing process, a thread that feeds it (a figure's pickle is larger than a pipe holds, and the kernel must
+    not wait while the worker draws) and a thread that reads what it sends back."""
+
+    def __init__(self, results: dict, ready: threading.Condition):
+        package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
+        self.process = subprocess.Popen([sys.executable, "-m", "amprepro.report.figurepool", "--worker"],
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                        env=env)
+        self.results, self.ready, self.alive = results, ready, True
+        self.queue: queue.Queue = queue.Queue()
+        self.threads = [threading.Thread(target=self.write, daemon=True),
+                        threading.Thread(target=self.read, daemon=True)]
+        for thread in self.threads:
+            thread.start()
+
+    def send(self, index: int, blob: bytes) -> None:
+        self.queue.put(FRAME.pack(index, 0, len(blob)) + blob)
+
+    def write(self) -> None:
+        stdin = self.process.stdin
+        try:
+            while (frame := self.queue.get()) is not None:
+                stdin.write(frame)
+                stdin.flush()
+        except OSError:  # the worker died: read() sees its end, and the kernel draws what it did not
+            pass
+        finally:
+            try:
+                stdin.close()
+            except OSError:
+                pass
+
+    def read(self) -> None:
+        out = self.process.stdout
+        while (header := read_exactly(out, FRAME.size)) is not None:
+            index, status, size = FRAME.unpack(header)
+            payload = read_exactly(out, size)
+            if payload is None:
+                break
+            with self.ready:
+                self.results[index] = (status, payload)
+                self.ready.notify_all()
+        with self.ready:
+            self.alive = False
+            self.ready.notify_all()
+
+    def close(self) -> None:
+        self.queue.put(None)  # the worker ends when its stdin closes
+        self.process.wait()
+        for thread in self.threads:
+            thread.join()
+
+
 class FigurePool:
-    """Figures in flight: each pickled (the figure is closed here) and drawn by a forkserver worker."""
+    """Figures in flight: each pickled (the figure is closed here), sent to a worker in turn, drawn there."""
 
     def __init__(self, workers: int):
-        context = multiprocessing.get_context("forkserver")
-        context.set_forkserver_preload(["amprepro.report.figurepool"])  # matplotlib and pandas imported once
-        self.executor = ProcessPoolExecutor(max_workers=workers, mp_context=context)
+        self.results: dict[int, tuple[int, bytes]] = {}
+        self.ready = threading.Condition()
+        self.workers = [Worker(self.results, self.ready) for _ in range(workers)]
         self.blobs: list[bytes] = []
-        self.futures: list = []
+        self.sent_to: list[Worker] = []
 
     def submit(self, fig) -> str:
         import matplotlib.pyplot as plt
 
-        blob = pickle.dumps(fig)
+        blob = pickle.dumps((dict(plt.rcParams), fig))
         plt.close(fig)
+        index = len(self.blobs)
         self.blobs.append(blob)
-        try:
-            self.futures.append(self.executor.submit(draw, blob))
-        except BrokenProcessPool:  # a worker died earlier: this one is drawn in the kernel when resolved
-            self.futures.append(None)
-        return f"amprepro-figure-{len(self.blobs) - 1}-pending"
+        worker = self.workers[index % len(self.workers)]
+        worker.send(index, blob)
+        self.sent_to.append(worker)
+        return f"amprepro-figure-{index}-pending"
 
     def png(self, index: int) -> str:
-        future = self.futures[index]
-        try:
-            if future is not None:
-                return future.result()
-        except BrokenProcessPool:  # a worker died (not the figure's fault): draw it here
-            pass
-        return draw(self.blobs[index])
+        worker = self.sent_to[index]
+        with self.ready:
+            while index not in self.results and worker.alive:
+                self.ready.wait()
+            status, payload = self.results.get(index, (None, b""))
+        if status is None:  # its worker died before drawing it
+            return draw(self.blobs[index])
+        answer = json.loads(payload)
+        for text in answer["warnings"]:  # what drawing it warned about, where the serial run warned: the notebook
+            warnings.warn(text, RuntimeWarning, stacklevel=2)
+        if status == 1:
+            raise RuntimeError(f"figure {index} could not be drawn:\n{answer['error']}")
+        return answer["png"]
 
     def resolve(self, html: str) -> str:
         return TOKEN.sub(lambda m: self.png(int(m.group(1))), html)
 
     def close(self) -> None:
-        self.executor.shutdown(wait=True, cancel_futures=True)
+        for worker in self.workers:
+            worker.close()
+
+
+def serve(stdin, stdout) -> None:
+    """A worker's loop until stdin closes: a pickled figure in; out, its base64 PNG or the traceback of why not, with
+    what drawing it warned about."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    while (header := read_exactly(stdin, FRAME.size)) is not None:
+        index, _, size = FRAME.unpack(header)
+        blob = read_exactly(stdin, size)
+        if blob is None:
+            return
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("default")
+            try:
+                status, answer = 0, {"png": draw(blob)}
+            except Exception:
+                status, answer = 1, {"error": traceback.format_exc()}
+        answer["warnings"] = [f"{w.category.__name__}: {w.message}" for w in caught]
+        payload = json.dumps(answer).encode()
+        stdout.write(FRAME.pack(index, status, len(payload)) + payload)
+        stdout.flush()
 
 
 class Display:
@@ -90,7 +207,8 @@ class Display:
     def __init__(self, workers=1):
         global ACTIVE
         self.pending: list[tuple] = []
-        self.pool = FigurePool(workers_of(workers)) if workers_of(workers) > 1 else None
+        count = workers_of(workers)
+        self.pool = FigurePool(count) if count > 1 else None
         ACTIVE = self.pool
 
     def __call__(self, html: str) -> None:
@@ -102,7 +220,7 @@ class Display:
             display(HTML(html))
 
     def finish(self) -> None:
-        """Every pending figure in place; the pool shut down."""
+        """Every pending figure in place; the workers ended."""
         global ACTIVE
         from IPython.display import HTML
 
@@ -113,3 +231,9 @@ class Display:
             ACTIVE = None
             if self.pool is not None:
                 self.pool.close()
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["--worker"]:
+        raise SystemExit("python -m amprepro.report.figurepool --worker: draws pickled figures from stdin")
+    serve(sys.stdin.buffer, sys.stdout.buffer)

@@ -8,8 +8,6 @@ they plot is shaped in amprepro.report.reportlib; the colours of the precisions 
 
 from __future__ import annotations
 
-import io
-
 import matplotlib
 
 matplotlib.use("Agg")
@@ -37,14 +35,6 @@ PART_COLOR = {"mem_weights_bytes": "#30638e", "mem_gradients_bytes": "#00798c",
 
 plt.rcParams.update({"figure.dpi": 100, "axes.grid": True, "grid.alpha": 0.3, "axes.axisbelow": True,
                      "axes.spines.top": False, "axes.spines.right": False, "font.size": 9, "axes.titlesize": 10})
-
-
-def png_bytes(fig) -> bytes:
-    """The figure as PNG, closed afterwards (a report draws a dozen)."""
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    return buffer.getvalue()
 
 
 def claim_points(results: list[dict] | None) -> list[tuple]:
