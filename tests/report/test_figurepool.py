@@ -4,6 +4,7 @@ every one in its place, a broken pool drawn in the kernel instead, and no report
 from __future__ import annotations
 
 import base64
+import warnings
 
 import matplotlib.pyplot as plt
 import nbformat
@@ -48,7 +49,9 @@ def test_a_dead_worker_leaves_its_figures_to_the_kernel():
         worker.threads[1].join(timeout=30)  # its reader saw the end
         assert not worker.alive
         second = pool.submit(figure(6))
-        assert pool.resolve(second) == base64.b64encode(png_bytes(figure(6))).decode("ascii")
+        with pytest.warns(RuntimeWarning, match="drawn in the kernel"):
+            drawn = pool.resolve(second)
+        assert drawn == base64.b64encode(png_bytes(figure(6))).decode("ascii")
     finally:
         pool.close()
 
@@ -122,5 +125,27 @@ def test_the_report_with_workers_holds_the_same_charts(gpu_html, tmp_path):
     assert "amprepro-figure-" not in html
     assert charts(html) == charts(gpu_html.read_text())
     assert len(charts(html)) >= 5
-    executed = nbformat.read(parallel.parent / "report.ipynb", as_version=4)
-    assert "amprepro-figure-" not in nbformat.writes(executed)  # the executed notebook too
+    executed = nbformat.writes(nbformat.read(parallel.parent / "report.ipynb", as_version=4))
+    assert "amprepro-figure-" not in executed  # the executed notebook too
+    assert "report: figures drawn by 3 worker processes" in executed  # the pool ran, not the kernel alone
+
+
+def test_a_worker_that_prints_cannot_hang_the_report():
+    """Whatever a worker prints to its stdout (a library, an unpickled object) stays out of the frames."""
+    pool = figurepool.FigurePool(1)
+    try:
+        fig = figure(3)
+        fig.axes[0].loud = Loud()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # drawn by the worker, not left to the kernel
+            drawn = pool.resolve(pool.submit(fig))
+        assert drawn == base64.b64encode(png_bytes(figure(3))).decode("ascii")
+    finally:
+        pool.close()
+
+
+class Loud:
+    """Prints when unpickled (in the worker)."""
+
+    def __reduce__(self):
+        return (print, ("a stray line on stdout",))

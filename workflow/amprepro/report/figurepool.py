@@ -34,6 +34,7 @@ import warnings
 TOKEN = re.compile(r"amprepro-figure-(\d+)-pending")
 WORKERS = re.compile(r"[1-9][0-9]{0,2}")
 FRAME = struct.Struct("!QBQ")  # figure index, status (0 drawn, 1 failed), payload length (a pickle, or JSON back)
+MAX_FRAME = 1 << 30  # a base64 PNG of the report is under 5 MB
 ACTIVE: FigurePool | None = None  # the notebook's pool while it runs; None: figures are drawn where they are made
 
 
@@ -113,21 +114,30 @@ class Worker:
 
     def read(self) -> None:
         out = self.process.stdout
-        while (header := read_exactly(out, FRAME.size)) is not None:
-            index, status, size = FRAME.unpack(header)
-            payload = read_exactly(out, size)
-            if payload is None:
-                break
+        try:
+            while (header := read_exactly(out, FRAME.size)) is not None:
+                index, status, size = FRAME.unpack(header)
+                if size > MAX_FRAME or status not in (0, 1):  # not our protocol: this worker is ended
+                    self.process.kill()
+                    break
+                payload = read_exactly(out, size)
+                if payload is None:
+                    break
+                with self.ready:
+                    self.results[index] = (status, payload)
+                    self.ready.notify_all()
+        finally:  # whatever ended the reading, nobody waits on this worker any more
             with self.ready:
-                self.results[index] = (status, payload)
+                self.alive = False
                 self.ready.notify_all()
-        with self.ready:
-            self.alive = False
-            self.ready.notify_all()
 
     def close(self) -> None:
         self.queue.put(None)  # the worker ends when its stdin closes
-        self.process.wait()
+        try:
+            self.process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
         for thread in self.threads:
             thread.join()
 
@@ -160,7 +170,9 @@ class FigurePool:
             while index not in self.results and worker.alive:
                 self.ready.wait()
             status, payload = self.results.get(index, (None, b""))
-        if status is None:  # its worker died before drawing it
+        if status is None:  # its worker ended before drawing it
+            warnings.warn(f"figure {index}: its drawing process ended (exit {worker.process.poll()}); drawn in the "
+                          "kernel", RuntimeWarning, stacklevel=2)
             return draw(self.blobs[index])
         answer = json.loads(payload)
         for text in answer["warnings"]:  # what drawing it warned about, where the serial run warned: the notebook
@@ -210,6 +222,8 @@ class Display:
         count = workers_of(workers)
         self.pool = FigurePool(count) if count > 1 else None
         ACTIVE = self.pool
+        print(f"report: figures drawn by {count} worker processes" if count > 1 else "report: figures drawn in the "
+              "kernel", file=sys.stderr)  # into the job log (amprepro.report.render)
 
     def __call__(self, html: str) -> None:
         from IPython.display import HTML, display
@@ -236,4 +250,6 @@ class Display:
 if __name__ == "__main__":
     if sys.argv[1:] != ["--worker"]:
         raise SystemExit("python -m amprepro.report.figurepool --worker: draws pickled figures from stdin")
-    serve(sys.stdin.buffer, sys.stdout.buffer)
+    protocol = os.fdopen(os.dup(1), "wb")  # the frames' own descriptor: whatever else prints to fd 1 goes elsewhere
+    os.dup2(2, 1)
+    serve(sys.stdin.buffer, protocol)
