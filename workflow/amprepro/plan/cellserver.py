@@ -349,12 +349,13 @@ def serve(path: str) -> None:
 def remove_socket(path: str) -> None:
     """The socket, and start's private folder that held only it: gone whoever ends the server (the launcher's stop,
     or the launcher's death: PR_SET_PDEATHSIG)."""
-    for remove, target in ((os.unlink, path), (os.rmdir, os.path.dirname(path))):
-        if remove is os.unlink or os.path.basename(target).startswith(SOCKET_PREFIX):
-            try:
-                remove(target)
-            except OSError:  # gone already, or a folder that holds more than the socket
-                pass
+    folder = os.path.dirname(path)
+    targets = [(os.unlink, path)] + ([(os.rmdir, folder)] if os.path.basename(folder).startswith(SOCKET_PREFIX) else [])
+    for remove, target in targets:
+        try:
+            remove(target)
+        except OSError:  # gone already, or a folder that holds more than the socket
+            pass
 
 
 def kill(pid: int) -> None:

@@ -48,6 +48,11 @@ def png_bytes(fig) -> bytes:
     return buffer.getvalue()
 
 
+def png_base64(fig) -> str:
+    """The figure as base64 PNG, what the HTML embeds."""
+    return base64.b64encode(png_bytes(fig)).decode("ascii")
+
+
 def draw(blob: bytes) -> str:
     """A pickled (rcParams, figure) as base64 PNG, drawn under the kernel's rcParams (some are read only when a figure
     is drawn), in a worker, or in the kernel where a worker died."""
@@ -55,13 +60,13 @@ def draw(blob: bytes) -> str:
 
     rc, fig = pickle.loads(blob)
     with matplotlib.rc_context(rc):
-        return base64.b64encode(png_bytes(fig)).decode("ascii")
+        return png_base64(fig)
 
 
 def embed(fig) -> str:
     """What goes after data:image/png;base64, in the HTML: the PNG, or a token the pool's PNG replaces."""
     if ACTIVE is None:
-        return base64.b64encode(png_bytes(fig)).decode("ascii")
+        return png_base64(fig)
     return ACTIVE.submit(fig)
 
 
