@@ -624,15 +624,31 @@ def test_socket_folders_of_killed_servers_are_swept_and_live_ones_kept(tmp_path)
         sock.close()  # the file a server killed with SIGKILL leaves: connections refused
         return made, None
 
-    dead, _ = folder(f"{cellserver.SOCKET_PREFIX}dead", listen=False)
-    never, _ = folder(f"{cellserver.SOCKET_PREFIX}never", listen=None)  # died before it bound its socket
-    live, server = folder(f"{cellserver.SOCKET_PREFIX}live", listen=True)
+    here = cellserver.socket_prefix()  # amprepro-cells-<this host>-, then mkdtemp's random part
+    dead, _ = folder(f"{here}dead1", listen=False)
+    never, _ = folder(f"{here}never_2", listen=None)  # died before it bound its socket
+    live, server = folder(f"{here}live", listen=True)
     other, _ = folder("someone-elses-dead", listen=False)
-    (tmp_path / f"{cellserver.SOCKET_PREFIX}file").write_text("not a folder")
+    # A temporary directory shared with other hosts (NFS): their live servers' sockets refuse connections from here.
+    elsewhere, _ = folder(f"{cellserver.SOCKET_PREFIX}otherhost-abc123", listen=False)
+    longer, _ = folder(f"{here}b-abc123", listen=False)  # the host named like this one plus "-b"
+    (tmp_path / f"{here}file").write_text("not a folder")
     try:
         assert runlock.sweep_server_folders(str(tmp_path)) == 0  # all younger than a minute: a server may be starting
         assert runlock.sweep_server_folders(str(tmp_path), min_age_s=0) == 2
     finally:
         server.close()
     assert not dead.exists() and not never.exists()
-    assert live.exists() and other.exists() and (tmp_path / f"{cellserver.SOCKET_PREFIX}file").exists()
+    assert live.exists() and other.exists() and (tmp_path / f"{here}file").exists()
+    assert elsewhere.exists() and longer.exists()
+
+
+def test_socket_folder_names_hold_a_safe_host_name(monkeypatch):
+    import socket
+
+    from amprepro.plan import cellserver
+
+    monkeypatch.setattr(socket, "gethostname", lambda: "node/07 $(rm)" + "x" * 80)
+    prefix = cellserver.socket_prefix()
+    assert prefix.startswith(f"{cellserver.SOCKET_PREFIX}node_07__") and prefix.endswith("-")
+    assert len(prefix) == len(cellserver.SOCKET_PREFIX) + 40 + 1 and "/" not in prefix and "$" not in prefix

@@ -22,6 +22,7 @@ import ctypes
 import importlib
 import json
 import os
+import re
 import select
 import shutil
 import signal
@@ -36,6 +37,7 @@ from dataclasses import dataclass
 
 ENV = "AMPREPRO_CELL_SERVER"
 SOCKET_PREFIX = "amprepro-cells-"  # start's private folder in the temporary directory (amprepro.env.runlock sweeps)
+SOCKET_SUFFIX = re.compile(r"[a-z0-9_]+")  # what tempfile.mkdtemp adds after the prefix: never a "-"
 ORIGIN_ENV = "AMPREPRO_CELL_PROCESS"  # in a forked cell: which server it came from (recorded in metrics.json)
 PRELOAD = ["torch", "torch._dynamo", "torch.utils.flop_counter", "torch.utils.checkpoint", "numpy", "threadpoolctl",
            "torchvision", "timm", "amprepro.train.train",
@@ -368,11 +370,19 @@ def kill(pid: int) -> None:
 # ---- the launcher's side: start and stop the server for one Snakemake run -----------------------------------------
 
 
+def socket_prefix() -> str:
+    """start's folder name up to mkdtemp's random part: SOCKET_PREFIX, then this host's name. A temporary directory
+    shared by several hosts (NFS) then holds each host's folders apart: a Unix socket answers only on its own host,
+    so runlock's sweep must never judge another host's folder by it."""
+    host = re.sub(r"[^A-Za-z0-9.-]", "_", socket.gethostname())[:40] or "host"
+    return f"{SOCKET_PREFIX}{host}-"
+
+
 def start(env: dict, cwd: str) -> tuple[subprocess.Popen, str] | None:
     """The server for one run, with env[ENV] to give the jobs; None when AMPREPRO_FRESH_CELLS=1 asks for none."""
     if env.get("AMPREPRO_FRESH_CELLS") == "1":
         return None
-    path = os.path.join(tempfile.mkdtemp(prefix=SOCKET_PREFIX), "socket")  # a 0700 folder: only this user
+    path = os.path.join(tempfile.mkdtemp(prefix=socket_prefix()), "socket")  # a 0700 folder: only this user
     process = subprocess.Popen([sys.executable, "-m", "amprepro.plan.cellserver", "--socket", path], env=env,
                                cwd=cwd, stdin=subprocess.DEVNULL)
     deadline = time.monotonic() + 30
