@@ -170,10 +170,8 @@ def sweep_server_folders(tmp: str | None = None, min_age_s: float = 60.0) -> int
     """Remove the private socket folders (amprepro.plan.cellserver.start) of servers killed with SIGKILL: this
     user's and this host's, at least min_age_s old (a server that is starting has not bound its socket yet), whose
     socket no server listens on. Returns how many."""
-    removed, prefix = 0, cellserver.socket_prefix()  # this host's: another host's socket never answers here
-    for folder in Path(tmp or tempfile.gettempdir()).glob(f"{prefix}*"):
-        if not cellserver.SOCKET_SUFFIX.fullmatch(folder.name[len(prefix):]):
-            continue  # a host whose name begins with this one's and a "-"
+    removed = 0
+    for folder in map(Path, cellserver.socket_folders(tmp or tempfile.gettempdir())):  # another host's never answers
         try:
             info = folder.lstat()
             if (not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid()

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 ENV = "AMPREPRO_CELL_SERVER"
 SOCKET_PREFIX = "amprepro-cells-"  # start's private folder in the temporary directory (amprepro.env.runlock sweeps)
-SOCKET_SUFFIX = re.compile(r"[a-z0-9_]+")  # what tempfile.mkdtemp adds after the prefix: never a "-"
+_RANDOM_PART = re.compile(r"[a-z0-9_]+")  # what tempfile.mkdtemp adds after the prefix: never a "-"
 ORIGIN_ENV = "AMPREPRO_CELL_PROCESS"  # in a forked cell: which server it came from (recorded in metrics.json)
 PRELOAD = ["torch", "torch._dynamo", "torch.utils.flop_counter", "torch.utils.checkpoint", "numpy", "threadpoolctl",
            "torchvision", "timm", "amprepro.train.train",
@@ -376,6 +376,14 @@ def socket_prefix() -> str:
     so runlock's sweep must never judge another host's folder by it."""
     host = re.sub(r"[^A-Za-z0-9.-]", "_", socket.gethostname())[:40] or "host"
     return f"{SOCKET_PREFIX}{host}-"
+
+
+def socket_folders(tmp: str) -> list[str]:
+    """The folders start made in tmp on this host (any user's: runlock's sweep checks the owner); not those of a host
+    whose name begins with this one's and a "-"."""
+    prefix = socket_prefix()
+    return [os.path.join(tmp, name) for name in os.listdir(tmp)
+            if name.startswith(prefix) and _RANDOM_PART.fullmatch(name[len(prefix):])]
 
 
 def start(env: dict, cwd: str) -> tuple[subprocess.Popen, str] | None:
