@@ -8,6 +8,7 @@ import io
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -606,10 +607,22 @@ def test_the_cell_server_starts_only_for_jobs_in_this_python(args, served):
     assert launchargs.serves_cells(launchargs.user_args({"SNAKEMAKE_ARGS": args}), ["verify", "all"]) is served
 
 
-def test_socket_folders_of_killed_servers_are_swept_and_live_ones_kept(tmp_path):
+@pytest.fixture
+def short_tmp():
+    """A folder under /tmp: pytest's tmp_path can be too long for a Unix socket's path (107 bytes)."""
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix="amp-sw-", dir="/tmp"))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_socket_folders_of_killed_servers_are_swept_and_live_ones_kept(short_tmp):
     import socket
 
     from amprepro.plan import cellserver
+
+    tmp_path = short_tmp
 
     def folder(name: str, listen: bool | None) -> tuple[Path, socket.socket | None]:
         made = tmp_path / name
@@ -651,4 +664,4 @@ def test_socket_folder_names_hold_a_safe_host_name(monkeypatch):
     monkeypatch.setattr(socket, "gethostname", lambda: "node/07 $(rm)" + "x" * 80)
     prefix = cellserver.socket_prefix()
     assert prefix.startswith(f"{cellserver.SOCKET_PREFIX}node_07__") and prefix.endswith("-")
-    assert len(prefix) == len(cellserver.SOCKET_PREFIX) + 40 + 1 and "/" not in prefix and "$" not in prefix
+    assert len(prefix) == len(cellserver.SOCKET_PREFIX) + 16 + 1 and "/" not in prefix and "$" not in prefix

@@ -374,7 +374,7 @@ def socket_prefix() -> str:
     """start's folder name up to mkdtemp's random part: SOCKET_PREFIX, then this host's name. A temporary directory
     shared by several hosts (NFS) then holds each host's folders apart: a Unix socket answers only on its own host,
     so runlock's sweep must never judge another host's folder by it."""
-    host = re.sub(r"[^A-Za-z0-9.-]", "_", socket.gethostname())[:40] or "host"
+    host = re.sub(r"[^A-Za-z0-9.-]", "_", socket.gethostname())[:16] or "host"  # a socket's path: 107 bytes
     return f"{SOCKET_PREFIX}{host}-"
 
 
