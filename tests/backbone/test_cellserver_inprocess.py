@@ -110,6 +110,13 @@ def test_a_request_is_refused_for_each_reason_with_its_text():
         "the cell's import-time settings differ from the server's: ['KMP_Y', 'TORCH_X']")
     assert cs.refusal({**good, "env": {}}, server) == (
         "the cell's import-time settings differ from the server's: ['TORCH_X']")
+    # What the server's imports set is in every forked child's environment: a forked plan's probe sends it back
+    imported = cs.Server(server.interpreter, server.env, {"TORCHINDUCTOR_CACHE_DIR": "/t", "KMP_DUPLICATE_LIB_OK": "1"},
+                         ["threadpoolctl"])
+    child = {**good, "env": {**good["env"], "TORCHINDUCTOR_CACHE_DIR": "/t", "KMP_DUPLICATE_LIB_OK": "1"}}
+    assert cs.refusal(child, imported) is None
+    assert cs.refusal({**child, "env": {**child["env"], "TORCHINDUCTOR_CACHE_DIR": "/mine"}}, imported) == (
+        "the cell's import-time settings differ from the server's: ['TORCHINDUCTOR_CACHE_DIR']")
 
 
 # ---- messages --------------------------------------------------------------------------------------------------
@@ -467,7 +474,7 @@ def test_the_forked_child_closes_the_servers_sockets_and_exits_with_the_cells_co
     assert listener.fileno() == other.fileno() == conn.fileno() == -1  # closed in the child
 
 
-def test_the_forked_child_exits_1_when_the_cell_cannot_start(monkeypatch):
+def test_the_forked_child_exits_1_when_the_cell_cannot_start(monkeypatch, capsys):
     exits = []
 
     def exit_(code):
@@ -483,6 +490,7 @@ def test_the_forked_child_exits_1_when_the_cell_cannot_start(monkeypatch):
     with pytest.raises(Exited):
         cs.fork_cell(conn, socket.socket(socket.AF_UNIX), {}, SERVER)
     assert exits == [1]
+    assert "RuntimeError: no" in capsys.readouterr().err  # the job's log says why
 
 
 # ---- reaping, killing --------------------------------------------------------------------------------------------

@@ -1040,3 +1040,16 @@ def test_the_backward_end_defaults_and_other_models():
         memory.LLAMA_SHAPES["smollm_135m"], 2048, "amp_bf16", 8, None, Sharding(), False)
     assert memory.llama_backward_end_bytes({"arch": "llama_tiny", "seq_len": 64}, "fp32", 2) == backward_end_by_hand(
         memory.LLAMA_SHAPES["llama_tiny"], 64, "fp32", 2, None, Sharding(), False)
+
+
+def test_a_probe_of_a_forked_plan_does_not_say_it_was_forked_itself(tmp_path, monkeypatch):
+    """The plan forked from the cell server has AMPREPRO_CELL_PROCESS set; a probe that starts afresh must not carry it
+    into its record (amprepro.train.record reads it as the probe's own origin)."""
+    from amprepro.plan import cellserver, probe
+
+    sent = []
+    monkeypatch.setenv(cellserver.ORIGIN_ENV, "forked from amprepro.plan.cellserver pid 1")
+    monkeypatch.setenv("AMPREPRO_KEEP_ME", "1")
+    monkeypatch.setattr(cellserver, "run_cell", lambda args, env: sent.append(env) or 0)
+    assert probe.run_cell(["--x"], tmp_path / "probe.log") == 0
+    assert cellserver.ORIGIN_ENV not in sent[0] and sent[0]["AMPREPRO_KEEP_ME"] == "1"

@@ -209,7 +209,9 @@ def refusal(request: dict, server: Server) -> str | None:
         return threads
     if threads is not None and "threadpoolctl" not in server.loaded:
         return "threadpoolctl is not importable, so the job's thread settings could not be applied"
-    theirs, ours = import_settings(request["env"]), import_settings(server.env)
+    # What the server's own imports set is in every forked child's environment (a forked plan's probes send it back)
+    theirs = import_settings({k: v for k, v in request["env"].items() if server.import_env.get(k) != v})
+    ours = import_settings(server.env)
     if theirs != ours:
         differing = sorted(set(theirs.items()) ^ set(ours.items()))
         return f"the cell's import-time settings differ from the server's: {sorted({k for k, _ in differing})}"
@@ -279,6 +281,8 @@ def fork_cell(conn: socket.socket, listener: socket.socket, clients: dict, serve
         code = 1
         try:
             code = become_cell(request, fds, server_pid, server)
+        except BaseException:  # before its entry ran (the job's directory, threads, the entry's import): say why
+            traceback.print_exc()
         finally:
             for stream in (sys.stdout, sys.stderr):
                 try:

@@ -55,7 +55,7 @@ def run_cell(args: list[str], log: Path) -> int:
     interpreter; its output goes to the probe's log."""
     from amprepro.plan import cellserver
 
-    env = dict(os.environ)
+    env = {k: v for k, v in os.environ.items() if k != cellserver.ORIGIN_ENV}  # a forked plan's, not the probe's
     handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     sys.stdout.flush()
     sys.stderr.flush()
