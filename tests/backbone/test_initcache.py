@@ -278,6 +278,19 @@ def test_a_write_that_fails_leaves_no_file_and_the_build_as_it_is(tmp_path, monk
     assert after == build("small_cnn", None)[2]
 
 
+def test_a_prune_that_fails_leaves_the_written_file_cached_and_said_so(tmp_path, monkeypatch):
+    """Another user's file in a shared results/ cannot be removed: the file just written still serves, and the
+    record says it was cached (not "not cached")."""
+    def denied(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(initcache, "prune", denied)
+    _, written, _ = build("small_cnn", tmp_path)
+    assert written["source"] == "built" and written["note"] is None, written
+    _, read, _ = build("small_cnn", tmp_path)
+    assert read["source"] == "cache", read
+
+
 def test_pruning_spares_the_file_named_and_removes_what_a_killed_writer_left(tmp_path):
     import os
 

@@ -254,13 +254,14 @@ def store(cache: Path, key: str, model: nn.Module, make, before: dict) -> str | 
         del rebuilt
         os.replace(temporary, cache / f"{key}.pt")
         files.write_json(cache / f"{key}.json", manifest)
-        prune(cache, MAX_BYTES, keep=key)
     except Exception as exc:  # a full disk, a folder that cannot be written, a tensor torch cannot save: build as is
         set_generator_states(after)
         return f"not cached: {cache} ({type(exc).__name__}: {exc})"
     finally:
         with contextlib.suppress(OSError):
             temporary.unlink(missing_ok=True)
+    with contextlib.suppress(OSError):  # the file is in place and will be served: a failed prune does not un-cache it
+        prune(cache, MAX_BYTES, keep=key)
     return None
 
 
