@@ -41,7 +41,7 @@ rule apex_build:
         code=code_digest("env.apex_stage"),
     shell:
         "python -m amprepro.env.apex_stage --build-only --settings {params.settings:q} --out {output.build}"
-        " --jobs {threads} > {log} 2>&1"
+        " --jobs {threads} --cpu-share {threads} > {log} 2>&1"
 
 
 checkpoint apex:
@@ -99,7 +99,7 @@ rule apex_shell_build:
         code=code_digest("env.apex_stage"),
     shell:
         "python -m amprepro.env.apex_stage --shell --build-only --settings {params.settings:q} --out {output.build}"
-        " --jobs {threads} > {log} 2>&1"
+        " --jobs {threads} --cpu-share {threads} > {log} 2>&1"
 
 
 # Nothing in the shell's check is timed, so where cells share GPUs here it takes a slot beside the digits cells (one

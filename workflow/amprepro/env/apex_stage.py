@@ -14,6 +14,7 @@ import json
 import sys
 from pathlib import Path
 
+from amprepro.env import cpushare
 from amprepro.files import write_json
 
 
@@ -93,16 +94,22 @@ def main(argv=None) -> None:
     step = parser.add_mutually_exclusive_group()
     step.add_argument("--build-only", action="store_true", help="compile into the cache; write the build record")
     step.add_argument("--built", help="the build record (results/apex/build.json): install and verify that build")
+    parser.add_argument("--cpu-share", type=int, default=None, metavar="N",
+                        help="confine the build to N of the usable CPUs at a lower priority (amprepro.env.cpushare): "
+                             "the cells timed beside it keep the rest")
     parser.add_argument("--shell", action="store_true",
                         help="build without --cpp_ext/--cuda_ext (Python only, the articles' 'empty shell')")
     args = parser.parse_args(argv)
     settings = json.loads(args.settings)
     out = Path(args.out)
     build_record = None if args.build_only or not args.built else json.loads(Path(args.built).read_text())
+    share = cpushare.confine(args.cpu_share) if args.cpu_share is not None else None
     if args.build_only or args.built:
         record = provide(settings, args.jobs, out, build_record, args.shell)
     else:  # both steps in one process (tests, and anyone calling the stage by hand)
         record = provide(settings, args.jobs, out, provide(settings, args.jobs, out, None, args.shell), args.shell)
+    if share is not None:
+        record = {**record, "cpu_share": share}
     write_json(out, record)
     print(f"apex: {record['status']}: {record.get('reason') or record.get('cache')}")
 

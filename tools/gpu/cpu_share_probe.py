@@ -1,0 +1,107 @@
+"""Does a CPU-heavy job beside a timed cell slow the cell, and does the apex build's CPU share
+(amprepro.env.cpushare) stop that? One device call, about a minute:
+
+    python3 tools/gpu/cpu_share_probe.py --out $OUT/cpu_share_probe.json
+
+A ViT-B/16-sized encoder (12 layers, width 768, 197 tokens, batch 64, bf16 autocast, foreach AdamW; its steps are
+tens of milliseconds, like vit_timm's, so the host's launch thread matters) is timed with CUDA events, three rounds
+of 20 steps after 5 warm-up steps, in each setting, the settings interleaved round by round:
+  quiet      nothing beside it
+  beside     one busy process per usable CPU, anywhere, at normal priority (the build before cpushare)
+  confined   the same processes, confined to plan_share(usable, siblings, usable - 8) at niceness 10 (the build now)
+The busy processes are pure-Python loops: a stand-in for nvcc and cicc, lighter on caches and memory than they are,
+so this tests the scheduling part of the interference, not all of it.
+"""
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "workflow"))
+from amprepro.env import cpushare
+
+CELL_CPUS = 8  # amprepro.plan.resources.CPUS_PER_GPU: what the build leaves each GPU's cell
+
+
+def spin(cpus, niceness):
+    if cpus:
+        os.sched_setaffinity(0, cpus)
+    if niceness:
+        os.nice(niceness)
+    x = 1
+    while True:
+        x = (x * 1103515245 + 12345) & 0xFFFFFFFF
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=20)
+    args = parser.parse_args()
+    import torch
+
+    usable = cpushare.usable_cpus()
+    siblings = cpushare.read_siblings()
+    share = cpushare.plan_share(usable, siblings, len(usable) - CELL_CPUS)
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(768, 12, 3072, batch_first=True, norm_first=True)
+    model = torch.nn.TransformerEncoder(layer, 12, enable_nested_tensor=False).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
+    x = torch.randn(64, 197, 768, device="cuda")
+
+    def step():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(x).float().pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    for _ in range(5):
+        step()
+    torch.cuda.synchronize()
+    settings = {"quiet": None, "beside": (None, 0), "confined": (share, cpushare.NICENESS)}
+    times = {name: [] for name in settings}
+    for _ in range(args.rounds):
+        for name, load in settings.items():
+            procs = []
+            if load is not None:
+                procs = [mp.Process(target=spin, args=load, daemon=True) for _ in usable]
+                for p in procs:
+                    p.start()
+                time.sleep(0.5)
+            step()
+            torch.cuda.synchronize()
+            events = [torch.cuda.Event(enable_timing=True) for _ in range(args.steps + 1)]
+            events[0].record()
+            for i in range(args.steps):
+                step()
+                events[i + 1].record()
+            torch.cuda.synchronize()
+            times[name] += [events[i].elapsed_time(events[i + 1]) for i in range(args.steps)]
+            for p in procs:
+                p.kill()
+            for p in procs:
+                p.join()
+    result = {
+        "what": "median step ms of a ViT-B/16-sized encoder under each CPU setting (tools/gpu/cpu_share_probe.py)",
+        "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "usable_cpus": usable,
+        "siblings": {str(k): sorted(v) for k, v in sorted(siblings.items())}, "build_share": share,
+        "steps_per_setting": {k: len(v) for k, v in times.items()},
+        "median_ms": {k: round(statistics.median(v), 3) for k, v in times.items()},
+        "p90_ms": {k: round(sorted(v)[int(0.9 * (len(v) - 1))], 3) for k, v in times.items()},
+        "step_ms": {k: [round(t, 3) for t in v] for k, v in times.items()},
+    }
+    quiet = result["median_ms"]["quiet"]
+    result["slowdown_vs_quiet"] = {k: round(v / quiet, 3) for k, v in result["median_ms"].items()}
+    Path(args.out).write_text(json.dumps(result, indent=1))
+    print(json.dumps({k: result[k] for k in ("gpu", "build_share", "median_ms", "p90_ms", "slowdown_vs_quiet")}))
+
+
+if __name__ == "__main__":
+    main()
