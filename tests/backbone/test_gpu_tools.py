@@ -253,3 +253,36 @@ def gzip_decompress(path):
     import gzip
 
     return gzip.decompress(path.read_bytes())
+
+
+@pytest.mark.parametrize("gate, verdict", [("FAIL", True), ("PASS", True), (None, False)])
+def test_a_failed_gate_is_a_verdict_timed_and_recorded(tmp_path, gate, verdict):
+    """tools/gpu/time_to_verdict.sh on a stand-in route: a gate that FAILs is a verdict like a PASS (it is timed and
+    time-to-verdict.json says FAIL); a route with no gate line (cut short, broken) is not one, and says call again.
+    (On a fresh H200 at 4e89e88 the FAIL was taken for no verdict and the timm comparison never ran.)"""
+    tree = tmp_path / "repo"
+    shutil.copytree(REPO / "tools", tree / "tools")
+    gate_line = f"verify: {gate}: 1 of 55 cells out of tolerance" if gate else "make: *** [Makefile:90: run] Error 1"
+    (tree / "tools/gpu/make_run.sh").write_text(
+        'mkdir -p "$OUT" results/verify && echo "stand-in" > "$OUT/make-run.log"\n'
+        'date +%s > "$AMPREPRO_GPU_STATE/amprepro-started-$(echo "$PWD" | md5sum | cut -c1-8)"\n'
+        f'echo "{gate_line}" > "$OUT/make-verify.log"\n'
+        f"""echo '{{"gate": {{"result": {json.dumps(gate)}}}, "message": "stand-in"}}' > results/verify/verify.json\n"""
+        'echo "make verify rc=2; verdict 5 s after the first call\'s start"\n')
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin/python").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')  # a link would lose the venv
+    (venv / "bin/python").chmod(0o755)
+    state = tmp_path / "state"
+    state.mkdir()
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "COMMIT": "abc1234", "AMPREPRO_VENV": str(venv),
+           "AMPREPRO_GPU_STATE": str(state), "PYTHONPATH": str(REPO / "workflow")}
+    done = subprocess.run(["bash", "tools/gpu/time_to_verdict.sh", "60"], cwd=tree, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (state / "amprepro-verdict-epoch").exists() is verdict
+    if verdict:
+        record = json.loads((tmp_path / "out/time-to-verdict.json").read_text())
+        assert record["gate"] == gate and record["commit"] == "abc1234"
+    else:
+        assert "no verdict yet: call again" in done.stdout and not (tmp_path / "out/time-to-verdict.json").exists()

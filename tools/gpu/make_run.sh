@@ -17,7 +17,7 @@ venv=${AMPREPRO_VENV:-/tmp/amprepro-venv}
 mkdir -p "$OUT"
 source tools/gpu/venv.sh || exit 1
 bash tools/gpu/apex_config.sh > /tmp/amprepro-gpu.yaml || exit 1
-started=/tmp/amprepro-started-$(echo "$PWD" | md5sum | cut -c1-8)
+started=${AMPREPRO_GPU_STATE:-/tmp}/amprepro-started-$(echo "$PWD" | md5sum | cut -c1-8)
 [ -f "$started" ] || date +%s > "$started"
 args=(VENV="$venv" SNAKEMAKE_ARGS="--configfile config/config.yaml /tmp/amprepro-gpu.yaml")
 echo "make run in $PWD, $(($(date +%s) - $(cat "$started"))) s after the first call's start"
