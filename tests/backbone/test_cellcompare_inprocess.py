@@ -409,3 +409,16 @@ def test_from_a_summary_alone_its_step_columns_say_whether_the_loss_is_compared(
     assert compare_cell("m/fp32/seed0", here(loss=9.0), ref(), RULES, None, spec)["verdict"] == "fail"
     assert compare_cell("m/fp32/seed0", here(loss=9.0, steps="", warmup_steps=""), ref(), RULES, None,
                         spec)["verdict"] == "fail"
+
+
+@pytest.mark.parametrize("busy, said", [(6.04, True), (1.0, True), (0.99, False), (None, False), ("", False)])
+def test_a_timing_failure_says_how_busy_the_host_was_while_the_cell_was_timed(busy, said):
+    """A cell timed beside a compile (its summary row's host_busy_cpus, from its host_load) fails with that context;
+    its loss failure does not get it, and a quiet host or a row without the field adds nothing."""
+    outcome = compare(summary_of(here(throughput=50.0, loss=9.0, host_busy_cpus=busy)), aggregate_of(ref()),
+                      {"metrics": RULES})
+    speed, loss = outcome["failures"]
+    assert speed.startswith("m/fp32/seed0: throughput") and loss.startswith("m/fp32/seed0: final loss")
+    note = f"; measured while other processes kept {float(busy or 0):.1f} CPUs busy (the cell's host_load)"
+    assert (note in speed) is said and speed.endswith("a regression") is said
+    assert "CPUs busy" not in loss

@@ -260,3 +260,24 @@ def test_without_an_answer_from_nvml_nvidia_smi_is_asked(tmp_path, monkeypatch, 
     assert measure.driver_version() == "580.65.06"
     if nvml is not None and not nvml.fails:
         assert nvml.calls == ["init", "version", "shutdown"]  # NVML's reference count let go again
+
+
+def test_the_cpus_other_processes_keep_busy_are_counted_and_this_processs_own_are_not():
+    """measure.busy_during on two snapshots around a second of a busy child process: about one CPU of other work; the
+    same second spent busy in this process does not count (the CI machine's other work may only add)."""
+    import subprocess
+    import sys
+
+    start = measure.cpu_snapshot()
+    if start is None:
+        pytest.skip("no /proc/stat here")
+    spin = "import time\nend = time.time() + 1.0\nwhile time.time() < end: pass"
+    child = subprocess.Popen([sys.executable, "-c", spin])
+    child.wait(timeout=60)
+    busy = measure.busy_during(start, measure.cpu_snapshot())
+    assert busy["timed_seconds"] >= 1.0 and busy["busy_cpus_others"] >= 0.6
+    hz = os.sysconf("SC_CLK_TCK")
+    own = measure.busy_during((0, 0.0, 10.0), (4 * hz, 1.0, 12.0))  # 4 CPU-seconds of which 1 was this process's
+    assert own == {"timed_seconds": 2.0, "busy_cpus_others": 1.5}
+    assert measure.busy_during((0, 3.0, 10.0), (hz, 4.5, 11.0))["busy_cpus_others"] == 0.0  # never below zero
+    assert measure.busy_during(None, start) == {} and measure.busy_during(start, start) == {}

@@ -24,6 +24,9 @@ def test_a_finished_cell_says_where_its_seconds_went():
     assert all(value >= 0 for value in phases.values() if value is not None)
     assert phases["process_start_to_run"] is None or phases["process_start_to_run"] > 0
     assert phases["loop"] >= metrics["wall_seconds"] - 0.01
+    # over the timed steps (from the end of the warm-up to the last step read back), the CPUs other processes kept busy
+    load = metrics["host_load"]
+    assert 0 < load["timed_seconds"] < phases["loop"] and load["busy_cpus_others"] >= 0.0
     from amprepro.cellrecord import CellRecord
 
     assert CellRecord.from_dict(metrics, source="test").as_dict()["phase_seconds"] == phases

@@ -37,7 +37,7 @@ def cells():
                    spec={"model_config": {"batch_size": 64, "shape": [4, 256]}},
                    plan={"preset_batch_size": 128, "shape_name": "small", "why": "the batch halved to fit",
                          "cap_gib": 40},
-                   parameters=12345)
+                   parameters=12345, host_load={"cpus": 16, "load_1min": 7.5, "busy_cpus_others": 6.04})
     bf16 = metrics("vit", "amp_bf16", throughput_per_s=250.0, peak_allocated_bytes=5000, achieved_tflops=300.0,
                    world_size=2, datasheet_peak_tflops=1000.0, energy_j_per_item=0.5,
                    spec={"model_config": {"batch_size": 32}}, plan={})
@@ -133,6 +133,8 @@ def test_main_flattens_the_memory_records_and_the_batch_plan(tmp_path, capsys):
     # no plan record: the preset's batch is the batch the cell ran at
     assert (bf16["batch_size"], bf16["preset_batch_size"], bf16["shape"], bf16["shape_name"], bf16["plan_note"]) == (
         32, 32, None, None, None)
+    # the CPUs other processes kept busy while each cell was timed (its host_load), where the cell measured them
+    assert fp32["host_busy_cpus"] == 6.04 and rows[0]["host_busy_cpus"] == "6.04" and bf16["host_busy_cpus"] is None
     tf32 = made["cells"][2]
     assert tf32["batch_size"] is None and tf32["preset_batch_size"] is None and tf32["parameters"] is None
 

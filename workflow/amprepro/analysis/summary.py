@@ -29,6 +29,7 @@ COLUMNS = [
     "lora_base", "lora_shape", "lora_rank", "trainable_parameters", "initial_loss", "heldout_loss_initial",
     "memory_limit_bytes",
     "gpu_shared_cells_per_gpu",  # set where the cell shared its GPU (amprepro.plan.resources.shares_gpu)
+    "host_busy_cpus",  # CPUs' worth of other processes' work during the timed steps (amprepro.train.measure)
     *fp8.COLUMNS,  # against the precision's own baseline (FP8 against compiled bf16): amprepro.analysis.fp8
 ]
 # Flat columns from metrics.json's nested memory records: (column, record, key).
@@ -73,9 +74,11 @@ def add_memory(rows: list[dict], metrics: list[dict]) -> list[dict]:
 
 
 def add_sharing(rows: list[dict], metrics: list[dict]) -> list[dict]:
-    """K where the cell ran on a GPU shared with up to K-1 other untimed cells (its throughput was measured so)."""
+    """K where the cell ran on a GPU shared with up to K-1 other untimed cells (its throughput was measured so); the
+    CPUs other processes kept busy during its timed steps (a compile beside it)."""
     for row, m in zip(rows, metrics):
         row["gpu_shared_cells_per_gpu"] = (m.get("gpu_shared") or {}).get("cells_per_gpu")
+        row["host_busy_cpus"] = (m.get("host_load") or {}).get("busy_cpus_others")
     return rows
 
 

@@ -96,7 +96,7 @@ def train_loop(spec, dist, device, base, cell, batches, breakdown, settings) -> 
     # slower than timm's benchmark.py, which reads nothing in its timed loop; issue 40). Every PROGRESS_EVERY steps the
     # rows up to PROGRESS_LAG steps back are read and the progress line printed, while the GPU still has the last
     # PROGRESS_LAG steps queued, so it never waits for the host; the rest are read after the last step.
-    pending, rows, started, energy_start = collections.deque(), [], time.time(), None
+    pending, rows, started, energy_start, cpu_start = collections.deque(), [], time.time(), None, None
 
     def settle(upto: float) -> None:
         while pending and pending[0][0] <= upto:
@@ -110,7 +110,7 @@ def train_loop(spec, dist, device, base, cell, batches, breakdown, settings) -> 
         if step == train["warmup_steps"]:
             if device.type == "cuda":  # the host runs ahead of the GPU: the warm-up's energy ends when its work does
                 torch.cuda.synchronize(device)
-            energy_start = energy.read_joules()
+            energy_start, cpu_start = energy.read_joules(), measure.cpu_snapshot()
         x, y = next_batch()
         set_lr(trainer.optimizer, train, step)
         with measure.StepTimer(device, sync=False) as timer:
@@ -121,8 +121,8 @@ def train_loop(spec, dist, device, base, cell, batches, breakdown, settings) -> 
             settle(step - PROGRESS_LAG)
         curve.maybe(step + 1, trainer, batches)
     settle(math.inf)
-    energy_end = energy.read_joules()
-    load = measure.host_load()
+    energy_end, cpu_end = energy.read_joules(), measure.cpu_snapshot()
+    load = {**measure.host_load(), **measure.busy_during(cpu_start, cpu_end)}
     energy_j = dist.total(energy_end - energy_start if None not in (energy_start, energy_end) else None, device)
     # Counted after training, on the last batch, so counting changes neither the data order nor the timings. Every
     # rank counts its own share (under DDP the backward's all-reduce needs them all); the global step is world times.

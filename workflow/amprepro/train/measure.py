@@ -91,6 +91,33 @@ def host_load() -> dict:
     return {"cpus": os.cpu_count(), "load_1min": round(os.getloadavg()[0], 2)}
 
 
+def cpu_snapshot() -> tuple[int, float, float] | None:
+    """Now: the host's busy CPU time (/proc/stat's first line: user, nice, system, irq, softirq, steal; clock ticks),
+    this process's own CPU seconds (all its threads) and a monotonic clock; None without /proc/stat."""
+    try:
+        with open("/proc/stat") as stat:
+            fields = [int(v) for v in stat.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    if len(fields) < 8:
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    return user + nice + system + irq + softirq + steal, own.ru_utime + own.ru_stime, time.monotonic()
+
+
+def busy_during(start: tuple | None, end: tuple | None) -> dict:
+    """CPUs kept busy by other processes between two cpu_snapshot()s (the timed steps): the host's busy CPU time less
+    this process's own, over the wall time: 6.0 is six CPUs' worth of other work (a compile beside the cell; under DDP
+    the other ranks too), to within a clock tick per CPU. {} where either snapshot is missing."""
+    if start is None or end is None or end[2] <= start[2]:
+        return {}
+    wall = end[2] - start[2]
+    host_busy = (end[0] - start[0]) / os.sysconf("SC_CLK_TCK")
+    return {"timed_seconds": round(wall, 3), "busy_cpus_others": round(max(0.0, (host_busy - (end[1] - start[1]))
+                                                                            / wall), 2)}
+
+
 def process_age_seconds() -> float | None:
     """Seconds since this process started (a forked cell: since its fork), from /proc; None where there is no /proc."""
     try:

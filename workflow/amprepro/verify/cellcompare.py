@@ -124,6 +124,21 @@ def describe_failure(key: str, check: dict) -> str:
     return text + f"; allowed {check['allowed']}"
 
 
+BUSY_NOTE_CPUS = 1.0  # other processes' CPUs during a cell's timed steps from which a timing failure says so
+
+
+def busy_note(busy) -> str:
+    """A timing failure's context: the CPUs other processes kept busy while the cell was timed (its host_load)."""
+    try:
+        busy = float(busy)
+    except (TypeError, ValueError):
+        return ""
+    if busy < BUSY_NOTE_CPUS:
+        return ""
+    return (f"; measured while other processes kept {busy:.1f} CPUs busy (the cell's host_load): something ran beside "
+            "it; measure again on a quiet machine before reading this as a regression")
+
+
 # Measured while the cell shared its GPU with other untimed cells (amprepro.plan.resources.shares_gpu): they depend on
 # what else ran then, so they are not compared; the loss, accuracy and allocator peak (per process) still are.
 SHARING_METRICS = ("throughput_per_s", "step_time_median_s", "energy_j_per_item")
@@ -247,7 +262,9 @@ def compare(summary: dict, aggregate: dict, tolerances: dict, specs_here: dict |
                             (ref.get(key) or {}).get("spec"), plans_here.get(key))
         cells.append(cell)
         if cell["verdict"] == "fail":
-            failed = [describe_failure(name, ch) for ch in cell["checks"] if ch["ok"] is False]
+            busy = busy_note((here.get(key) or {}).get("host_busy_cpus"))
+            failed = [describe_failure(name, ch) + (busy if ch["metric"] in SHARING_METRICS else "")
+                      for ch in cell["checks"] if ch["ok"] is False]
             failures += failed or [f"{name}: {cell['note']}"]
     counts = {v: sum(c["verdict"] == v for c in cells) for v in VERDICTS}
     return {"cells": cells, "failures": failures, "warnings": comparison_warnings(cells, counts), "counts": counts}
