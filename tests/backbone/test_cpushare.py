@@ -102,3 +102,23 @@ def test_the_build_rules_pass_their_threads_as_the_share():
 
     rules = (Path(apex_stage.__file__).resolve().parents[2] / "rules" / "apex.smk").read_text()
     assert rules.count("--cpu-share {threads}") == 2
+
+
+def test_the_probes_settings_confine_the_busy_processes_as_the_build_is_and_pin_the_timed_one_to_the_rest():
+    """tools/gpu/cpu_share_probe.py (run on a GPU box) compares these settings; on an H200 box's 16 CPUs."""
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(cpushare.__file__).resolve().parents[3] / "tools" / "gpu"))
+    try:
+        import cpu_share_probe
+    finally:
+        sys.path.pop(0)
+    settings = cpu_share_probe.settings_for(list(range(16)), HT16)
+    build = cpushare.plan_share(list(range(16)), HT16, 16 - cpu_share_probe.CELL_CPUS)
+    assert settings["quiet"] is None and settings["beside"] == (None, 0, None)
+    assert settings["confined"] == (build, cpushare.NICENESS, None)
+    assert settings["confined_cell_pinned"] == (build, cpushare.NICENESS, sorted(set(range(16)) - set(build)))
+    assert len(settings["confined_quarter"][0]) == 4
+    from amprepro.plan import resources
+
+    assert cpu_share_probe.CELL_CPUS == resources.CPUS_PER_GPU  # what the build leaves each GPU's cell
