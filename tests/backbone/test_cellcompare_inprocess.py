@@ -419,6 +419,6 @@ def test_a_timing_failure_says_how_busy_the_host_was_while_the_cell_was_timed(bu
                       {"metrics": RULES})
     speed, loss = outcome["failures"]
     assert speed.startswith("m/fp32/seed0: throughput") and loss.startswith("m/fp32/seed0: final loss")
-    note = f"; measured while other processes kept {float(busy or 0):.1f} CPUs busy (the cell's host_load)"
-    assert (note in speed) is said and speed.endswith("a regression") is said
+    note = f"; measured while other processes kept {float(busy or 0):.1f} CPUs busy (the cell's host_load"
+    assert (note in speed) is said and speed.endswith("on a quiet machine it may pass") is said
     assert "CPUs busy" not in loss

@@ -33,6 +33,12 @@ def test_an_odd_count_splits_one_core_and_takes_exactly_count():
     assert len(share) == 5 and {7, 15, 6, 14} <= set(share)
 
 
+def test_sibling_lists_that_overlap_never_give_a_cpu_twice():
+    """sysfs covering only part of the CPUs, or lists that disagree: the share still has count distinct CPUs."""
+    share = cpushare.plan_share([0, 1, 2, 3], {0: frozenset({0, 2}), 1: frozenset({1, 3}), 2: frozenset({0, 2})}, 3)
+    assert len(share) == 3 and len(set(share)) == 3 and set(share) <= {0, 1, 2, 3}
+
+
 def test_only_usable_cpus_are_chosen():
     usable = [0, 1, 2, 3, 8, 9]  # a container or Slurm job holding part of the machine
     share = cpushare.plan_share(usable, HT16, 3)
@@ -94,7 +100,8 @@ def test_the_build_job_records_its_share_and_its_children_inherit_it(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     record = json.loads(out.read_text())
     assert record["status"] == "skipped" and len(record["cpu_share"]["cpus"]) == 1
-    assert done.stdout.strip().splitlines()[-1] == f"{record['cpu_share']['cpus']} {os.nice(0) + cpushare.NICENESS}"
+    niceness = min(19, os.nice(0) + cpushare.NICENESS)  # the kernel's ceiling, where the suite already runs niced
+    assert done.stdout.strip().splitlines()[-1] == f"{record['cpu_share']['cpus']} {niceness}"
 
 
 def test_the_build_rules_pass_their_threads_as_the_share():

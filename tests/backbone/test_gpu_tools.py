@@ -280,9 +280,15 @@ def test_a_failed_gate_is_a_verdict_timed_and_recorded(tmp_path, gate, verdict):
     done = subprocess.run(["bash", "tools/gpu/time_to_verdict.sh", "60"], cwd=tree, env=env, capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert (state / "amprepro-verdict-epoch").exists() is verdict
+    assert bool(list(state.glob("amprepro-verdict-epoch-*"))) is verdict
     if verdict:
         record = json.loads((tmp_path / "out/time-to-verdict.json").read_text())
         assert record["gate"] == gate and record["commit"] == "abc1234"
+        # another tree measured later on the same box runs its own route, not the first tree's verdict
+        shutil.copytree(tree, tmp_path / "repo2")
+        again = subprocess.run(["bash", "tools/gpu/time_to_verdict.sh", "60"], cwd=tmp_path / "repo2",
+                               env={**env, "OUT": str(tmp_path / "out2")}, capture_output=True, text=True, timeout=120)
+        assert again.returncode == 0 and "make verify rc=2" in (tmp_path / "out2/route.out").read_text()
+        assert len(list(state.glob("amprepro-verdict-epoch-*"))) == 2
     else:
         assert "no verdict yet: call again" in done.stdout and not (tmp_path / "out/time-to-verdict.json").exists()

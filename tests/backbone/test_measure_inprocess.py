@@ -278,6 +278,21 @@ def test_the_cpus_other_processes_keep_busy_are_counted_and_this_processs_own_ar
     assert busy["timed_seconds"] >= 1.0 and busy["busy_cpus_others"] >= 0.6
     hz = os.sysconf("SC_CLK_TCK")
     own = measure.busy_during((0, 0.0, 10.0), (4 * hz, 1.0, 12.0))  # 4 CPU-seconds of which 1 was this process's
-    assert own == {"timed_seconds": 2.0, "busy_cpus_others": 1.5}
+    assert own == {"timed_seconds": 2.0, "busy_cpus_all": 1.5, "busy_cpus_others": 1.5}
+    # a 2-rank DDP cell: the other rank's busy CPU is the cell's own, not something beside it
+    assert measure.busy_during((0, 0.0, 10.0), (4 * hz, 1.0, 12.0), own_ranks=2)["busy_cpus_others"] == 0.5
+    assert measure.busy_during((0, 0.0, 10.0), (2 * hz, 1.0, 12.0), own_ranks=4)["busy_cpus_others"] == 0.0
     assert measure.busy_during((0, 3.0, 10.0), (hz, 4.5, 11.0))["busy_cpus_others"] == 0.0  # never below zero
     assert measure.busy_during(None, start) == {} and measure.busy_during(start, start) == {}
+
+
+def test_a_cells_own_ranks_on_this_host(monkeypatch):
+    class Dist:
+        world = 4
+
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    assert measure.local_ranks(Dist()) == 4 and measure.local_ranks(object()) == 1
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # torchrun over two nodes: two of the four here
+    assert measure.local_ranks(Dist()) == 2
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "two")
+    assert measure.local_ranks(Dist()) == 1

@@ -64,7 +64,7 @@ for f in ttv full full12 ref; do [ -f "$chain/$f.out" ] && { echo "== $f"; tail 
 for d in ttv full full12 ref; do
   [ -d "$chain/out/$d" ] && tar czf "$OUT/$d.tgz" -C "$chain/out" "$d"
 done
-for log in /tmp/amprepro-ttv-make-run.log /tmp/make-run-full-none.log /tmp/make-run-full-12.log; do
+for log in /tmp/amprepro-ttv-make-run*.log /tmp/make-run-full-none.log /tmp/make-run-full-12.log; do
   [ -f "$log" ] && gzip -c "$log" > "$OUT/$(basename "$log").gz"
 done
 cp "$chain/stages.log" "$OUT/" 2>/dev/null

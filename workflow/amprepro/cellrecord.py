@@ -200,7 +200,8 @@ class CellRecord:
     #: How the model was compiled (amprepro.train.float8.compile_model, via amprepro.train.cell.Cell.compile).
     compiled: Any = ABSENT
     #: How busy the host was: {"cpus", "load_1min"} right after the timed steps (amprepro.train.measure.host_load),
-    #: and over them {"timed_seconds", "busy_cpus_others"}: CPUs' worth of other processes' work (measure.busy_during).
+    #: and over them {"timed_seconds", "busy_cpus_all", "busy_cpus_others"}: CPUs' worth of other processes' work,
+    #: "others" without the cell's own other ranks on this host (measure.busy_during).
     host_load: dict = ABSENT
     #: The host threads it computed with: {"torch", "pools"} (amprepro.train.measure.thread_pools).
     host_threads: dict = ABSENT

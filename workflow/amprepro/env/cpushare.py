@@ -67,8 +67,8 @@ def plan_share(usable: list[int], siblings: dict[int, frozenset[int]], count: in
         cores.setdefault(group, sorted(group))
     chosen: list[int] = []
     for group in sorted(cores, key=min, reverse=True):
-        if len(chosen) + len(group) > count:
-            continue  # a core that would overshoot: a smaller one further down may still fit
+        if len(chosen) + len(group) > count or group & set(chosen):
+            continue  # a core that would overshoot (a smaller one further down may fit), or sysfs lists overlapping
         chosen.extend(cores[group])
         if len(chosen) == count:
             break

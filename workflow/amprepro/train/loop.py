@@ -122,7 +122,7 @@ def train_loop(spec, dist, device, base, cell, batches, breakdown, settings) -> 
         curve.maybe(step + 1, trainer, batches)
     settle(math.inf)
     energy_end, cpu_end = energy.read_joules(), measure.cpu_snapshot()
-    load = {**measure.host_load(), **measure.busy_during(cpu_start, cpu_end)}
+    load = {**measure.host_load(), **measure.busy_during(cpu_start, cpu_end, own_ranks=measure.local_ranks(dist))}
     energy_j = dist.total(energy_end - energy_start if None not in (energy_start, energy_end) else None, device)
     # Counted after training, on the last batch, so counting changes neither the data order nor the timings. Every
     # rank counts its own share (under DDP the backward's all-reduce needs them all); the global step is world times.

@@ -106,16 +106,26 @@ def cpu_snapshot() -> tuple[int, float, float] | None:
     return user + nice + system + irq + softirq + steal, own.ru_utime + own.ru_stime, time.monotonic()
 
 
-def busy_during(start: tuple | None, end: tuple | None) -> dict:
+def local_ranks(dist) -> int:
+    """How many of this cell's ranks run on this host: LOCAL_WORLD_SIZE under torchrun, else the world (one node)."""
+    try:
+        return max(1, int(os.environ.get("LOCAL_WORLD_SIZE") or getattr(dist, "world", 1) or 1))
+    except ValueError:
+        return 1
+
+
+def busy_during(start: tuple | None, end: tuple | None, own_ranks: int = 1) -> dict:
     """CPUs kept busy by other processes between two cpu_snapshot()s (the timed steps): the host's busy CPU time less
-    this process's own, over the wall time: 6.0 is six CPUs' worth of other work (a compile beside the cell; under DDP
-    the other ranks too), to within a clock tick per CPU. {} where either snapshot is missing."""
+    this process's own, over the wall time: 6.0 is six CPUs' worth of other work (a compile, or cells on other GPUs,
+    beside the cell), to within a clock tick per CPU. busy_cpus_others leaves out the cell's own other ranks on this
+    host, one busy CPU each (own_ranks - 1; under DDP they spin while they wait); busy_cpus_all keeps them. {} where
+    either snapshot is missing."""
     if start is None or end is None or end[2] <= start[2]:
         return {}
     wall = end[2] - start[2]
-    host_busy = (end[0] - start[0]) / os.sysconf("SC_CLK_TCK")
-    return {"timed_seconds": round(wall, 3), "busy_cpus_others": round(max(0.0, (host_busy - (end[1] - start[1]))
-                                                                            / wall), 2)}
+    others = max(0.0, ((end[0] - start[0]) / os.sysconf("SC_CLK_TCK") - (end[1] - start[1])) / wall)
+    return {"timed_seconds": round(wall, 3), "busy_cpus_all": round(others, 2),
+            "busy_cpus_others": round(max(0.0, others - (own_ranks - 1)), 2)}
 
 
 def process_age_seconds() -> float | None:

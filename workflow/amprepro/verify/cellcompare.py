@@ -135,8 +135,8 @@ def busy_note(busy) -> str:
         return ""
     if busy < BUSY_NOTE_CPUS:
         return ""
-    return (f"; measured while other processes kept {busy:.1f} CPUs busy (the cell's host_load): something ran beside "
-            "it; measure again on a quiet machine before reading this as a regression")
+    return (f"; measured while other processes kept {busy:.1f} CPUs busy (the cell's host_load, its own ranks left "
+            "out): a compile or other cells beside a host-bound cell slow it; on a quiet machine it may pass")
 
 
 # Measured while the cell shared its GPU with other untimed cells (amprepro.plan.resources.shares_gpu): they depend on
