@@ -17,9 +17,11 @@ state=${AMPREPRO_GPU_STATE:-/tmp}  # what a later call on the same box resumes f
 tag=$(echo "$PWD" | md5sum | cut -c1-8)  # this tree's: another tree measured on the same box starts afresh
 started=$state/amprepro-started-$tag  # make_run.sh's
 verdict=$state/amprepro-verdict-epoch-$tag
+routelog=$state/amprepro-ttv-make-run-$tag.log  # every call's make-run.log, for the job seconds
+timmdir=$state/amprepro-timm-$tag
 if [ ! -f "$verdict" ]; then
   OUT=$OUT bash tools/gpu/make_run.sh "$((budget - 20))" verify | tee "$OUT/route.out"
-  cat "$OUT/make-run.log" >> "$state/amprepro-ttv-make-run-$tag.log" 2>/dev/null
+  cat "$OUT/make-run.log" >> "$routelog" 2>/dev/null
   # A verdict is the gate's line, PASS, WARNING or FAIL (a FAIL is timed and recorded like a PASS); make's exit code
   # alone does not tell a FAIL from a run cut short or broken.
   grep -qE "^verify: (PASS|WARNING|FAIL):" "$OUT/make-verify.log" 2>/dev/null && date +%s > "$verdict"
@@ -32,19 +34,19 @@ for model in vit_timm vit_timm_fused_adamw; do
     [ -f "results/runs/$model/$precision/seed0/metrics.json" ] && cells+=(--cell "results/runs/$model/$precision/seed0")
   done
 done
-if [ -f vendor/timm/benchmark.py ] && [ ! -f $state/amprepro-timm-$tag/timm_compare.json ] && [ $((deadline - SECONDS)) -gt 150 ]; then
+if [ -f vendor/timm/benchmark.py ] && [ ! -f $timmdir/timm_compare.json ] && [ $((deadline - SECONDS)) -gt 150 ]; then
   CUDA_VISIBLE_DEVICES=0 timeout $((deadline - SECONDS - 20)) "$venv/bin/python" tools/gpu/timm_compare.py \
-    --benchmark vendor/timm/benchmark.py "${cells[@]}" --apex results/apex/apex.json --out $state/amprepro-timm-$tag
+    --benchmark vendor/timm/benchmark.py "${cells[@]}" --apex results/apex/apex.json --out $timmdir
 fi
 # benchmark.py carried but the comparison unfinished: the call's budget ended first. What finished goes in, said so.
-timm=$state/amprepro-timm-$tag/timm_compare.json timm_note=()
+timm=$timmdir/timm_compare.json timm_note=()
 if [ -f vendor/timm/benchmark.py ] && [ ! -f $timm ]; then
   timm_note=(--timm-note "timm's comparison did not finish within this call's budget (call again to finish it)")
-  [ -f $state/amprepro-timm-$tag/timm_compare.partial.json ] && timm=$state/amprepro-timm-$tag/timm_compare.partial.json
+  [ -f $timmdir/timm_compare.partial.json ] && timm=$timmdir/timm_compare.partial.json
 fi
 "$venv/bin/python" tools/gpu/time_to_verdict.py --started "$started" --verdict "$verdict" \
-  --log "$state/amprepro-ttv-make-run-$tag.log" --results results --commit "$COMMIT" --out "$OUT/time-to-verdict.json" \
+  --log "$routelog" --results results --commit "$COMMIT" --out "$OUT/time-to-verdict.json" \
   $( [ -f $timm ] && echo --timm $timm) "${timm_note[@]}"
 cp $timm "$OUT/" 2>/dev/null
-gzip -c "$state/amprepro-ttv-make-run-$tag.log" > "$OUT/make-run.log.gz"
+gzip -c "$routelog" > "$OUT/make-run.log.gz"
 ls -la "$OUT"

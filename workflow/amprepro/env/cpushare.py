@@ -61,15 +61,12 @@ def plan_share(usable: list[int], siblings: dict[int, frozenset[int]], count: in
     if count >= len(usable) or count < 1:
         return None
     allowed = set(usable)
-    cores: dict[frozenset[int], list[int]] = {}
-    for cpu in usable:
-        group = frozenset(siblings.get(cpu, {cpu}) & allowed) or frozenset({cpu})
-        cores.setdefault(group, sorted(group))
+    cores = {frozenset(siblings.get(cpu, {cpu}) & allowed) or frozenset({cpu}) for cpu in usable}
     chosen: list[int] = []
     for group in sorted(cores, key=min, reverse=True):
-        if len(chosen) + len(group) > count or group & set(chosen):
+        if len(chosen) + len(group) > count or not group.isdisjoint(chosen):
             continue  # a core that would overshoot (a smaller one further down may fit), or sysfs lists overlapping
-        chosen.extend(cores[group])
+        chosen.extend(group)
         if len(chosen) == count:
             break
     for cpu in sorted(usable, reverse=True):  # an odd count: the rest from a core split with the cells

@@ -4,12 +4,12 @@ resources that share the GPUs out; each malformed setting refused with its name 
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
 import sys
 from pathlib import Path
 
+from amprepro.env import cpushare
 from amprepro.gpuslots import gpu_count
 from amprepro.plan.resources import CELLS_PER_SHARED_GPU
 
@@ -105,7 +105,7 @@ def cores_setting(env: dict) -> tuple[str, str]:
     """(value for --cores, where it came from)."""
     cores = env.get("CORES", "").strip()
     if not cores:
-        return str(len(os.sched_getaffinity(0))), "all usable"
+        return str(len(cpushare.usable_cpus())), "all usable"
     if not CORES_PATTERN.fullmatch(cores):
         raise SettingError(f"CORES={cores!r} is not a whole number above 0 or 'all'; e.g. make run CORES=8, "
                            "or leave it out to use every core")
