@@ -1,6 +1,6 @@
 # Two jobs, so that the cells needing no apex do not wait for the compile. The full build compiles only the extensions
 # the run matrix's cells use (APEX_EXTENSIONS, amprepro.apexexts; docs/apex.md); the shell none. apex_build compiles into the cache with
-# nvcc and the CPUs only: on this machine it takes no GPU and leaves one cell's CPUs free, so those cells run beside
+# nvcc and the CPUs only: on this machine it takes no GPU and leaves one cell's CPUs (and a core) free, so those cells run beside
 # it (amprepro.plan.resources.apex_build_threads); on a cluster it runs on a GPU node, as the cells will. apex then
 # installs and verifies that build on a GPU, and the cells that use apex wait for it. apex is a checkpoint, as sanity is
 # (workflow/rules/sanity.smk): once it has run, Snakemake judges those cells again by the content of runs.json, so a
