@@ -150,8 +150,9 @@ def smoke_preset_run(tmp_path_factory) -> tuple[Path, float, Path]:
 
     workdir = copy_workflow(tmp_path_factory.mktemp("smoke") / "amprepro")
     started = time.monotonic()
-    snakemake(workdir, "--cores", "2", "--config", "preset=smoke")
+    result = snakemake(workdir, "--cores", "2", "--config", "preset=smoke")
     seconds = time.monotonic() - started
+    (workdir.parent / "run.stderr").write_text(result.stderr)  # what the run said, beside its directory
     pristine = Path(shutil.copytree(workdir, tmp_path_factory.mktemp("smoke-copy") / "amprepro", symlinks=True))
     return workdir, seconds, pristine
 

@@ -1,3 +1,4 @@
+import json
 import sys
 
 import pytest
@@ -25,6 +26,25 @@ def test_required_failure_stops_with_the_fix(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "required sanity check failed: cuda.is_available" in err and "Fix: " in err
     assert not (tmp_path / "s.json").exists()
+
+
+def test_the_failed_checks_that_did_not_stop_the_run_are_said_with_their_fix(tmp_path):
+    record = tmp_path / "sanity.json"
+    record.write_text(json.dumps({"checks": [
+        sanity.check("torch version", "pass", "torch 2.13.0", required=True),
+        sanity.check("torchvision loads against torch 2.13.0+cpu", "fail", "torchvision does not load", "reinstall it"),
+        sanity.check("GPU name", "skip", "no CUDA GPU"),
+        sanity.check("timm loads against torch 2.13.0+cpu", "fail", "timm does not load", "")]}))
+    lines = sanity.unmet_lines(record)
+    assert lines == [
+        'amprepro: WARNING: the stack\'s check "torchvision loads against torch 2.13.0+cpu" failed: torchvision does '
+        "not load. This run's models do not need it; a preset whose models do stops at it. Fix: reinstall it",
+        'amprepro: WARNING: the stack\'s check "timm loads against torch 2.13.0+cpu" failed: timm does not load. This '
+        "run's models do not need it; a preset whose models do stops at it. Fix: see results/logs/sanity.log"]
+    record.write_text(json.dumps({"checks": [sanity.check("torch version", "pass", "torch 2.13.0", required=True)]}))
+    assert sanity.unmet_lines(record) == []
+    record.write_text("{broken")
+    assert sanity.unmet_lines(record) == [] and sanity.unmet_lines(tmp_path / "missing.json") == []
 
 
 def test_nvcc_mismatch_is_diagnosed(tmp_path, monkeypatch):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import os
 import sys
 import time
@@ -158,7 +159,8 @@ LIBRARY_FIX = {
     "torchvision": ("install the torchvision release built for this torch, from the same index this torch came from "
                     "(requirements.txt pins the pair: torch 2.13.0 with torchvision 0.28.0; a CPU torch needs the CPU "
                     "torchvision of PyTorch's CPU index), e.g. `.venv/bin/python -m pip install --force-reinstall "
-                    "--no-deps torchvision==0.28.0` from that index; then run again"),
+                    "--no-deps torchvision==0.28.0 --index-url https://download.pytorch.org/whl/cpu` for a CPU torch; "
+                    "then run again"),
     "timm": ("make torchvision load first (timm imports it), then `.venv/bin/python -m pip install timm==1.0.26` "
              "(requirements.txt's pin); then run again"),
 }
@@ -231,6 +233,21 @@ def run_checks(apex_required: bool, expect_gpu: bool, archs: tuple[str, ...] = (
             + timed("autocast", autocast_checks, torch) + [timed("GradScaler", grad_scaler_check, torch)]
             + [timed(package, library_check, torch, package, package in needs) for package in LIBRARY_FIX]
             + [timed("Jupyter kernel", kernel_check)])
+
+
+def unmet_lines(path: str | Path) -> list[str]:
+    """The checks in a sanity.json (main's record) that failed without stopping the run, one console line each with
+    its fix; none where there is no readable record. A required check that fails stops the run in main, before any
+    cell; one that is not required shows in the report and the job's log, where a run that ends well is not read:
+    workflow/Snakefile says these lines again when Snakemake ends (onsuccess)."""
+    try:
+        checks = json.loads(Path(path).read_text()).get("checks", [])
+    except (OSError, ValueError, AttributeError):
+        return []
+    return [f"amprepro: WARNING: the stack's check \"{c.get('name')}\" failed: {c.get('detail')}. This run's models "
+            "do not need it; a preset whose models do stops at it. "
+            f"Fix: {c.get('fix') or 'see results/logs/sanity.log'}"
+            for c in checks if isinstance(c, dict) and c.get("status") == "fail"]
 
 
 def main(argv=None) -> None:
