@@ -96,6 +96,36 @@ def test_time_to_verdict_record_from_a_committed_route_log(tmp_path):
     assert record["timm_ratios"] is None and "no timm comparison" in record["timm_note"]
 
 
+def test_time_to_verdict_splits_the_route_into_its_critical_path(tmp_path):
+    """tools/gpu/time_to_verdict.py on the fresh H100's route at 99d30cf (results-reference/perf/99d30cf-h100, its log
+    and results): 18 s before the first cell job (the plan waited for a core), the cells' stretch, the report after
+    it, what no Snakemake job covers; and the cells on a GPU of their own, split into their loops and the rest of each
+    job, the untimed cells that share the GPU left out (the numbers the issue-40 note gives)."""
+    import gzip
+    import json
+    import tarfile
+
+    perf = REPO / "results-reference/perf/99d30cf-h100"
+    (tmp_path / "make-run.log").write_bytes(gzip.decompress((perf / "make-run.log.gz").read_bytes()))
+    with tarfile.open(perf / "results.tgz") as packed:
+        packed.extractall(tmp_path, filter="data")
+    (tmp_path / "started").write_text("100\n")
+    (tmp_path / "verdict").write_text("365\n")
+    out = tmp_path / "ttv.json"
+    done = subprocess.run([sys.executable, str(REPO / "tools/gpu/time_to_verdict.py"), "--started", "started",
+                           "--verdict", "verdict", "--log", "make-run.log", "--results", "results",
+                           "--commit", "99d30cf", "--out", str(out)], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    path = json.loads(out.read_text())["critical_path"]
+    assert path == json.loads((perf / "time-to-verdict.json").read_text())["critical_path"]
+    assert (path["before_cells_s"], path["cells_s"], path["after_cells_s"], path["outside_snakemake_jobs_s"]) == (
+        18.0, 228.0, 10.0, 9.0)
+    assert sum(value for key, value in path.items() if key.endswith("_s")) == 265.0
+    assert path["serial_gpu_jobs"] == {"train": 45, "largest_batch": 3, "apex": 1}  # 57 cells, 12 on the shared GPU
+    assert path["cells_on_their_own_gpu"] == {"jobs": 41, "job_s": 179.0, "loop_s": 126.6, "outside_loop_s": 52.4}
+
+
 def test_steps_budget_slices_each_cells_own_step_times(tmp_path):
     """tools/gpu/steps_budget.py: a window's median from the cell's steps.csv, its distance from the median the cell
     reported, the seconds the dropped steps took; a model whose throughput the tolerances do not compare counts in no

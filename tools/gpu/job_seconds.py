@@ -15,6 +15,12 @@ FINISHED = re.compile(r"Finished jobid: (\d+) \(Rule: (\w+)\)")
 
 def parse(paths):
     """(rule, wildcards, seconds) of every job that finished, over the logs of one run."""
+    return [(rule, wildcards, (end - begin).total_seconds()) for rule, wildcards, begin, end in spans(paths)]
+
+
+def spans(paths):
+    """(rule, wildcards, start, end) of every job that finished, over the logs of one run: Snakemake's stamps, whole
+    seconds of the machine's local time."""
     start, rows = {}, []
     for p in paths:
         with open(p) as log:
@@ -37,7 +43,7 @@ def parse_log(p, log, start, rows):
             cur["wc"] = m.group(1)
         elif (m := FINISHED.match(line)) and (p, m.group(1)) in start:
             s = start[(p, m.group(1))]
-            rows.append((s["rule"], s["wc"], (ts - s["t0"]).total_seconds()))
+            rows.append((s["rule"], s["wc"], s["t0"], ts))
 
 
 def main():

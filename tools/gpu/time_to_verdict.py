@@ -74,6 +74,47 @@ def step_seconds(cells: list[tuple[Path, dict]]) -> dict:
     return {"cells": counted, "sum_s": round(total, 1)}
 
 
+# The jobs that hold the whole GPU one after another once the cells start: the cells on a GPU of their own, the
+# largest-batch searches and apex's check (the untimed cells that share a GPU run beside each other first).
+SERIAL_GPU_RULES = ("train", "largest_batch", "apex")
+
+
+def critical_path(logs: list[Path], cells: list[tuple[Path, dict]], seconds_to_verdict: float) -> dict:
+    """Where the seconds to the verdict went, from Snakemake's job stamps (whole seconds) and the cells' records:
+    before the first cell job, the cell jobs' stretch, after the last of them (summary, report), and what Snakemake's
+    jobs do not cover (make and the launcher before the first job, Snakemake's own start and end, `make verify`).
+    Within the stretch, the cells on a GPU of their own: their jobs' seconds, their loops' (warm-up and timed steps,
+    compile, FLOP count, held-out losses) and the rest of each job (fork, CUDA start, build, data, Snakemake)."""
+    jobs = job_seconds.spans([str(p) for p in logs if p.exists()])
+    if not jobs:
+        return {}
+    shared = {(path.parent.parent.parent.name, path.parent.parent.name, path.parent.name)
+              for path, metrics in cells if metrics.get("gpu_shared")}
+    loops = {(path.parent.parent.parent.name, path.parent.parent.name, path.parent.name):
+             (metrics.get("phase_seconds") or {}).get("loop") for path, metrics in cells}
+
+    def cell_of(wildcards: str) -> tuple[str, str, str]:
+        found = dict(item.split("=", 1) for item in wildcards.split(", ") if "=" in item)
+        return found.get("model", ""), found.get("precision", ""), f"seed{found.get('seed', '')}"
+
+    first, last = min(job[2] for job in jobs), max(job[3] for job in jobs)
+    serial = [job for job in jobs if job[0] in SERIAL_GPU_RULES and cell_of(job[1]) not in shared]
+    cell_jobs = [job for job in jobs if job[0] in SERIAL_GPU_RULES]
+    cells_start, cells_end = min(job[2] for job in cell_jobs), max(job[3] for job in cell_jobs)
+    own = [job for job in serial if job[0] == "train" and loops.get(cell_of(job[1])) is not None]
+    job_s = sum((job[3] - job[2]).total_seconds() for job in own)
+    loop_s = sum(loops[cell_of(job[1])] for job in own)
+    return {
+        "before_cells_s": (cells_start - first).total_seconds(),
+        "cells_s": (cells_end - cells_start).total_seconds(),
+        "after_cells_s": (last - cells_end).total_seconds(),
+        "outside_snakemake_jobs_s": round(seconds_to_verdict - (last - first).total_seconds(), 1),
+        "cells_on_their_own_gpu": {"jobs": len(own), "job_s": job_s, "loop_s": round(loop_s, 1),
+                                   "outside_loop_s": round(job_s - loop_s, 1)},
+        "serial_gpu_jobs": {rule: sum(1 for job in serial if job[0] == rule) for rule in SERIAL_GPU_RULES},
+    }
+
+
 def recipe_difference(precision: str, optimizer: str) -> str | None:
     """What our cell runs that timm's benchmark.py does not, where it costs time: torch.amp.GradScaler, whose step
     reads the inf flag on the host before a non-fused optimizer's step (timm's benchmark runs no scaler)."""
@@ -104,6 +145,7 @@ def record(args) -> dict:
         "cell_phases": cell_phases(cells),
         "init_weights": init_weights(cells),
         "step_seconds": step_seconds(cells),
+        "critical_path": critical_path([Path(p) for p in args.log], cells, verdict - started),
         "timm_ratios": None if timm is None else [
             {"model": r["model"], "precision": r["precision"],
              "optimizer": r["amprepro"]["spec"]["train"]["optimizer"], "timm_samples_per_s": r["timm_samples_per_s"],
