@@ -28,9 +28,16 @@ def test_without_a_topology_each_cpu_is_a_core():
     assert cpushare.plan_share(list(range(16)), {}, 6) == [10, 11, 12, 13, 14, 15]
 
 
-def test_an_odd_count_splits_one_core_and_takes_exactly_count():
-    share = cpushare.plan_share(list(range(16)), HT16, 5)
-    assert len(share) == 5 and {7, 15, 6, 14} <= set(share)
+@pytest.mark.parametrize(("count", "share"), [(7, [5, 6, 7, 13, 14, 15]), (5, [6, 7, 14, 15]), (2, [7, 15])])
+def test_a_count_that_ends_inside_a_core_leaves_that_core_to_the_cells(count, share):
+    """apex_build_threads leaves 7 of 16 CPUs for the build on a one-GPU box: on two threads a core, 3 whole cores."""
+    assert cpushare.plan_share(list(range(16)), HT16, count) == share
+    cells = set(range(16)) - set(share)
+    assert all(HT16[cpu] <= cells for cpu in cells)
+
+
+def test_a_count_smaller_than_a_core_takes_single_cpus():
+    assert cpushare.plan_share(list(range(16)), HT16, 1) == [15]  # the apex shell's one-thread build
 
 
 def test_sibling_lists_that_overlap_never_give_a_cpu_twice():
@@ -41,8 +48,9 @@ def test_sibling_lists_that_overlap_never_give_a_cpu_twice():
 
 def test_only_usable_cpus_are_chosen():
     usable = [0, 1, 2, 3, 8, 9]  # a container or Slurm job holding part of the machine
-    share = cpushare.plan_share(usable, HT16, 3)
-    assert len(share) == 3 and set(share) <= set(usable)
+    share = cpushare.plan_share(usable, HT16, 3)  # CPUs 2 and 3 are cores of their own here; 3 would split 1/9
+    assert share == [2, 3] and set(share) <= set(usable)
+    assert cpushare.plan_share(usable, HT16, 4) == [1, 2, 3, 9]
 
 
 @pytest.mark.parametrize("count", [16, 20, 0])
@@ -120,12 +128,11 @@ def test_the_probes_settings_confine_the_busy_processes_as_the_build_is_and_pin_
         import cpu_share_probe
     finally:
         sys.path.pop(0)
+    from amprepro.plan import resources
+
     settings = cpu_share_probe.settings_for(list(range(16)), HT16)
-    build = cpushare.plan_share(list(range(16)), HT16, 16 - cpu_share_probe.CELL_CPUS)
+    build = cpushare.plan_share(list(range(16)), HT16, resources.apex_build_threads(16, 1))
     assert settings["quiet"] is None and settings["beside"] == (None, 0, None)
     assert settings["confined"] == (build, cpushare.NICENESS, None)
     assert settings["confined_cell_pinned"] == (build, cpushare.NICENESS, sorted(set(range(16)) - set(build)))
     assert len(settings["confined_quarter"][0]) == 4
-    from amprepro.plan import resources
-
-    assert cpu_share_probe.CELL_CPUS == resources.CPUS_PER_GPU  # what the build leaves each GPU's cell

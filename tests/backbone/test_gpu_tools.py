@@ -124,6 +124,16 @@ def test_time_to_verdict_splits_the_route_into_its_critical_path(tmp_path):
     assert sum(value for key, value in path.items() if key.endswith("_s")) == 265.0
     assert path["serial_gpu_jobs"] == {"train": 45, "largest_batch": 3, "apex": 1}  # 57 cells, 12 on the shared GPU
     assert path["cells_on_their_own_gpu"] == {"jobs": 41, "job_s": 179.0, "loop_s": 126.6, "outside_loop_s": 52.4}
+    # A route cut before its first cell job: the record is still written, with nothing to split.
+    log = (tmp_path / "make-run.log").read_text()
+    (tmp_path / "make-run.log").write_text(log[:log.index("localrule apex_build:")])
+    done = subprocess.run([sys.executable, str(REPO / "tools/gpu/time_to_verdict.py"), "--started", "started",
+                           "--verdict", "verdict", "--log", "make-run.log", "--results", "results",
+                           "--commit", "99d30cf", "--out", str(out)], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    record = json.loads(out.read_text())
+    assert record["critical_path"] == {} and record["job_kinds"]["environment"]["jobs"] == 1
 
 
 def test_steps_budget_slices_each_cells_own_step_times(tmp_path):

@@ -38,9 +38,9 @@ def test_the_failed_checks_that_did_not_stop_the_run_are_said_with_their_fix(tmp
     lines = sanity.unmet_lines(record)
     assert lines == [
         'amprepro: WARNING: the stack\'s check "torchvision loads against torch 2.13.0+cpu" failed: torchvision does '
-        "not load. This run's models do not need it; a preset whose models do stops at it. Fix: reinstall it",
-        'amprepro: WARNING: the stack\'s check "timm loads against torch 2.13.0+cpu" failed: timm does not load. This '
-        "run's models do not need it; a preset whose models do stops at it. Fix: see results/logs/sanity.log"]
+        "not load. It is not required for this run, which went on. Fix: reinstall it",
+        'amprepro: WARNING: the stack\'s check "timm loads against torch 2.13.0+cpu" failed: timm does not load. It is '
+        "not required for this run, which went on. Fix: see results/logs/sanity.log"]
     record.write_text(json.dumps({"checks": [sanity.check("torch version", "pass", "torch 2.13.0", required=True)]}))
     assert sanity.unmet_lines(record) == []
     record.write_text("{broken")

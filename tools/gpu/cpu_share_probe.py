@@ -8,7 +8,7 @@ tens of milliseconds, like vit_timm's, so the host's launch thread matters) is t
 of 20 steps after 5 warm-up steps, in each setting, the settings interleaved round by round (about a minute):
   quiet      nothing beside it
   beside     one busy process per usable CPU, anywhere, at normal priority (the build before cpushare)
-  confined   the same processes, confined to plan_share(usable, siblings, usable - 8) at niceness 10 (the build now)
+  confined   the same processes, confined to the apex build's share (resources.apex_build_threads) at niceness 10
   confined_cell_pinned  as confined, and the timed process pinned to the other CPUs (would pinning the cells help?)
   confined_quarter      the same processes on a quarter of the CPUs (does what is left scale with the build's CPUs?)
 The busy processes are pure-Python loops: a stand-in for nvcc and cicc, lighter on caches and memory than they are,
@@ -26,8 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "workflow"))
 from amprepro.env import cpushare
-
-CELL_CPUS = 8  # amprepro.plan.resources.CPUS_PER_GPU: what the build leaves each GPU's cell
+from amprepro.plan import resources
 
 
 def spin(cpus, niceness):
@@ -43,7 +42,7 @@ def spin(cpus, niceness):
 def settings_for(usable: list[int], siblings: dict) -> dict:
     """Each setting: None (quiet), or (the busy processes' CPUs or None for anywhere, their niceness, the timed
     process's own CPUs or None for anywhere). One busy process per usable CPU in every loaded setting."""
-    share = cpushare.plan_share(usable, siblings, len(usable) - CELL_CPUS)
+    share = cpushare.plan_share(usable, siblings, resources.apex_build_threads(len(usable), 1))  # the build's share
     quarter = cpushare.plan_share(usable, siblings, max(1, len(usable) // 4))
     rest = sorted(set(usable) - set(share)) if share else None
     return {"quiet": None, "beside": (None, 0, None), "confined": (share, cpushare.NICENESS, None),

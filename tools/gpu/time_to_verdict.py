@@ -84,9 +84,11 @@ def critical_path(logs: list[Path], cells: list[tuple[Path, dict]], seconds_to_v
     before the first cell job, the cell jobs' stretch, after the last of them (summary, report), and what Snakemake's
     jobs do not cover (make and the launcher before the first job, Snakemake's own start and end, `make verify`).
     Within the stretch, the cells on a GPU of their own: their jobs' seconds, their loops' (warm-up and timed steps,
-    compile, FLOP count, held-out losses) and the rest of each job (fork, CUDA start, build, data, Snakemake)."""
+    compile, FLOP count, held-out losses) and the rest of each job (fork, CUDA start, build, data, Snakemake). A route
+    resumed over several calls has each call's log: the time between the calls counts where it fell."""
     jobs = job_seconds.spans([str(p) for p in logs if p.exists()])
-    if not jobs:
+    cell_jobs = [job for job in jobs if job[0] in SERIAL_GPU_RULES]
+    if not cell_jobs:  # a route cut before its first cell, or no log: nothing to split
         return {}
     shared = {(path.parent.parent.parent.name, path.parent.parent.name, path.parent.name)
               for path, metrics in cells if metrics.get("gpu_shared")}
@@ -98,8 +100,7 @@ def critical_path(logs: list[Path], cells: list[tuple[Path, dict]], seconds_to_v
         return found.get("model", ""), found.get("precision", ""), f"seed{found.get('seed', '')}"
 
     first, last = min(job[2] for job in jobs), max(job[3] for job in jobs)
-    serial = [job for job in jobs if job[0] in SERIAL_GPU_RULES and cell_of(job[1]) not in shared]
-    cell_jobs = [job for job in jobs if job[0] in SERIAL_GPU_RULES]
+    serial = [job for job in cell_jobs if cell_of(job[1]) not in shared]
     cells_start, cells_end = min(job[2] for job in cell_jobs), max(job[3] for job in cell_jobs)
     own = [job for job in serial if job[0] == "train" and loops.get(cell_of(job[1])) is not None]
     job_s = sum((job[3] - job[2]).total_seconds() for job in own)

@@ -1,10 +1,10 @@
 # Two jobs, so that the cells needing no apex do not wait for the compile. The full build compiles only the extensions
-# the run matrix's cells use (APEX_EXTENSIONS, amprepro.apexexts; docs/apex.md); the shell none. apex_build compiles into the cache with
-# nvcc and the CPUs only: on this machine it takes no GPU and leaves one cell's CPUs (and a core) free, so those cells run beside
-# it (amprepro.plan.resources.apex_build_threads); on a cluster it runs on a GPU node, as the cells will. apex then
-# installs and verifies that build on a GPU, and the cells that use apex wait for it. apex is a checkpoint, as sanity is
-# (workflow/rules/sanity.smk): once it has run, Snakemake judges those cells again by the content of runs.json, so a
-# rebuild with the same outcome re-runs no cell.
+# the run matrix's cells use (APEX_EXTENSIONS, amprepro.apexexts; docs/apex.md); the shell none. apex_build compiles
+# into the cache with nvcc and the CPUs only: on this machine it takes no GPU and leaves one cell's CPUs (and a
+# thread) free, so those cells run beside it (amprepro.plan.resources.apex_build_threads); on a cluster it runs on a
+# GPU node, as the cells will. apex then installs and verifies that build on a GPU, and the cells that use apex wait
+# for it. apex is a checkpoint, as sanity is (workflow/rules/sanity.smk): once it has run, Snakemake judges those cells
+# again by the content of runs.json, so a rebuild with the same outcome re-runs no cell.
 BUILD_GPUS = 1 if GPUS and not workflow.local_exec else 0
 
 # A record that names a build entry or site dir that is gone (deleted by hand) is removed here, so that this run builds

@@ -56,8 +56,10 @@ def plan_share(usable: list[int], siblings: dict[int, frozenset[int]], count: in
     """count CPUs for the job, or None when it should take them all (it asked for as many as there are, or more).
 
     Whole cores from the top of the list, so the cells (which start on the low CPUs and stay where they are not
-    crowded) keep whole cores too; a core only partly usable here counts with the CPUs it has; an odd count splits
-    one core. Without a topology (siblings empty or not covering a CPU), each CPU is its own core."""
+    crowded) keep whole cores too; a core only partly usable here counts with the CPUs it has. A count that ends inside
+    a core gets the whole cores below it (one CPU fewer than counted: the build runs its jobs on those, and no cell
+    shares a core with it); only a count smaller than any core takes single CPUs, splitting a core. Without a topology
+    (siblings empty or not covering a CPU), each CPU is its own core."""
     if count >= len(usable) or count < 1:
         return None
     allowed = set(usable)
@@ -69,11 +71,10 @@ def plan_share(usable: list[int], siblings: dict[int, frozenset[int]], count: in
         chosen.extend(group)
         if len(chosen) == count:
             break
-    for cpu in sorted(usable, reverse=True):  # an odd count: the rest from a core split with the cells
+    for cpu in sorted(usable, reverse=True) if not chosen else ():  # fewer than a core: split one with the cells
         if len(chosen) == count:
             break
-        if cpu not in chosen:
-            chosen.append(cpu)
+        chosen.append(cpu)
     return sorted(chosen)
 
 

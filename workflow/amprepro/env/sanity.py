@@ -238,14 +238,15 @@ def run_checks(apex_required: bool, expect_gpu: bool, archs: tuple[str, ...] = (
 def unmet_lines(path: str | Path) -> list[str]:
     """The checks in a sanity.json (main's record) that failed without stopping the run, one console line each with
     its fix; none where there is no readable record. A required check that fails stops the run in main, before any
-    cell; one that is not required shows in the report and the job's log, where a run that ends well is not read:
-    workflow/Snakefile says these lines again when Snakemake ends (onsuccess)."""
+    cell; one that is not (a library none of the run's models is built from, bf16 or Tensor Cores the GPU lacks, the
+    toolkit where apex is not required) shows in the report and the job's log, where a run that ends well is not
+    read: workflow/Snakefile says these lines again when Snakemake ends (onsuccess)."""
     try:
         checks = json.loads(Path(path).read_text()).get("checks", [])
     except (OSError, ValueError, AttributeError):
         return []
-    return [f"amprepro: WARNING: the stack's check \"{c.get('name')}\" failed: {c.get('detail')}. This run's models "
-            "do not need it; a preset whose models do stops at it. "
+    return [f"amprepro: WARNING: the stack's check \"{c.get('name')}\" failed: {c.get('detail')}. It is not "
+            "required for this run, which went on. "
             f"Fix: {c.get('fix') or 'see results/logs/sanity.log'}"
             for c in checks if isinstance(c, dict) and c.get("status") == "fail"]
 

@@ -85,11 +85,13 @@ def runtime_minutes(model: ModelSettings | dict, train: dict, factor: float) -> 
 
 def apex_build_threads(cores: int, local_gpus: int) -> int:
     """The apex compile's threads. On one machine with GPUs (local_gpus > 0) the build runs beside the cells that need
-    no apex: it leaves each GPU's cell its CPUS_PER_GPU and one core more for the one-thread jobs that run beside it
-    (the apex shell's build, the summary), as long as that leaves the build half the cores other than that one (else it
-    takes them all and runs alone). Without that core, the memory plan (a GPU job of CPUS_PER_GPU threads, before any
-    timed cell) waited 10 s for the shell's build on a fresh 16-core H100 (results-reference/perf/99d30cf-h100). A
-    cluster job (local_gpus 0) gets all it asks for."""
+    no apex: it leaves each GPU's cell its CPUS_PER_GPU and one thread more in Snakemake's count for the one-thread
+    jobs beside it (the apex shell's build, the summary), as long as that leaves the build half the cores other than
+    that one (else it takes them all and runs alone). Without it, the memory plan (a GPU job of CPUS_PER_GPU threads,
+    before any timed cell) waited 10 s for the shell's build on a fresh 16-core H100 (results-reference/perf/
+    99d30cf-h100). Where the jobs run is amprepro.env.cpushare's: the build on whole cores from the top (on two
+    threads a core, 7 counted give 3 cores), the shell's build on the top CPU, at the same low priority. A cluster
+    job (local_gpus 0) gets all it asks for."""
     free = cores - CPUS_PER_GPU * local_gpus - 1
     return free if local_gpus and free >= max(1, (cores - 1) // 2) else cores
 
