@@ -237,6 +237,25 @@ def test_a_largest_batch_search_forks_from_the_server_too_and_only_known_entries
     assert refused.startswith("the server runs only train, batchsearch, notrun")
 
 
+def test_the_apex_checks_fork_from_the_server_and_start_fresh_without_one(env, server, tmp_path):
+    """amprepro.env.apexbuild.verify's probes (one per opt level, as the apex and apex_shell rules run them): forked
+    from the server where the job has one, a fresh interpreter where not, the same checks either way. A stand-in
+    site dir: an apex package and one extension module (the GPU checks are tests/gpu's)."""
+    from amprepro.env.apexbuild.verify import run_groups
+
+    site = tmp_path / "site"
+    (site / "apex").mkdir(parents=True)
+    (site / "apex" / "__init__.py").write_text("")
+    (site / "fused_ext.py").write_text("")
+    for job_env, process in (({**env, cellserver.ENV: server[1]}, "forked from amprepro.plan.cellserver pid "),
+                             (env, "a fresh interpreter")):
+        checks, gpu = run_groups([["imports"], ["imports"]], site, ["fused_ext"], job_env)
+        imports = checks["imports"]
+        assert imports["ok"] is True and imports["apex_file"] == str(site / "apex" / "__init__.py"), imports
+        assert imports["extensions"]["fused_ext"]["importable"] is True and gpu is None
+        assert imports["process"].startswith(process), imports["process"]
+
+
 def test_a_cell_short_of_gpus_is_written_as_skipped_by_a_forked_child(env, server, tmp_path):
     """The launcher's not-started record (a 2-GPU cell that sees none) comes from a child of the server, with no fresh
     import of torch, and says the same as one written without a server."""

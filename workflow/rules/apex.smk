@@ -68,7 +68,7 @@ checkpoint apex:
         settings=json.dumps(
             {**config["apex"], "required": APEX_REQUIRED, "extensions": APEX_EXTENSIONS}, sort_keys=True
         ),
-        code=code_digest("env.apex_stage", "runinputs"),
+        code=code_digest("env.apex_stage", "runinputs", "plan.cellserver"),  # its probes: forked by name
     shell:
         "python -m amprepro.gpuslots --gpus {resources.gpu} -- python -m amprepro.env.apex_stage"
         " --built {input.build} --settings {params.settings:q} --out {output.apex} --jobs {threads} > {log} 2>&1"
@@ -128,7 +128,7 @@ checkpoint apex_shell:
     params:
         settings=json.dumps({**config["apex"], "required": APEX_REQUIRED}, sort_keys=True),
         slots=untimed_gpuslots,
-        code=code_digest("env.apex_stage", "runinputs"),
+        code=code_digest("env.apex_stage", "runinputs", "plan.cellserver"),  # its probes: forked by name
     shell:
         "python -m amprepro.gpuslots --gpus {resources.gpu}{params.slots} -- python -m amprepro.env.apex_stage --shell"
         " --built {input.build} --settings {params.settings:q} --out {output.apex} --jobs {threads} > {log} 2>&1"

@@ -1,9 +1,12 @@
-"""Verification in fresh interpreters: every promised extension imports, and the fused kernels compute what torch does.
+"""Verification in processes of their own: every promised extension imports, and the fused kernels compute what torch
+does.
 
-apex.amp O1 patches torch functions for the whole process (apex issue #896), so each opt level gets its own
-interpreter; the interpreters run side by side. The GPU checks cost seconds of CUDA start-up each (14 s for a
-rerun on the H200), so their results are kept beside the site dir and reused while the installed wheel and the GPU
-(name, uuid, driver) are unchanged; the import checks always run afresh. AMPREPRO_APEX_REVERIFY=1 reruns all.
+apex.amp O1 patches torch functions for the whole process (apex issue #896), so each opt level gets its own process;
+the processes run side by side. Each is forked from the run's cell server where there is one (amprepro.plan.cellserver
+--run apex_probe: torch and torch._dynamo already imported, as in the cells that will use apex), else a fresh
+interpreter. The GPU checks cost seconds of CUDA start-up each (14 s for a rerun on the H200), so their results are
+kept beside the site dir and reused while the installed wheel and the GPU (name, uuid, driver) are unchanged; the
+import checks always run afresh. AMPREPRO_APEX_REVERIFY=1 reruns all.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from pathlib import Path
 from amprepro.env.apexbuild.errors import ApexError
 from amprepro.files import write_json
 
-PROBE = Path(__file__).with_name("verify_probe.py")
+PROBE_ENTRY = ["-m", "amprepro.plan.cellserver", "--run", "apex_probe", "--"]  # verify_probe, forked or fresh
 TIMEOUT_SECONDS = 600
 RECORD = ".amprepro-verification.json"
 REVERIFY = "AMPREPRO_APEX_REVERIFY"
@@ -71,7 +74,7 @@ def reusable_gpu_checks(site: Path, wheel_sha256: str, gpu: str, env: dict) -> d
 def run_groups(groups: list[list[str]], site: Path, promised: list[str], env: dict, absent: list[str] = ()
                ) -> tuple[dict, str | None]:
     site_abs = os.path.abspath(site)
-    processes = [subprocess.Popen([sys.executable, str(PROBE), site_abs, ",".join(group), ",".join(promised),
+    processes = [subprocess.Popen([sys.executable, *PROBE_ENTRY, site_abs, ",".join(group), ",".join(promised),
                                    ",".join(absent)],
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
                  for group in groups]
@@ -84,7 +87,7 @@ def run_groups(groups: list[list[str]], site: Path, promised: list[str], env: di
                            for name in group})
             continue
         gpu_name = gpu_name or report["gpu"]
-        checks.update(report["checks"])
+        checks.update({name: {**result, "process": report.get("process")} for name, result in report["checks"].items()})
     return checks, gpu_name
 
 

@@ -1,22 +1,26 @@
-"""Run in a fresh interpreter: put the apex site dir first, import torch, then exercise what the build promised.
+"""Exercise what an apex build promised, in a process of its own: put the apex site dir first, import torch, run the
+checks, print one JSON object as the last line.
 
-Usage: python verify_probe.py SITE_DIR CHECKS EXTENSIONS [ABSENT]   (comma-separated lists; ABSENT: what a shell lacks)
-Prints one JSON object as its last line. Standalone on purpose: nothing here may import before torch.
+    python -m amprepro.plan.cellserver --run apex_probe -- SITE_DIR CHECKS EXTENSIONS [ABSENT]
+    python -m amprepro.env.apexbuild.verify_probe SITE_DIR CHECKS EXTENSIONS [ABSENT]
+
+(comma-separated lists; ABSENT: what a shell lacks). amprepro.env.apexbuild.verify starts it the first way: forked
+from the run's cell server where `make run` started one, so it checks apex in the process the cells use it in (torch,
+torch._dynamo and the model libraries imported, apex not), and it pays neither import torch (3.4 s on an H200 box)
+nor torch._dynamo's import at the first optimizer step (about 4 s of each GPU check); elsewhere a fresh interpreter.
+This module imports nothing of amprepro's, and torch before apex: apex's extensions link libc10.
 """
 
 import copy
 import importlib
 import json
+import os
 import sys
 import time
 import traceback
 
-SITE_DIR, CHECKS, EXTENSIONS = sys.argv[1], sys.argv[2].split(","), [e for e in sys.argv[3].split(",") if e]
-ABSENT = [e for e in sys.argv[4].split(",") if e] if len(sys.argv) > 4 else []
-sys.path.insert(0, SITE_DIR)
-
-import torch  # noqa: E402  (extensions link libc10: torch first)
-
+SITE_DIR, CHECKS, EXTENSIONS, ABSENT = "", [], [], []
+torch = None  # imported by main, after the site dir is put first
 GPU_CHECKS = {"fused_adam", "fused_layer_norm", "amp_O1", "amp_O2"}
 
 
@@ -154,6 +158,20 @@ def run(name):
     return result
 
 
-report = {"gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-          "torch": torch.__version__, "checks": {name: run(name) for name in CHECKS}}
-print(json.dumps(report))
+def main(argv: list[str]) -> None:
+    global SITE_DIR, CHECKS, EXTENSIONS, ABSENT, torch
+    SITE_DIR, CHECKS, EXTENSIONS = argv[0], argv[1].split(","), [e for e in argv[2].split(",") if e]
+    ABSENT = [e for e in argv[3].split(",") if e] if len(argv) > 3 else []
+    sys.path.insert(0, SITE_DIR)
+    import torch as imported  # extensions link libc10: torch first (already imported where forked)
+
+    torch = imported
+    report = {"gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+              "torch": torch.__version__, "checks": {name: run(name) for name in CHECKS},
+              # amprepro.plan.cellserver.ORIGIN_ENV, set in a forked child (named here: nothing of amprepro imported)
+              "process": os.environ.get("AMPREPRO_CELL_PROCESS", "a fresh interpreter")}
+    print(json.dumps(report), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
