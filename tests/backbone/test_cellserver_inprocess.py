@@ -94,7 +94,7 @@ def test_a_request_is_refused_for_each_reason_with_its_text():
     assert cs.refusal(good, server) is None
     assert cs.refusal({**good, "entry": "batchsearch"}, server) is None
     assert cs.refusal({**good, "entry": "evil"}, server) == (
-        "the server runs only train, batchsearch, notrun, sanity, peak, plan, not 'evil'")
+        "the server runs only train, batchsearch, notrun, sanity, peak, plan, apex_probe, not 'evil'")
     assert cs.refusal({**good, "interpreter": {"prefix": "/q", "path": ["/a"]}}, server) == (
         "the cell's Python (/q) or sys.path is not the server's (/p)")
     assert cs.refusal({**good, "interpreter": {"prefix": "/p", "path": []}}, server) == (
@@ -434,7 +434,7 @@ def test_fork_cell_refuses_and_says_why(monkeypatch):
     assert cs.fork_cell(conn, None, {}, SERVER) is None
     assert open_fds() == before
     assert cs.receive_message(client) == (
-        {"refused": "the server runs only train, batchsearch, notrun, sanity, peak, plan, not 'nope'"}, [])
+        {"refused": "the server runs only train, batchsearch, notrun, sanity, peak, plan, apex_probe, not 'nope'"}, [])
 
 
 @pytest.mark.parametrize("nfds", [0, 2])
