@@ -49,9 +49,9 @@ PRELOAD = ["torch", "torch._dynamo", "torch.utils.flop_counter", "torch.utils.ch
 # import what the server has imported: the stack's checks (rules/sanity.smk: 12 s on the H200 box, torch and
 # torchvision alone about 8 s of it), the matmul peak (rules/runs.smk) and the memory plan (rules/plan.smk), 6 s each,
 # about 4 of them importing torch (results-reference/perf/04ad031); and the apex build's checks (apex and apex_shell:
-# one probe per opt level, each 7-8 s fresh on an H100 box, import torch and torch._dynamo most of it,
-# results-reference/perf/99d30cf-h100). A check in a child of the server checks what the cells, its other children,
-# will import.
+# one probe per opt level, each importing torch fresh, then about 4 s in its first GPU check on an H100 box, where
+# the first optimizer step imports torch._dynamo: results-reference/perf/99d30cf-h100). A check in a child of the
+# server checks what the cells, its other children, will import.
 ENTRIES = {"train": "amprepro.train.train", "batchsearch": "amprepro.train.batchsearch",
            "notrun": "amprepro.train.notrun", "sanity": "amprepro.env.sanity", "peak": "amprepro.env.peak",
            "plan": "amprepro.plan.memplan", "apex_probe": "amprepro.env.apexbuild.verify_probe"}
