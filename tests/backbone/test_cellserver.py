@@ -249,11 +249,12 @@ def test_the_apex_checks_fork_from_the_server_and_start_fresh_without_one(env, s
     (site / "fused_ext.py").write_text("")
     for job_env, process in (({**env, cellserver.ENV: server[1]}, "forked from amprepro.plan.cellserver pid "),
                              (env, "a fresh interpreter")):
-        checks, gpu = run_groups([["imports"], ["imports"]], site, ["fused_ext"], job_env)
-        imports = checks["imports"]
+        checks, gpu = run_groups([["imports"], ["absent"]], site, ["fused_ext"], job_env, absent=["amp_C"])
+        imports, absent = checks["imports"], checks["absent"]  # one probe each, side by side
         assert imports["ok"] is True and imports["apex_file"] == str(site / "apex" / "__init__.py"), imports
         assert imports["extensions"]["fused_ext"]["importable"] is True and gpu is None
-        assert imports["process"].startswith(process), imports["process"]
+        assert absent["ok"] is True and absent["extensions"]["amp_C"]["importable"] is False, absent
+        assert imports["process"].startswith(process) and absent["process"].startswith(process), checks
 
 
 def test_a_cell_short_of_gpus_is_written_as_skipped_by_a_forked_child(env, server, tmp_path):

@@ -119,6 +119,28 @@ def test_a_request_is_refused_for_each_reason_with_its_text():
         "the cell's import-time settings differ from the server's: ['TORCHINDUCTOR_CACHE_DIR']")
 
 
+def test_an_apex_the_preload_imported_sends_every_job_that_uses_apex_to_a_fresh_interpreter(tmp_path):
+    """timm's fast_norm tries `import apex...` as the server preloads it: an apex found on the server's path (a
+    container's, PyPI's unrelated `apex`) stays in sys.modules, and a forked child's `import apex` would get it
+    instead of the verified site dir's. The apex checks and the cells given the apex record then start fresh."""
+    stray = types.ModuleType("apex")
+    stray.__file__ = str(tmp_path / "apex" / "__init__.py")
+    assert cs.stray_apex({"torch": types.ModuleType("torch")}) is None
+    assert cs.stray_apex({"apex": stray, "torch": types.ModuleType("torch")}) == stray.__file__
+    assert cs.stray_apex({"apex.normalization": types.ModuleType("apex.normalization")}) == "an apex package"
+    clean = cs.Server({"prefix": "/p", "path": []}, {}, {}, [])
+    shadowed = cs.Server({"prefix": "/p", "path": []}, {}, {}, [], stray.__file__)
+    probe = {"interpreter": {"prefix": "/p", "path": []}, "env": {}, "entry": "apex_probe", "argv": ["site", "imports"]}
+    apex_cell = {**probe, "entry": "train", "argv": ["--spec", "{}", "--apex", "results/apex/runs.json"]}
+    other_cell = {**probe, "entry": "train", "argv": ["--spec", "{}"]}
+    for request in (probe, apex_cell):
+        assert cs.refusal(request, clean) is None
+        assert cs.refusal(request, shadowed) == (
+            f"a job that uses apex does not fork from a server whose imports loaded an apex ({stray.__file__}; timm "
+            "tries to), which would shadow the verified one")
+    assert cs.refusal(other_cell, shadowed) is None
+
+
 # ---- messages --------------------------------------------------------------------------------------------------
 
 

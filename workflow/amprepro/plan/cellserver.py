@@ -5,11 +5,13 @@ On the H200 box a fresh interpreter spends about 10 of a cell's 14 s importing (
 the first optimizer step imports, about 4 s; torchvision 5 s with it; scikit-learn 2.8 s), while the timed steps take
 1-4 s (tools/gpu/cell_profile.py). Each cell is still its own process: the child takes the job's environment
 (CUDA_VISIBLE_DEVICES), working directory and output files, starts CUDA itself (the server never touches CUDA), and
-ends with os._exit. apex, which O1 patches into torch, is imported only by the children whose cell uses it.
+ends with os._exit. apex, which O1 patches into torch, is imported only by the children whose cell uses it; where
+the server's own imports loaded an apex (timm tries to), the jobs that use apex start fresh instead (stray_apex).
 
     python -m amprepro.plan.cellserver --socket PATH     # amprepro.env.launch starts it, AMPREPRO_CELL_SERVER=PATH
     run_cell(train_args)                                   # a cell's launcher: the exit code, or None (start afresh)
-    python -m amprepro.plan.cellserver --run ENTRY -- ARGS # a one-process job (sanity, peak, plan): forked or fresh
+    python -m amprepro.plan.cellserver --run ENTRY -- ARGS # a one-process job (sanity, peak, plan, the apex checks'
+                                                           # probes): forked or fresh
 
 A cell starts a fresh interpreter instead when no server is announced or reachable, or when the server runs another
 Python or sys.path, or an environment whose settings change what its imports did (TORCH_*, OMP_*, ...).
@@ -197,6 +199,23 @@ class Server:
     env: dict  # its environment before the imports
     import_env: dict  # what the imports added to os.environ
     loaded: list[str]
+    apex: str | None = None  # where an apex the preload imported came from (stray_apex), or None
+
+
+def stray_apex(modules: dict) -> str | None:
+    """Where an apex imported by the preload came from, or None. timm's layers/fast_norm.py tries `from
+    apex.normalization.fused_layer_norm import ...` as it is imported: where any `apex` is on the server's path (a
+    container that ships one, the unrelated PyPI package `apex`), that module stays in sys.modules even when the
+    import fails, and a forked child's `import apex` would get it instead of the verified site dir's."""
+    module = modules.get("apex")
+    if module is None and not any(name.startswith("apex.") for name in modules):
+        return None
+    return getattr(module, "__file__", None) or "an apex package"
+
+
+def uses_apex(request: dict) -> bool:
+    """An apex check (apex_probe) or a job given the apex record (`--apex`: the cells and searches that use apex)."""
+    return request.get("entry") == "apex_probe" or "--apex" in request.get("argv", [])
 
 
 def refusal(request: dict, server: Server) -> str | None:
@@ -206,6 +225,9 @@ def refusal(request: dict, server: Server) -> str | None:
     if request["interpreter"] != mine:
         return (f"the cell's Python ({request['interpreter']['prefix']}) or sys.path is not the server's "
                 f"({mine['prefix']})")
+    if server.apex and uses_apex(request):
+        return (f"a job that uses apex does not fork from a server whose imports loaded an apex ({server.apex}; "
+                "timm tries to), which would shadow the verified one")
     threads = thread_count(request["env"])
     if isinstance(threads, str):
         return threads
@@ -328,8 +350,10 @@ def serve(path: str) -> None:
     # What the imports themselves put into os.environ (torch: KMP_*, TORCHINDUCTOR_CACHE_DIR): a fresh interpreter
     # would have it too, so the cells get it under their own environment.
     server = Server(mine, before, {key: value for key, value in os.environ.items()
-                                   if key not in before and key != "PYTORCH_NVML_BASED_CUDA_CHECK"}, loaded)
-    say(f"ready: {len(loaded)} modules preloaded ({', '.join(loaded)})")
+                                   if key not in before and key != "PYTORCH_NVML_BASED_CUDA_CHECK"}, loaded,
+                    stray_apex(sys.modules))
+    say(f"ready: {len(loaded)} modules preloaded ({', '.join(loaded)})"
+        + (f"; they loaded an apex ({server.apex}): the jobs that use apex start fresh" if server.apex else ""))
     clients: dict[socket.socket, int] = {}
     try:
         while os.getppid() == parent:  # the launcher gone (even by SIGKILL): stop

@@ -29,7 +29,7 @@ GPU_CHECKS = {"fused_adam", "fused_layer_norm", "amp_O1", "amp_O2"}  # as in ver
 
 
 def plan_checks(promised: list[str], has_amp: bool, absent: list[str] = ()) -> list[list[str]]:
-    """Groups of checks, one interpreter per group. absent: the extensions a shell lacks, whose import errors the
+    """Groups of checks, one process per group. absent: the extensions a shell lacks, whose import errors the
     "absent" check records (apex.amp O1/O2 are still checked: they fall back to Python without amp_C)."""
     first = ["imports"] + (["absent"] if absent else [])
     first += ["apex_C"] if "apex_C" in promised else []
@@ -105,7 +105,8 @@ def require_ok(verification: dict, site: Path) -> None:
             reasons.append(f"not importable: {bad}" if bad else f"apex imported from {result.get('apex_file')}, "
                                                                f"not from {site}")
         else:
-            reasons.append(f"{name}: {result.get('error') or {k: v for k, v in result.items() if k != 'ok'}}")
+            detail = {k: v for k, v in result.items() if k not in ("ok", "process")}
+            reasons.append(f"{name}: {result.get('error') or detail}")
     raise ApexError(f"apex in {site} failed verification: {'; '.join(reasons)}. Fix: delete {site} and its "
                     "build entry to rebuild; if it fails again the build is broken for this torch/CUDA, see the log.")
 

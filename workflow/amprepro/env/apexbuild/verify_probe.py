@@ -6,7 +6,8 @@ checks, print one JSON object as the last line.
 
 (comma-separated lists; ABSENT: what a shell lacks). amprepro.env.apexbuild.verify starts it the first way: forked
 from the run's cell server where `make run` started one, so it checks apex in the process the cells use it in (torch,
-torch._dynamo and the model libraries imported, apex not), and it pays neither import torch (3.4 s on an H200 box)
+torch._dynamo and the model libraries imported, apex not: a server whose imports loaded an apex forks no job that uses
+apex, amprepro.plan.cellserver.stray_apex), and it pays neither import torch (3.4 s on an H200 box)
 nor torch._dynamo's import at the first optimizer step (fresh, each process's first GPU check took about 4 s on an
 H100 box, results-reference/perf/99d30cf-h100); elsewhere a fresh interpreter.
 This module imports nothing of amprepro's, and torch before apex: apex's extensions link libc10.
