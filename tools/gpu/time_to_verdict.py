@@ -28,13 +28,13 @@ def read_json(path: Path):
         return None
 
 
-def job_kinds(logs: list[Path]) -> dict:
+def job_kinds(jobs: list[tuple]) -> dict:
     """Per rule: how many jobs finished and their summed, longest and mean wall seconds (whole seconds, as Snakemake
-    stamps them; jobs beside each other overlap, so the sums add up to more than the run's wall time)."""
-    rows = job_seconds.parse([str(p) for p in logs if p.exists()])
+    stamps them; jobs beside each other overlap, so the sums add up to more than the run's wall time). jobs:
+    job_seconds.spans of the route's logs."""
     kinds = collections.defaultdict(list)
-    for rule, _, seconds in rows:
-        kinds[rule].append(seconds)
+    for rule, _, start, end in jobs:
+        kinds[rule].append((end - start).total_seconds())
     return {rule: {"jobs": len(s), "sum_s": sum(s), "max_s": max(s), "mean_s": round(sum(s) / len(s), 2)}
             for rule, s in sorted(kinds.items(), key=lambda kv: -sum(kv[1]))}
 
@@ -79,21 +79,21 @@ def step_seconds(cells: list[tuple[Path, dict]]) -> dict:
 SERIAL_GPU_RULES = ("train", "largest_batch", "apex")
 
 
-def critical_path(logs: list[Path], cells: list[tuple[Path, dict]], seconds_to_verdict: float) -> dict:
+def critical_path(jobs: list[tuple], cells: list[tuple[Path, dict]], seconds_to_verdict: float) -> dict:
     """Where the seconds to the verdict went, from Snakemake's job stamps (whole seconds) and the cells' records:
     before the first cell job, the cell jobs' stretch, after the last of them (summary, report), and what Snakemake's
     jobs do not cover (make and the launcher before the first job, Snakemake's own start and end, `make verify`).
     Within the stretch, the cells on a GPU of their own: their jobs' seconds, their loops' (warm-up and timed steps,
     compile, FLOP count, held-out losses) and the rest of each job (fork, CUDA start, build, data, Snakemake). A route
     resumed over several calls has each call's log: the time between the calls counts where it fell."""
-    jobs = job_seconds.spans([str(p) for p in logs if p.exists()])
     cell_jobs = [job for job in jobs if job[0] in SERIAL_GPU_RULES]
     if not cell_jobs:  # a route cut before its first cell, or no log: nothing to split
         return {}
-    shared = {(path.parent.parent.parent.name, path.parent.parent.name, path.parent.name)
-              for path, metrics in cells if metrics.get("gpu_shared")}
-    loops = {(path.parent.parent.parent.name, path.parent.parent.name, path.parent.name):
-             (metrics.get("phase_seconds") or {}).get("loop") for path, metrics in cells}
+    # each cell's record by (model, precision, seedN): its results/runs/<model>/<precision>/<seedN>/metrics.json
+    records = {(path.parent.parent.parent.name, path.parent.parent.name, path.parent.name): metrics
+               for path, metrics in cells}
+    shared = {key for key, metrics in records.items() if metrics.get("gpu_shared")}
+    loops = {key: (metrics.get("phase_seconds") or {}).get("loop") for key, metrics in records.items()}
 
     def cell_of(wildcards: str) -> tuple[str, str, str]:
         found = dict(item.split("=", 1) for item in wildcards.split(", ") if "=" in item)
@@ -130,6 +130,7 @@ def record(args) -> dict:
     started, verdict = (float(Path(p).read_text().split()[0]) for p in (args.started, args.verdict))
     results = Path(args.results)
     cells = metrics_files(results / "runs")  # read once, for the phases and the step times
+    jobs = job_seconds.spans([p for p in args.log if Path(p).exists()])  # parsed once, for the kinds and the path
     verify = read_json(results / "verify" / "verify.json") or {}
     build = read_json(results / "apex" / "build.json") or {}
     timm = read_json(Path(args.timm)) if args.timm else None
@@ -142,11 +143,11 @@ def record(args) -> dict:
         "apex_build_seconds": build.get("seconds"),
         "apex_build": {k: build.get(k) for k in ("cache", "jobs", "max_jobs", "parallel", "extensions_built",
                                                  "extensions_left_out")},
-        "job_kinds": job_kinds([Path(p) for p in args.log]),
+        "job_kinds": job_kinds(jobs),
         "cell_phases": cell_phases(cells),
         "init_weights": init_weights(cells),
         "step_seconds": step_seconds(cells),
-        "critical_path": critical_path([Path(p) for p in args.log], cells, verdict - started),
+        "critical_path": critical_path(jobs, cells, verdict - started),
         "timm_ratios": None if timm is None else [
             {"model": r["model"], "precision": r["precision"],
              "optimizer": r["amprepro"]["spec"]["train"]["optimizer"], "timm_samples_per_s": r["timm_samples_per_s"],

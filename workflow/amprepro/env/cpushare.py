@@ -71,10 +71,8 @@ def plan_share(usable: list[int], siblings: dict[int, frozenset[int]], count: in
         chosen.extend(group)
         if len(chosen) == count:
             break
-    for cpu in sorted(usable, reverse=True) if not chosen else ():  # fewer than a core: split one with the cells
-        if len(chosen) == count:
-            break
-        chosen.append(cpu)
+    if not chosen:  # fewer CPUs than any core has: the top ones, splitting a core with the cells
+        chosen = sorted(usable, reverse=True)[:count]
     return sorted(chosen)
 
 
