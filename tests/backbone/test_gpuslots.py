@@ -211,3 +211,46 @@ def test_a_shared_cell_with_a_scheduler_gpu_keeps_it_and_says_it_shares(tmp_path
     assert out.split() == ["3", "8"]
     out, _ = share(8, [sys.executable, "-c", script], env_for(tmp_path, 0)).communicate(timeout=20)
     assert out.split() == ["None", "None"], "no GPU to share: the command runs unchanged"
+
+
+def counting_nvidia_smi(folder: Path, gpus: int) -> Path:
+    """An nvidia-smi on PATH that lists `gpus` GPUs and counts its calls (one line each in the returned file)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    calls = folder / "calls"
+    lines = "".join(f"echo 'GPU {i}: NVIDIA H200 (UUID: GPU-{i:08d})'\n" for i in range(gpus))
+    (folder / "nvidia-smi").write_text(f"#!/bin/sh\necho called >> '{calls}'\n{lines}")
+    (folder / "nvidia-smi").chmod(0o755)
+    return calls
+
+
+def test_a_runs_gpu_listing_is_used_on_its_host_only(tmp_path, monkeypatch):
+    calls = counting_nvidia_smi(tmp_path / "bin", gpus=2)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    listed = gpuslots.list_gpus()
+    assert listed == (["NVIDIA H200", "NVIDIA H200"], "nvidia-smi lists 2 GPU(s): NVIDIA H200")
+    here = {gpuslots.LISTING_ENV: gpuslots.listing_for_jobs((["NVIDIA H100 80GB HBM3"], "as listed"))}
+    assert gpuslots.visible_gpus(here) == (["NVIDIA H100 80GB HBM3"], "as listed")
+    assert gpuslots.gpu_count(here) == 1
+    assert len(calls.read_text().splitlines()) == 1, "the listing is used without asking nvidia-smi again"
+    elsewhere = {gpuslots.LISTING_ENV: here[gpuslots.LISTING_ENV].replace('"host": "', '"host": "not-')}
+    for env in (elsewhere, {gpuslots.LISTING_ENV: "{not json"}, {gpuslots.LISTING_ENV: '{"host": 1}'}, {}):
+        assert gpuslots.visible_gpus(env) == listed  # another host's listing, or none that reads: ask nvidia-smi
+    assert len(calls.read_text().splitlines()) == 5
+
+
+def test_a_launched_run_asks_nvidia_smi_once_for_itself_and_its_jobs(tmp_path):
+    """make run's launcher lists the GPUs once; its jobs (gpuslots, the cells' launcher, the DAG build) read that."""
+    calls = counting_nvidia_smi(tmp_path / "bin", gpus=1)
+    (tmp_path / "Snakefile").write_text(
+        'rule job:\n    output: "listed.txt"\n    resources: gpu=1\n'
+        '    shell: "python -m amprepro.gpuslots --gpus 1 -- python -c'
+        " 'from amprepro.gpuslots import visible_gpus; print(visible_gpus())' > {output}\"\n")
+    env = {**env_for(tmp_path, 1), "PATH": f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}", "CORES": "1",
+           "AMPREPRO_FRESH_CELLS": "1"}
+    env.pop("AMPREPRO_GPU_COUNT")
+    run = subprocess.run([sys.executable, "-m", "amprepro.env.launch"], cwd=tmp_path, env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    listed = "(['NVIDIA H200'], 'nvidia-smi lists 1 GPU(s): NVIDIA H200')"
+    assert (tmp_path / "listed.txt").read_text().strip() == listed
+    assert len(calls.read_text().splitlines()) == 1

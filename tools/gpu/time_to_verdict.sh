@@ -38,6 +38,16 @@ if [ -f vendor/timm/benchmark.py ] && [ ! -f $timmdir/timm_compare.json ] && [ $
   CUDA_VISIBLE_DEVICES=0 timeout $((deadline - SECONDS - 20)) "$venv/bin/python" tools/gpu/timm_compare.py \
     --benchmark vendor/timm/benchmark.py "${cells[@]}" --apex results/apex/apex.json --out $timmdir
 fi
+# What one `nvidia-smi -L` costs on this box: the calls a run's jobs no longer make (amprepro.gpuslots.LISTING_ENV)
+[ -f "$OUT/nvidia-smi-L-seconds.json" ] || ! command -v nvidia-smi > /dev/null || "$venv/bin/python" -c '
+import json, subprocess, sys, time
+seconds = []
+for _ in range(5):
+    start = time.perf_counter()
+    subprocess.run(["nvidia-smi", "-L"], capture_output=True)
+    seconds.append(round(time.perf_counter() - start, 4))
+json.dump({"what": "nvidia-smi -L, 5 calls one after another, after the route", "seconds": seconds}, sys.stdout)
+' > "$OUT/nvidia-smi-L-seconds.json"
 # benchmark.py carried but the comparison unfinished: the call's budget ended first. What finished goes in, said so.
 timm=$timmdir/timm_compare.json timm_note=()
 if [ -f vendor/timm/benchmark.py ] && [ ! -f $timm ]; then

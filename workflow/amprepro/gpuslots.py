@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import argparse
 import fcntl
+import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -30,6 +32,9 @@ from pathlib import Path
 
 POLL_SECONDS = 1.0
 SHARED_ENV = "AMPREPRO_GPU_SHARED"  # set to K in a cell that shares its GPU with up to K-1 others
+# The run's one `nvidia-smi -L` (amprepro.env.launch), for its DAG build and its jobs on the same host: each GPU job
+# asked nvidia-smi twice before (its slot here, the launcher's GPU check), and the DAG build and verify once more.
+LISTING_ENV = "AMPREPRO_GPU_LISTING"
 MAX_SHARED = 32  # the most cells one GPU may take (config schema and amprepro.plan.resources keep to it)
 
 
@@ -43,9 +48,14 @@ def lock_dir() -> Path:
     return path
 
 
-def visible_gpus() -> tuple[list[str], str]:
+def visible_gpus(env=None) -> tuple[list[str], str]:
     """GPU names `nvidia-smi -L` lists, and how we found out: the one GPU listing (the DAG build, verify, the slots).
-    No torch import: this runs at DAG build time."""
+    No torch import: this runs at DAG build time. Where the run's launcher listed them on this host (LISTING_ENV),
+    that listing, without asking nvidia-smi again."""
+    return cached_listing(os.environ if env is None else env) or list_gpus()
+
+
+def list_gpus() -> tuple[list[str], str]:
     smi = shutil.which("nvidia-smi")
     if smi is None:
         return [], "no nvidia-smi on PATH"
@@ -60,11 +70,33 @@ def visible_gpus() -> tuple[list[str], str]:
     return names, f"nvidia-smi lists {len(names)} GPU(s): {', '.join(sorted(set(names)))}"
 
 
-def gpu_count() -> int:
+def listing_for_jobs(listing: tuple[list[str], str]) -> str:
+    """LISTING_ENV's value: a visible_gpus() answer and the host it holds for (a job that lands on another host,
+    through a cluster's executor, lists its own)."""
+    names, how = listing
+    return json.dumps({"host": socket.gethostname(), "names": names, "how": how})
+
+
+def cached_listing(env) -> tuple[list[str], str] | None:
+    """LISTING_ENV's listing where it was made on this host, else None (also for a value that is not one)."""
+    try:
+        found = json.loads(env.get(LISTING_ENV) or "null")
+    except ValueError:
+        return None
+    if not isinstance(found, dict) or found.get("host") != socket.gethostname():
+        return None
+    names, how = found.get("names"), found.get("how")
+    if not (isinstance(names, list) and all(isinstance(name, str) for name in names) and isinstance(how, str)):
+        return None
+    return names, how
+
+
+def gpu_count(env=None) -> int:
     """GPUs to share out: AMPREPRO_GPU_COUNT when set (to keep some back), else what `nvidia-smi -L` lists."""
-    if os.environ.get("AMPREPRO_GPU_COUNT"):
-        return int(os.environ["AMPREPRO_GPU_COUNT"])
-    return len(visible_gpus()[0])
+    env = os.environ if env is None else env
+    if env.get("AMPREPRO_GPU_COUNT"):
+        return int(env["AMPREPRO_GPU_COUNT"])
+    return len(visible_gpus(env)[0])
 
 
 def open_lock(path: Path) -> int:

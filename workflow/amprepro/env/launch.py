@@ -39,6 +39,7 @@ from amprepro.env.launchargs import (
     workdir_of,
 )
 from amprepro.env.runlock import RunLock, another_run_message, pipeline_processes, recover
+from amprepro.gpuslots import LISTING_ENV, list_gpus, listing_for_jobs
 from amprepro.plan import cellserver
 
 ANOTHER_RUN_ACTIVE = 75  # EX_TEMPFAIL: try again when the other run has ended
@@ -93,6 +94,8 @@ def run_snakemake(command: list[str], lock: RunLock, env: dict) -> int:
 
 def main(argv: list[str] | None = None, env: dict | None = None) -> int:
     env = dict(os.environ) if env is None else env
+    # nvidia-smi -L once, for the GPU resource and for every job of the run on this host (amprepro.gpuslots)
+    env = {**env, LISTING_ENV: listing_for_jobs(list_gpus())}
     targets = sys.argv[1:] if argv is None else argv
     try:
         command, what = snakemake_command(targets, env)

@@ -120,7 +120,7 @@ def gpus_to_share(env: dict) -> tuple[int, str]:
             raise SettingError(f"AMPREPRO_GPU_COUNT={wanted!r} is not a whole number; set it to the number of GPUs "
                                "the pipeline may use, or unset it to use every GPU nvidia-smi lists")
         return int(wanted), "AMPREPRO_GPU_COUNT"
-    return gpu_count(), "nvidia-smi -L"
+    return gpu_count(env), "nvidia-smi -L"
 
 
 def option_index(args: list[str], names: tuple[str, ...]) -> int | None:
