@@ -6,6 +6,9 @@ from __future__ import annotations
 import csv
 import importlib
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -207,6 +210,40 @@ def test_a_llama_compiles_per_block_with_its_checkpoint_inside():
     assert not model.checkpointing  # the blocks checkpoint themselves, inside the compiled region
     other, how = float8.compile_model(models.build("gpt_tiny", {"seq_len": 16}))
     assert "whole model" in how and other is not None
+
+
+COMPILE_PER_BLOCK = """
+import json, sys, types
+# this venv's torchvision is the CUDA wheel beside a CPU torch: its operator registrations fail, its models build
+sys.modules["torchvision._meta_registrations"] = types.ModuleType("torchvision._meta_registrations")
+from amprepro import archs
+from amprepro.modelsettings import ModelSettings
+from amprepro.train import float8, models
+
+path = archs.get("vit_b_16").compiled_blocks
+model = models.build("vit_b_16", ModelSettings.of({"arch": "vit_b_16", "data": "synthetic_images", "batch_size": 2}))
+keys = list(model.state_dict())
+compiled, how = float8.compile_model(model, path)
+layers = model.get_submodule(path)
+print(json.dumps({"same": compiled is model, "keys": list(model.state_dict()) == keys, "how": how,
+                  "layers": [layer._compiled_call_impl is not None for layer in layers],
+                  "rest": [m._compiled_call_impl is not None for m in (model, model.conv_proj, model.heads)]}))
+"""
+
+
+def test_vit_compiles_each_encoder_layer_in_place():
+    """ViT-B/16 (its registry entry's compiled_blocks): each encoder layer compiled in place (PyTorch's regional
+    compilation: one graph serves the 12), the model object and its state_dict keys unchanged, the rest eager."""
+    from amprepro import archs
+
+    run = subprocess.run([sys.executable, "-c", COMPILE_PER_BLOCK], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": str(REPO / "workflow")})
+    assert run.returncode == 0, run.stderr[-2000:]
+    found = json.loads(run.stdout.splitlines()[-1])
+    assert found["same"] and found["keys"] and found["layers"] == [True] * 12 and found["rest"] == [False] * 3
+    assert "the 12 blocks of encoder.layers" in found["how"]
+    assert [name for name, entry in archs.REGISTRY.items() if entry.compiled_blocks] == ["vit_b_16"], \
+        "a new compiled_blocks entry gets its own check here"
 
 
 def test_the_fp8_peak_row_is_skipped_without_a_gpu_of_8_9(gpu):

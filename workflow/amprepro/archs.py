@@ -83,6 +83,9 @@ class Arch:
     # The layer risky_layer_fp32 runs outside autocast ("" = none; an arch with naive_norm_eps: its norms, where set)
     risky_layer: str = ""
     lora: bool = False  # takes lora (LoRA fine-tuning of a frozen base: amprepro.train.lora wraps its blocks' linears)
+    # Where torch.compile compiles it (amprepro.train.float8.compile_model): "" the whole model; else the dotted path
+    # of its list of identical blocks, each compiled in place (one graph serves them all; the rest runs eager)
+    compiled_blocks: str = ""
     description: str = ""
 
 
@@ -96,7 +99,7 @@ REGISTRY: dict[str, Arch] = {
         Arch("resnet50", "resnet", "torchvision", 1.1e-2, shape=RESNET50, reads=IMAGE_DATA, package="torchvision",
              image_size=IMAGE_SIZE, host_built_parameters=25_600_000, description="torchvision's ResNet-50"),
         Arch("vit_b_16", "vit", "torchvision", 2.7e-2, shape=VIT_B_16, package="torchvision", image_size=IMAGE_SIZE,
-             host_built_parameters=86_600_000, description="torchvision's ViT-B/16"),
+             host_built_parameters=86_600_000, compiled_blocks="encoder.layers", description="torchvision's ViT-B/16"),
         Arch("vit_base_patch16_224", "vit", "timm", 2.7e-2, shape=VIT_B_16, package="timm", image_size=IMAGE_SIZE,
              host_built_parameters=86_600_000, description="timm's ViT-B/16"),
         Arch("gpt", "gpt", "gpt", 1.9e-4, shape={"vocab_size": 50304, "layers": 12, "heads": 12, "dim": 768},

@@ -128,7 +128,8 @@ class Cell:
         if self.compiles and self.compiled is None:
             from amprepro.train import float8
 
-            self.trainer.model, self.compiled = float8.compile_model(self.trainer.model)
+            blocks = self.spec.settings.arch_entry.compiled_blocks
+            self.trainer.model, self.compiled = float8.compile_model(self.trainer.model, blocks)
 
     def inputs(self, x):
         """A batch as the model takes it: in channels_last where the model is (4-D image batches only)."""

@@ -109,11 +109,13 @@ def capability_reason(precision: str, device) -> str | None:
     return None
 
 
-def compile_model(model):
+def compile_model(model, blocks: str = ""):
     """torch.compile for a cell whose model sets `compile: true` or whose precision compiles. A LLaMA-shaped model
     compiles each block (its blocks are identical: one graph serves all of them), with the block's activation
-    checkpoint inside the compiled region, as torchtitan orders them (checkpoint, then compile); any other model is
-    compiled whole, as `compile: true` always did. Returns (the model to train, how it was compiled)."""
+    checkpoint inside the compiled region, as torchtitan orders them (checkpoint, then compile). blocks: the arch's
+    list of identical blocks (amprepro.archs.Arch.compiled_blocks, e.g. ViT-B/16's encoder layers): each is compiled
+    in place and one graph serves them all (PyTorch's regional compilation), which halves the cold compile; "" (any
+    other model): the whole model. Returns (the model to train, how it was compiled)."""
     from amprepro.train import models
 
     inner = getattr(model, "module", model)  # DDP wraps the model
@@ -121,6 +123,12 @@ def compile_model(model):
         inner.blocks = nn.ModuleList(CompiledBlock(block, inner.checkpointing) for block in inner.blocks)
         inner.checkpointing = False  # the blocks checkpoint themselves now, inside the compiled region
         return model, "torch.compile per block (activation checkpointing inside the compiled block)"
+    if blocks:
+        layers = inner.get_submodule(blocks)
+        for layer in layers:
+            layer.compile()  # in place: the model's modules and state_dict keys stay as they were
+        return model, (f"torch.compile per block: the {len(layers)} blocks of {blocks} (one graph serves them all), "
+                       "the rest eager")
     return torch.compile(model), "torch.compile of the whole model"
 
 
