@@ -197,9 +197,13 @@ def start_sleeping_snakemake(workdir: Path) -> subprocess.Popen:
     process = subprocess.Popen([*SNAKEMAKE, "--cores", "1"], cwd=workdir, stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL, start_new_session=True, env=job_env())
     # the job's first line written, not only its output file opened: `echo started > slow.txt` creates the file
-    # before it writes, and a kill in between left it empty (once, on a loaded 2-core machine)
+    # before it writes, and a kill in between left it empty (once, on a loaded 2-core machine); and Snakemake's
+    # incomplete marker written, which can come after the job's shell has started (once, at f326ccf's CI: killed
+    # before it, the run left a complete-looking output and nothing to re-run)
+    incomplete = workdir / ".snakemake" / "incomplete"
     wait_for(lambda: runlock.snakemake_locks(workdir) and (workdir / "slow.txt").exists()
-             and (workdir / "slow.txt").read_text() == "started\n", 60, "the sleeping job to start")
+             and (workdir / "slow.txt").read_text() == "started\n"
+             and incomplete.is_dir() and any(incomplete.iterdir()), 60, "the sleeping job to start")
     return process
 
 
