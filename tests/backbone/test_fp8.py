@@ -216,24 +216,29 @@ COMPILE_PER_BLOCK = """
 import json, sys, types
 # this venv's torchvision is the CUDA wheel beside a CPU torch: its operator registrations fail, its models build
 sys.modules["torchvision._meta_registrations"] = types.ModuleType("torchvision._meta_registrations")
+import torch
 from amprepro import archs
-from amprepro.modelsettings import ModelSettings
-from amprepro.train import float8, models
+from amprepro.cellspec import CellSpec
+from amprepro.train import cell
 
 path = archs.get("vit_b_16").compiled_blocks
-model = models.build("vit_b_16", ModelSettings.of({"arch": "vit_b_16", "data": "synthetic_images", "batch_size": 2}))
-keys = list(model.state_dict())
-compiled, how = float8.compile_model(model, path)
+spec = CellSpec.of({"model": "v", "precision": "amp_bf16", "seed": 0,
+                    "model_config": {"arch": "vit_b_16", "data": "synthetic_images", "batch_size": 2, "compile": True},
+                    "train": {"steps": 2, "warmup_steps": 1, "lr": 0.001, "optimizer": "adamw"}})
+built = cell.build_cell(spec, torch.device("cpu"), None, compile_now=False)  # the training run's order
+model, keys = built.trainer.model, list(built.trainer.model.state_dict())
+built.compile()
 layers = model.get_submodule(path)
-print(json.dumps({"same": compiled is model, "keys": list(model.state_dict()) == keys, "how": how,
-                  "layers": [layer._compiled_call_impl is not None for layer in layers],
+print(json.dumps({"same": built.trainer.model is model, "keys": list(model.state_dict()) == keys,
+                  "how": built.compiled, "layers": [layer._compiled_call_impl is not None for layer in layers],
                   "rest": [m._compiled_call_impl is not None for m in (model, model.conv_proj, model.heads)]}))
 """
 
 
 def test_vit_compiles_each_encoder_layer_in_place():
-    """ViT-B/16 (its registry entry's compiled_blocks): each encoder layer compiled in place (PyTorch's regional
-    compilation: one graph serves the 12), the model object and its state_dict keys unchanged, the rest eager."""
+    """A ViT-B/16 cell that compiles (its registry entry's compiled_blocks, through Cell.compile): each encoder layer
+    compiled in place (PyTorch's regional compilation: one graph serves the 12), the model object and its state_dict
+    keys unchanged, the rest eager."""
     from amprepro import archs
 
     run = subprocess.run([sys.executable, "-c", COMPILE_PER_BLOCK], capture_output=True, text=True, timeout=300,

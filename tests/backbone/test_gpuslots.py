@@ -15,7 +15,7 @@ SHOW = [sys.executable, "-c", "import os; print(os.environ.get('CUDA_VISIBLE_DEV
 
 
 def env_for(tmp_path, count):
-    env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+    env = {k: v for k, v in os.environ.items() if k not in ("CUDA_VISIBLE_DEVICES", gpuslots.LISTING_ENV)}
     return {**env, "PYTHONPATH": str(REPO / "workflow"), "AMPREPRO_GPU_LOCKS": str(tmp_path / "locks"),
             "AMPREPRO_GPU_COUNT": str(count)}
 

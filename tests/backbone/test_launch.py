@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 from snakemake.cli import get_argument_parser
 
+from amprepro import gpuslots
 from amprepro.env import launch, launchargs, runlock
 from workflow_testing import HOLD_SOURCE, REPO, SNAKEMAKE, copy_workflow, hold_env, job_env
 
@@ -30,7 +31,8 @@ SLEEPING_SNAKEFILE = textwrap.dedent("""\
         shell: "echo started > {output} && sleep $(cat pause) && echo done > {output}"
 """)
 VENV = Path(sys.executable).parent.parent
-LAUNCHER_ENV = ("CORES", "SNAKEMAKE_ARGS", "AMPREPRO_GPU_COUNT", "MAKEFLAGS", "MFLAGS", "MAKELEVEL")
+LAUNCHER_ENV = ("CORES", "SNAKEMAKE_ARGS", "AMPREPRO_GPU_COUNT", "AMPREPRO_GPU_LISTING", "MAKEFLAGS", "MFLAGS",
+                "MAKELEVEL")
 
 
 @pytest.fixture
@@ -89,6 +91,21 @@ def test_gpus_nvidia_smi_lists_become_the_gpu_resource(env, tmp_path):
     command, said = launchargs.snakemake_command([], env)
     assert parsed(command).resources["gpu"].value == 2
     assert "2 GPU(s) (nvidia-smi -L)" in said
+
+
+@pytest.mark.parametrize("args, listed", [("", True), ("--use-conda", True), ("--executor slurm", False),
+                                          ("--workflow-profile profiles/slurm", False), ("--sdm apptainer", False)])
+def test_the_gpu_listing_goes_to_jobs_that_see_this_hosts_gpus_only(env, tmp_path, args, listed):
+    """make run's one nvidia-smi -L reaches jobs that run here (a conda env's too); jobs an executor, a profile or a
+    container runs may see other GPUs: they get no listing, not even an inherited one, and list their own."""
+    fake_nvidia_smi(tmp_path / "bin", gpus=2)
+    stale = gpuslots.listing_for_jobs((["stale"], "an earlier run's"))
+    given = launch.with_gpu_listing({**env, "AMPREPRO_GPU_LISTING": stale}, shlex.split(args))
+    if listed:
+        assert gpuslots.cached_listing(given) == (["NVIDIA H200"] * 2, "nvidia-smi lists 2 GPU(s): NVIDIA H200")
+    else:
+        assert "AMPREPRO_GPU_LISTING" not in given
+    assert {k: v for k, v in given.items() if k != "AMPREPRO_GPU_LISTING"} == env
 
 
 def test_amprepro_gpu_count_wins_over_nvidia_smi(env, tmp_path, monkeypatch):

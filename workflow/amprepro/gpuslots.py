@@ -207,7 +207,7 @@ def environment_for(wanted: int, env: dict, shared: int = 0) -> tuple[dict, list
         return shared_environment(shared, env)
     if wanted <= 0 or env.get("CUDA_VISIBLE_DEVICES") is not None:
         return env, []
-    count = gpu_count()
+    count = gpu_count(env)
     if count == 0:
         return env, []
     # A cell asking for more GPUs than exist gets all of them and says itself why it cannot run.
@@ -222,7 +222,7 @@ def shared_environment(cells_per_gpu: int, env: dict) -> tuple[dict, list[int]]:
     Unchanged where there is no GPU to share."""
     if env.get("CUDA_VISIBLE_DEVICES") is not None:
         return {**env, SHARED_ENV: str(cells_per_gpu)}, []
-    count = gpu_count()
+    count = gpu_count(env)
     if count == 0:
         return env, []
     env = {**env, SHARED_ENV: str(cells_per_gpu)}

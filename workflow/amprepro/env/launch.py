@@ -33,6 +33,7 @@ from amprepro.env.launchargs import (
     SettingError,
     check_config_files,
     check_config_values,
+    jobs_see_our_gpus,
     serves_cells,
     snakemake_command,
     user_args,
@@ -92,12 +93,22 @@ def run_snakemake(command: list[str], lock: RunLock, env: dict) -> int:
     return 128 - code if code < 0 else code  # killed by signal N: 128 + N, as a shell reports it
 
 
+def with_gpu_listing(env: dict, extra: list[str]) -> dict:
+    """The environment for Snakemake and its jobs. Where they run on this host and see its GPUs as this process does,
+    it holds the run's one `nvidia-smi -L` (amprepro.gpuslots.LISTING_ENV: the GPU resource, the DAG build, each GPU
+    job's slot and GPU check read it); elsewhere (an executor, a profile, a container) no listing, not even one
+    inherited, so each job lists its own GPUs."""
+    env = {name: value for name, value in env.items() if name != LISTING_ENV}
+    if jobs_see_our_gpus(extra):
+        env[LISTING_ENV] = listing_for_jobs(list_gpus())
+    return env
+
+
 def main(argv: list[str] | None = None, env: dict | None = None) -> int:
     env = dict(os.environ) if env is None else env
-    # nvidia-smi -L once, for the GPU resource and for every job of the run on this host (amprepro.gpuslots)
-    env = {**env, LISTING_ENV: listing_for_jobs(list_gpus())}
     targets = sys.argv[1:] if argv is None else argv
     try:
+        env = with_gpu_listing(env, user_args(env))
         command, what = snakemake_command(targets, env)
         check_config_values(user_args(env))
         check_config_files(user_args(env))

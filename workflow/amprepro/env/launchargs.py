@@ -20,8 +20,10 @@ RESOURCES_OPTIONS = ("--resources", "--res")
 PROFILE_OPTIONS = ("--profile", "--workflow-profile")
 DIRECTORY_OPTIONS = ("--directory", "-d")
 # Jobs that would not run here in the launcher's Python: the cell server would only refuse them, one by one.
-NOT_LOCAL_PYTHON_OPTIONS = ("--use-conda", "--sdm", "--software-deployment-method", "--executor", "-e",
-                            "--use-singularity", "--use-apptainer", *PROFILE_OPTIONS)
+# Options under which jobs may run on another host or in a container, with another view of the GPUs than this process
+ELSEWHERE_OPTIONS = ("--sdm", "--software-deployment-method", "--executor", "-e", "--use-singularity",
+                     "--use-apptainer", *PROFILE_OPTIONS)
+NOT_LOCAL_PYTHON_OPTIONS = ("--use-conda", *ELSEWHERE_OPTIONS)
 # Runs in which no job runs at all: a server would import torch and the model libraries for nothing (on 2 CPU cores,
 # more CPU than the dry run itself).
 NO_JOB_OPTIONS = ("-n", "--dry-run", "--dryrun", "--version", "-v")
@@ -204,6 +206,12 @@ def snakemake_command(targets: list[str], env: dict) -> tuple[list[str], str]:
     else:
         said.append(f"no GPU (none listed by {found[1]})")
     return [*command, "--rerun-incomplete", *extra], ", ".join(said)
+
+
+def jobs_see_our_gpus(extra: list[str]) -> bool:
+    """Whether the jobs run on this host and see its GPUs as this process does (a conda env does; an executor, a
+    profile or a container may not)."""
+    return option_index(extra, ELSEWHERE_OPTIONS) is None
 
 
 def serves_cells(extra: list[str], targets: list[str] = ()) -> bool:

@@ -45,7 +45,7 @@ def cuda_devices_visible(env: dict) -> int:
     `nvidia-smi -L` lists, narrowed by CUDA_VISIBLE_DEVICES the way CUDA reads it (up to its first invalid entry)."""
     from amprepro.gpuslots import visible_gpus
 
-    names, how = visible_gpus()
+    names, how = visible_gpus(env)
     if how == "no nvidia-smi on PATH":  # a container with the driver but not the tool: ask CUDA through torch
         import torch
 
