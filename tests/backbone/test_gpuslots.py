@@ -213,18 +213,10 @@ def test_a_shared_cell_with_a_scheduler_gpu_keeps_it_and_says_it_shares(tmp_path
     assert out.split() == ["None", "None"], "no GPU to share: the command runs unchanged"
 
 
-def counting_nvidia_smi(folder: Path, gpus: int) -> Path:
-    """An nvidia-smi on PATH that lists `gpus` GPUs and counts its calls (one line each in the returned file)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    calls = folder / "calls"
-    lines = "".join(f"echo 'GPU {i}: NVIDIA H200 (UUID: GPU-{i:08d})'\n" for i in range(gpus))
-    (folder / "nvidia-smi").write_text(f"#!/bin/sh\necho called >> '{calls}'\n{lines}")
-    (folder / "nvidia-smi").chmod(0o755)
-    return calls
-
-
 def test_a_runs_gpu_listing_is_used_on_its_host_only(tmp_path, monkeypatch):
-    calls = counting_nvidia_smi(tmp_path / "bin", gpus=2)
+    from test_launch import fake_nvidia_smi
+
+    calls = fake_nvidia_smi(tmp_path / "bin", gpus=2)
     monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
     listed = gpuslots.list_gpus()
     assert listed == (["NVIDIA H200", "NVIDIA H200"], "nvidia-smi lists 2 GPU(s): NVIDIA H200")
@@ -240,7 +232,9 @@ def test_a_runs_gpu_listing_is_used_on_its_host_only(tmp_path, monkeypatch):
 
 def test_a_launched_run_asks_nvidia_smi_once_for_itself_and_its_jobs(tmp_path):
     """make run's launcher lists the GPUs once; its jobs (gpuslots, the cells' launcher, the DAG build) read that."""
-    calls = counting_nvidia_smi(tmp_path / "bin", gpus=1)
+    from test_launch import fake_nvidia_smi
+
+    calls = fake_nvidia_smi(tmp_path / "bin", gpus=1)
     (tmp_path / "Snakefile").write_text(
         'rule job:\n    output: "listed.txt"\n    resources: gpu=1\n'
         '    shell: "python -m amprepro.gpuslots --gpus 1 -- python -c'

@@ -45,12 +45,17 @@ def env(monkeypatch, tmp_path) -> dict:
     return dict(os.environ)
 
 
-def fake_nvidia_smi(folder: Path, gpus: int) -> None:
+def fake_nvidia_smi(folder: Path, gpus: int) -> Path:
+    """An nvidia-smi in `folder` that lists `gpus` H200s (none: it fails, as on a CPU box) and counts its calls: one
+    line each in the file returned."""
     folder.mkdir(parents=True, exist_ok=True)
+    calls = folder / "calls"
     lines = "".join(f"echo 'GPU {i}: NVIDIA H200 (UUID: GPU-{i:08d})'\n" for i in range(gpus))
     script = folder / "nvidia-smi"
-    script.write_text("#!/bin/sh\n" + (lines if gpus else "echo 'NVIDIA-SMI has failed' >&2\nexit 9\n"))
+    script.write_text(f"#!/bin/sh\necho called >> '{calls}'\n"
+                      + (lines if gpus else "echo 'NVIDIA-SMI has failed' >&2\nexit 9\n"))
     script.chmod(0o755)
+    return calls
 
 
 def parsed(command: list[str]):

@@ -108,10 +108,11 @@ def main(argv: list[str] | None = None, env: dict | None = None) -> int:
     env = dict(os.environ) if env is None else env
     targets = sys.argv[1:] if argv is None else argv
     try:
-        env = with_gpu_listing(env, user_args(env))
+        extra = user_args(env)
+        env = with_gpu_listing(env, extra)
         command, what = snakemake_command(targets, env)
-        check_config_values(user_args(env))
-        check_config_files(user_args(env))
+        check_config_values(extra)
+        check_config_files(extra)
         workdir = workdir_of(env)
     except SettingError as exc:
         say(str(exc))
@@ -127,7 +128,7 @@ def main(argv: list[str] | None = None, env: dict | None = None) -> int:
         if recovered := recover(workdir):
             say(recovered)
         say(f"{what}: snakemake {shlex.join(command[3:])}")
-        server = cellserver.start(env, str(workdir)) if serves_cells(user_args(env), targets) else None
+        server = cellserver.start(env, str(workdir)) if serves_cells(extra, targets) else None
         try:
             return run_snakemake(command, lock, {**env, cellserver.ENV: server[1]} if server else env)
         finally:
