@@ -7,6 +7,7 @@ import json
 import random
 import sys
 import types
+import zlib
 
 import numpy as np
 import pytest
@@ -304,3 +305,26 @@ def test_pruning_spares_the_file_named_and_removes_what_a_killed_writer_left(tmp
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([f"{key}.pt", f"{key}.json", fresh.name])
     initcache.prune(tmp_path, 0)
     assert [p.name for p in tmp_path.iterdir()] == [fresh.name]
+
+
+@pytest.mark.parametrize("split", [0, 1, 7, 1000, 4093])
+def test_crc32_combine_gives_zlibs_crc_of_the_joined_bytes(split):
+    data = random.Random(split).randbytes(4096 + 1000)
+    first, second = data[:split], data[split:]
+    combined = initcache.crc32_combine(zlib.crc32(first), zlib.crc32(second), len(second))
+    assert combined == zlib.crc32(data)
+    assert initcache.crc32_combine(zlib.crc32(data), zlib.crc32(b""), 0) == zlib.crc32(data)
+
+
+@pytest.mark.parametrize("size", [0, 1, 999, 1000, 1001, 12345])
+@pytest.mark.parametrize("workers", [1, 4])
+def test_the_file_crc_read_in_parallel_chunks_is_the_whole_files(tmp_path, monkeypatch, size, workers):
+    monkeypatch.setattr(initcache, "CHUNK", 1000)  # several chunks of a small file, the last one short
+    path = tmp_path / "weights.pt"
+    data = random.Random(size).randbytes(size)
+    path.write_bytes(data)
+    assert initcache.file_crc(path, workers=workers) == zlib.crc32(data)
+    damaged = bytearray(data or b"\0")
+    damaged[-1] ^= 0x40  # a flipped bit in the last chunk is seen
+    path.write_bytes(bytes(damaged))
+    assert initcache.file_crc(path, workers=workers) != zlib.crc32(data)

@@ -27,7 +27,9 @@ MIN_BUILD_SECONDS is not worth a file.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -357,12 +359,74 @@ def tensors_in(value, depth: int = 0):
         yield from tensors_in(vars(value), depth + 1)
 
 
-def file_crc(path: Path) -> int:
-    crc = 0
+def file_crc(path: Path, workers: int | None = None) -> int:
+    """The file's CRC-32, as zlib.crc32 of its bytes gives it: each CHUNK read and checked in a thread of its own (both
+    release the GIL), then combined (crc32_combine). In one thread, GPT-124M's 498 MB file took 0.33 s of a 0.60 s
+    hit on this project's 2-core machine; in two, 0.16 s of 0.43 s (results-reference/perf/cpu-initcache-crc/).
+    workers: threads; None: the CPUs this process may use, at most 8."""
+    if workers is None:
+        usable = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
+        workers = min(8, len(usable))
     with open(path, "rb") as f:
-        while chunk := f.read(CHUNK):
-            crc = zlib.crc32(chunk, crc)
+        size = os.fstat(f.fileno()).st_size
+        offsets = range(0, size, CHUNK)
+        if workers <= 1 or len(offsets) <= 1 or not hasattr(os, "pread"):
+            crc = 0
+            while chunk := f.read(CHUNK):
+                crc = zlib.crc32(chunk, crc)
+            return crc
+        descriptor = f.fileno()
+
+        def chunk_crc(offset: int) -> tuple[int, int]:
+            data = os.pread(descriptor, CHUNK, offset)
+            return zlib.crc32(data), len(data)
+
+        with concurrent.futures.ThreadPoolExecutor(max_workers=min(workers, len(offsets))) as pool:
+            parts = list(pool.map(chunk_crc, offsets))
+    if sum(length for _, length in parts) != size:
+        raise OSError(f"{path} changed size while its CRC-32 was computed")
+    crc = 0
+    for part, length in parts:
+        crc = crc32_combine(crc, part, length)
     return crc
+
+
+def crc32_combine(crc1: int, crc2: int, length2: int) -> int:
+    """The CRC-32 of A + B from crc32(A), crc32(B) and len(B): zlib's crc32_combine, which Python's zlib does not
+    expose. Appending length2 zero bytes to A is a linear map on its CRC (a 32 x 32 matrix over GF(2)), computed by
+    repeated squaring; the map for CHUNK bytes, the common case, is kept."""
+    if length2 <= 0:
+        return crc1
+    return _gf2_times(_zeros_operator(length2), crc1) ^ crc2
+
+
+def _gf2_times(matrix: tuple[int, ...], vector: int) -> int:
+    total, row = 0, 0
+    while vector:
+        if vector & 1:
+            total ^= matrix[row]
+        vector >>= 1
+        row += 1
+    return total
+
+
+def _gf2_square(matrix: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(_gf2_times(matrix, matrix[n]) for n in range(32))
+
+
+@functools.lru_cache(maxsize=8)
+def _zeros_operator(length: int) -> tuple[int, ...]:
+    """The matrix that takes a CRC-32's register past `length` zero bytes (zlib's crc32_combine_gen)."""
+    power = (0xEDB88320, *(1 << n for n in range(31)))  # one zero bit
+    power = _gf2_square(_gf2_square(_gf2_square(power)))  # one zero byte (8 bits)
+    result = None
+    while length:
+        if length & 1:
+            result = power if result is None else tuple(_gf2_times(power, column) for column in result)
+        length >>= 1
+        if length:
+            power = _gf2_square(power)
+    return result
 
 
 def warm() -> None:
