@@ -4,8 +4,10 @@ never used."""
 
 import dataclasses
 import json
+import os
 import random
 import sys
+import threading
 import types
 import zlib
 
@@ -328,3 +330,41 @@ def test_the_file_crc_read_in_parallel_chunks_is_the_whole_files(tmp_path, monke
     damaged[-1] ^= 0x40  # a flipped bit in the last chunk is seen
     path.write_bytes(bytes(damaged))
     assert initcache.file_crc(path, workers=workers) != zlib.crc32(data)
+
+
+def test_crc32_combine_at_the_real_chunk_size_and_past_4_gib():
+    """Lengths the small cases above never reach: a whole CHUNK against zlib, and lengths over 2**32, where joining
+    A + B + C must give one CRC however it is grouped (a combine that drops the length's high bits does not)."""
+    data = random.Random(1).randbytes(2 * initcache.CHUNK + 7)
+    head, chunk, tail = data[:initcache.CHUNK], data[initcache.CHUNK:2 * initcache.CHUNK], data[2 * initcache.CHUNK:]
+    crc = initcache.crc32_combine(zlib.crc32(head), zlib.crc32(chunk), len(chunk))
+    assert initcache.crc32_combine(crc, zlib.crc32(tail), len(tail)) == zlib.crc32(data)
+    combine, rng = initcache.crc32_combine, random.Random(3)
+    for length_b, length_c in [(2**32 + 5, 3), (2**32, 2**32), (2**40 + 1, 7), (5, 2**33 + 11)]:
+        a, b, c = (rng.getrandbits(32) for _ in range(3))
+        assert combine(combine(a, b, length_b), c, length_c) == combine(a, combine(b, c, length_c), length_b + length_c)
+
+
+def test_the_real_chunk_size_file_crc_is_zlibs_and_uses_threads(tmp_path, monkeypatch):
+    path = tmp_path / "weights.pt"
+    data = random.Random(2).randbytes(2 * initcache.CHUNK + 7)
+    path.write_bytes(data)
+    threads, crc32 = set(), zlib.crc32
+
+    def counting_crc32(chunk, *start):
+        threads.add(threading.get_ident())
+        return crc32(chunk, *start)
+
+    monkeypatch.setattr(initcache.zlib, "crc32", counting_crc32)
+    assert initcache.file_crc(path, workers=3) == crc32(data)
+    assert len(threads) > 1  # the chunks were checked in the pool, not one after another
+
+
+def test_a_file_that_changes_size_while_checked_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setattr(initcache, "CHUNK", 1000)
+    path = tmp_path / "weights.pt"
+    path.write_bytes(bytes(5000))
+    pread = os.pread
+    monkeypatch.setattr(initcache.os, "pread", lambda fd, n, offset: pread(fd, n, offset)[: n // 2])  # cut short
+    with pytest.raises(OSError, match="changed size"):
+        initcache.file_crc(path, workers=2)

@@ -360,13 +360,14 @@ def tensors_in(value, depth: int = 0):
 
 
 def file_crc(path: Path, workers: int | None = None) -> int:
-    """The file's CRC-32, as zlib.crc32 of its bytes gives it: each CHUNK read and checked in a thread of its own (both
-    release the GIL), then combined (crc32_combine). In one thread, GPT-124M's 498 MB file took 0.33 s of a 0.60 s
-    hit on this project's 2-core machine; in two, 0.16 s of 0.43 s (results-reference/perf/cpu-initcache-crc/).
-    workers: threads; None: the CPUs this process may use, at most 8."""
+    """The file's CRC-32, as zlib.crc32 of its bytes gives it: its CHUNKs read (os.pread) and checked in a pool of
+    threads (both release the GIL), then combined (crc32_combine). In one thread, GPT-124M's 498 MB file took 0.33 s
+    of a 0.60 s hit on this project's 2-core machine; in two, 0.16 s of 0.43 s
+    (results-reference/perf/cpu-initcache-crc/).
+    workers: threads; None: torch's thread count here (a cell's job threads), at most the usable CPUs and 8."""
     if workers is None:
         usable = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
-        workers = min(8, len(usable))
+        workers = min(8, len(usable), torch.get_num_threads())
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         offsets = range(0, size, CHUNK)
@@ -392,9 +393,10 @@ def file_crc(path: Path, workers: int | None = None) -> int:
 
 
 def crc32_combine(crc1: int, crc2: int, length2: int) -> int:
-    """The CRC-32 of A + B from crc32(A), crc32(B) and len(B): zlib's crc32_combine, which Python's zlib does not
-    expose. Appending length2 zero bytes to A is a linear map on its CRC (a 32 x 32 matrix over GF(2)), computed by
-    repeated squaring; the map for CHUNK bytes, the common case, is kept."""
+    """The CRC-32 of A + B from crc32(A), crc32(B) and len(B): zlib's crc32_combine (its matrix form, zlib 1.2.11 and
+    before), which Python's zlib does not expose. Feeding length2 zero bytes through the CRC's register is a linear
+    map (a 32 x 32 matrix over GF(2)), computed by repeated squaring; the map for CHUNK bytes, the common case, is
+    kept."""
     if length2 <= 0:
         return crc1
     return _gf2_times(_zeros_operator(length2), crc1) ^ crc2
@@ -416,7 +418,7 @@ def _gf2_square(matrix: tuple[int, ...]) -> tuple[int, ...]:
 
 @functools.lru_cache(maxsize=8)
 def _zeros_operator(length: int) -> tuple[int, ...]:
-    """The matrix that takes a CRC-32's register past `length` zero bytes (zlib's crc32_combine_gen)."""
+    """The matrix that takes a CRC-32's register past `length` zero bytes (as zlib 1.2.11's crc32_combine builds it)."""
     power = (0xEDB88320, *(1 << n for n in range(31)))  # one zero bit
     power = _gf2_square(_gf2_square(_gf2_square(power)))  # one zero byte (8 bits)
     result = None
