@@ -310,3 +310,34 @@ def test_the_server_removes_its_socket_folder_when_the_launcher_dies(env, tmp_pa
     launcher_process.wait()
     assert wait_gone(int(pid)), "the server outlived its launcher"
     assert list(tmp.iterdir()) == [], "the server left its socket folder"
+
+
+@pytest.mark.parametrize("forked", [True, False])
+def test_a_staged_cell_gets_its_gpus_lock_file_and_waits_for_it_after_its_build(env, server, tmp_path, forked):
+    """Issue 40: a train job started with gpuslots --defer where make run stages cells. Its cell, forked from the
+    server (which gets the lock file's descriptor with the job's stdio) or a fresh interpreter (which inherits it),
+    builds its model, then waits for the job that holds the GPU, and trains as a cell that had it free does."""
+    from amprepro import gpuslots
+
+    locks = tmp_path / "locks"
+    job_env = {**env, "AMPREPRO_GPU_LOCKS": str(locks), "AMPREPRO_GPU_COUNT": "1", gpuslots.STAGE_ENV: "1",
+               **({cellserver.ENV: server[1]} if forked else {})}
+    locks.mkdir()
+    holder = gpuslots.open_lock(locks / "gpu0.lock")
+    assert gpuslots.lock_nb(holder, gpuslots.fcntl.LOCK_EX)  # the cell before it, still training
+    job = subprocess.Popen([sys.executable, "-m", "amprepro.gpuslots", "--gpus", "1", "--defer", "--",
+                            *launcher(6, tmp_path, "staged")], env=job_env, cwd=tmp_path, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True)
+    time.sleep(4)
+    os.close(holder)  # the cell before ends
+    out, _ = job.communicate(timeout=300)
+    assert job.returncode == 0, out[-3000:]
+    assert "waiting for GPU 0 (the cell before this one)" in out and "starting a fresh interpreter" not in out
+    metrics = json.loads((tmp_path / "staged.json").read_text())
+    phases = metrics["phase_seconds"]
+    assert "staged_build" in phases and phases["gpu_wait"] > 0.5, phases
+    assert metrics["process"].startswith("forked") == forked
+    plain = subprocess.run(launcher(6, tmp_path, "plain"), env=env, cwd=tmp_path, capture_output=True, text=True,
+                           timeout=300)
+    assert plain.returncode == 0, plain.stderr[-3000:]
+    assert losses(tmp_path / "staged.csv") == losses(tmp_path / "plain.csv")

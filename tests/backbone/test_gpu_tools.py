@@ -118,12 +118,29 @@ def test_time_to_verdict_splits_the_route_into_its_critical_path(tmp_path):
                           timeout=60)
     assert done.returncode == 0, done.stderr
     path = json.loads(out.read_text())["critical_path"]
-    assert path == json.loads((perf / "time-to-verdict.json").read_text())["critical_path"]
+    committed = json.loads((perf / "time-to-verdict.json").read_text())["critical_path"]
+    committed["cells_on_their_own_gpu"].update(waited_for_gpu_s=0.0, staged_build_s=0.0)  # no cell was staged then
+    assert path == committed
     assert (path["before_cells_s"], path["cells_s"], path["after_cells_s"], path["outside_snakemake_jobs_s"]) == (
         18.0, 228.0, 10.0, 9.0)
     assert sum(value for key, value in path.items() if key.endswith("_s")) == 265.0
     assert path["serial_gpu_jobs"] == {"train": 45, "largest_batch": 3, "apex": 1}  # 57 cells, 12 on the shared GPU
-    assert path["cells_on_their_own_gpu"] == {"jobs": 41, "job_s": 179.0, "loop_s": 126.6, "outside_loop_s": 52.4}
+    assert path["cells_on_their_own_gpu"] == {"jobs": 41, "job_s": 179.0, "loop_s": 126.6, "waited_for_gpu_s": 0.0,
+                                              "staged_build_s": 0.0, "outside_loop_s": 52.4}
+    # A staged cell (gpuslots --defer): its job also waited for the GPU while the cell before trained; that wait is
+    # not its own start-up
+    staged = tmp_path / "results/runs/vit_b_16/amp_bf16/seed0/metrics.json"
+    metrics = json.loads(staged.read_text())
+    metrics["phase_seconds"].update(staged_build=0.7, gpu_wait=2.5)
+    staged.write_text(json.dumps(metrics))
+    done = subprocess.run([sys.executable, str(REPO / "tools/gpu/time_to_verdict.py"), "--started", "started",
+                           "--verdict", "verdict", "--log", "make-run.log", "--results", "results",
+                           "--commit", "99d30cf", "--out", str(out)], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(out.read_text())["critical_path"]["cells_on_their_own_gpu"] == {
+        "jobs": 41, "job_s": 179.0, "loop_s": 126.6, "waited_for_gpu_s": 2.5, "staged_build_s": 0.7,
+        "outside_loop_s": 49.9}
     # A route cut before its first cell job: the record is still written, with nothing to split.
     log = (tmp_path / "make-run.log").read_text()
     (tmp_path / "make-run.log").write_text(log[:log.index("localrule apex_build:")])

@@ -86,8 +86,9 @@ def test_try_claim_holds_nothing_when_too_few_are_free(tmp_path):
     assert again is not None and again[0][0] != held[0][0]
 
 
-GPU_JOBS = ["--gpus 2 -- python -m amprepro.plan.launcher --per-node 2 --nodes 1 --device cuda --",
-            "--gpus 1 -- python -m amprepro.plan.launcher --per-node 1 --nodes 1 --device cuda --",
+# a train job may lock its GPU itself (--defer; gpuslots decides whether it does: test_a_deferred_*)
+GPU_JOBS = ["--gpus 2 --defer -- python -m amprepro.plan.launcher --per-node 2 --nodes 1 --device cuda --",
+            "--gpus 1 --defer -- python -m amprepro.plan.launcher --per-node 1 --nodes 1 --device cuda --",
             "--gpus 1 -- python -m amprepro.env.apex_stage",
             "--gpus 1 -- python -m amprepro.plan.launcher --per-node 1 --nodes 1 --device cuda --entry batchsearch --"]
 
@@ -97,12 +98,12 @@ GPU_JOBS = ["--gpus 2 -- python -m amprepro.plan.launcher --per-node 2 --nodes 1
     # (amprepro.plan.resources.shares_gpu); a timed cell takes a GPU and a whole GPU's gpu_share, a shared cell one
     # the apex shell's check (untimed) takes a slot beside them; the full build's check a whole GPU
     ("auto", [*GPU_JOBS, "gpu=1, gpu_share=8, gres=", "gpu=0, gpu_share=1, gres=",
-              "--gpus 0 --shared 8 -- python -m amprepro.plan.launcher --per-node 1 --nodes 1 --device cuda --",
+              "--gpus 0 --shared 8 --defer -- python -m amprepro.plan.launcher --per-node 1 --nodes 1 --device cuda --",
               "--gpus 0 --shared 8 -- python -m amprepro.env.apex_stage --shell",
               "--gpus 1 -- python -m amprepro.env.apex_stage --built"]),
     # gpu: true, jobs sent to GPU nodes from a machine without one (Slurm): gpuslots' locks share nothing there
     ("true", [*GPU_JOBS, "gpu=1, gpu_share=0, gres=", "--gpus 1 -- python -m amprepro.env.apex_stage --shell"]),
-    ("false", ["--gpus 0 -- python -m amprepro.plan.launcher --per-node 1 --nodes 1 --device cpu --",
+    ("false", ["--gpus 0 --defer -- python -m amprepro.plan.launcher --per-node 1 --nodes 1 --device cpu --",
                "--gpus 0 -- python -m amprepro.env.apex_stage", "gpu=0, gpu_share=0, gres="]),
 ])
 def test_rules_run_gpu_jobs_through_gpuslots(tmp_path, gpu, expected):
@@ -248,3 +249,80 @@ def test_a_launched_run_asks_nvidia_smi_once_for_itself_and_its_jobs(tmp_path):
     listed = "(['NVIDIA H200'], 'nvidia-smi lists 1 GPU(s): NVIDIA H200')"
     assert (tmp_path / "listed.txt").read_text().strip() == listed
     assert len(calls.read_text().splitlines()) == 1
+
+
+# ---- --defer: a timed cell locks its GPU itself once its model is built (issue 40) ---------------------------------
+
+DEFERRED = ("import os, sys, time; from amprepro import gpuslots\n"
+            "print(os.environ['CUDA_VISIBLE_DEVICES'], gpuslots.claim_pending(), flush=True)\n"
+            "if os.fork() == 0:\n"  # the cell: a child of the job, as the cell server's child or the fresh interpreter
+            "    waited = gpuslots.claim_deferred(); print('claimed', waited, flush=True)\n"
+            "    time.sleep(float(sys.argv[1])); os._exit(0)\n"
+            "os.wait(); print('cell ended', flush=True); time.sleep(float(sys.argv[2]))\n")
+
+
+def deferred(env, cell_seconds, after_seconds):
+    return subprocess.Popen([sys.executable, "-m", "amprepro.gpuslots", "--gpus", "1", "--defer", "--", sys.executable,
+                             "-c", DEFERRED, str(cell_seconds), str(after_seconds)],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def gpu_free(env) -> bool:
+    fd = gpuslots.open_lock(Path(env["AMPREPRO_GPU_LOCKS"]) / "gpu0.lock")
+    try:
+        return gpuslots.lock_nb(fd, gpuslots.fcntl.LOCK_EX)
+    finally:
+        os.close(fd)
+
+
+def test_a_deferred_cell_waits_for_the_gpu_only_once_it_asks_and_holds_it_until_the_job_ends(tmp_path):
+    """Staged (the launcher's word): the job starts while a timed job holds the one GPU, runs its own work, and waits
+    only in claim_deferred; it then holds the lock while its cell runs and after the cell's process is gone, until
+    the job's first process (the one gpuslots exec'd, which waits for the cell) ends."""
+    env = {**env_for(tmp_path, 1), gpuslots.STAGE_ENV: "1"}
+    timed, _ = hold(env, seconds=3)
+    job = deferred(env, cell_seconds=1, after_seconds=1.5)
+    assert job.stdout.readline().split() == ["0", "True"], "the job starts at once, its GPU named, its lock not taken"
+    start = time.monotonic()
+    said = job.stdout.readline().split()
+    assert said[0] == "claimed" and float(said[1]) > 1.0, "the cell waited for the timed job in claim_deferred"
+    timed.wait(timeout=20)
+    assert not gpu_free(env), "the cell holds the GPU"
+    assert job.stdout.readline().strip() == "cell ended"
+    assert not gpu_free(env), "the cell's process is gone, its job is not: the GPU stays locked"
+    job.wait(timeout=20)
+    assert gpu_free(env), "the job ended: the lock with it"
+    assert time.monotonic() - start > 2.0
+    assert "waiting for GPU 0 (the cell before this one)" in job.stderr.read()
+
+
+@pytest.mark.parametrize("count, staged", [(1, False), (2, True)])
+def test_defer_claims_at_once_unless_staged_on_one_gpu(tmp_path, count, staged):
+    """Not staged, or several GPUs to choose from: --defer claims before the command starts, as without it."""
+    env = env_for(tmp_path, count)
+    if staged:
+        env[gpuslots.STAGE_ENV] = "1"
+    job = deferred(env, cell_seconds=0, after_seconds=2)
+    gpu, pending = job.stdout.readline().split()
+    assert pending == "False"
+    fd = gpuslots.open_lock(Path(env["AMPREPRO_GPU_LOCKS"]) / f"gpu{gpu}.lock")
+    assert not gpuslots.lock_nb(fd, gpuslots.fcntl.LOCK_EX), "the GPU was claimed before the command ran"
+    os.close(fd)
+    job.wait(timeout=20)
+
+
+def test_claim_deferred_names_a_descriptor_that_is_not_a_lock_file(monkeypatch):
+    environ = {gpuslots.CLAIM_ENV: "987"}
+    with pytest.raises(RuntimeError, match=r"AMPREPRO_GPU_CLAIM_FD='987' is not the open lock file"):
+        gpuslots.claim_deferred(environ)
+    assert gpuslots.claim_deferred({}) is None
+
+
+def test_a_claim_descriptor_in_the_environment_is_not_inherited_by_another_job(tmp_path):
+    """A job gets only its own descriptor: one in the environment it was started from (a staged cell's job starting
+    another command) is dropped."""
+    env = {**env_for(tmp_path, 1), gpuslots.CLAIM_ENV: "5"}
+    given, fds = gpuslots.environment_for(1, env)
+    assert gpuslots.CLAIM_ENV not in given and given["CUDA_VISIBLE_DEVICES"] == "0"
+    for fd in fds:
+        os.close(fd)

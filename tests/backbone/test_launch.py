@@ -22,6 +22,7 @@ from snakemake.cli import get_argument_parser
 
 from amprepro import gpuslots
 from amprepro.env import launch, launchargs, runlock
+from amprepro.plan import resources
 from workflow_testing import HOLD_SOURCE, REPO, SNAKEMAKE, copy_workflow, hold_env, job_env
 
 # Its output is there while the job still runs: killed then, the output is incomplete for Snakemake.
@@ -31,8 +32,8 @@ SLEEPING_SNAKEFILE = textwrap.dedent("""\
         shell: "echo started > {output} && sleep $(cat pause) && echo done > {output}"
 """)
 VENV = Path(sys.executable).parent.parent
-LAUNCHER_ENV = ("CORES", "SNAKEMAKE_ARGS", "AMPREPRO_GPU_COUNT", "AMPREPRO_GPU_LISTING", "MAKEFLAGS", "MFLAGS",
-                "MAKELEVEL")
+LAUNCHER_ENV = ("CORES", "SNAKEMAKE_ARGS", "AMPREPRO_GPU_COUNT", "AMPREPRO_GPU_LISTING", "AMPREPRO_STAGE_CELLS",
+                "MAKEFLAGS", "MFLAGS", "MAKELEVEL")
 
 
 @pytest.fixture
@@ -116,6 +117,7 @@ def test_the_gpu_listing_goes_to_jobs_that_see_this_hosts_gpus_only(env, tmp_pat
 def test_amprepro_gpu_count_wins_over_nvidia_smi(env, tmp_path, monkeypatch):
     fake_nvidia_smi(tmp_path / "bin", gpus=2)
     monkeypatch.setenv("AMPREPRO_GPU_COUNT", "1")
+    monkeypatch.setenv("AMPREPRO_STAGE_CELLS", "0")
     command, said = launchargs.snakemake_command([], dict(os.environ))
     assert parsed(command).resources["gpu"].value == 1
     assert "1 GPU(s) (AMPREPRO_GPU_COUNT)" in said
@@ -155,7 +157,7 @@ def test_a_target_after_the_gpu_resource_stays_a_target(env, tmp_path):
     fake_nvidia_smi(tmp_path / "bin", gpus=1)
     command, _ = launchargs.snakemake_command([], {**env, "SNAKEMAKE_ARGS": "results/summary/summary.json"})
     args = parsed(command)
-    assert args.targets == ["results/summary/summary.json"] and args.resources["gpu"].value == 1
+    assert args.targets == ["results/summary/summary.json"] and args.resources["gpu"].value == 2  # one staged
 
 
 def test_user_cores_and_profiles_are_left_alone(env):
@@ -691,3 +693,58 @@ def test_socket_folder_names_hold_a_safe_host_name(monkeypatch):
     prefix = cellserver.socket_prefix()
     assert prefix.startswith(f"{cellserver.SOCKET_PREFIX}node_07__") and prefix.endswith("-")
     assert len(prefix) == len(cellserver.SOCKET_PREFIX) + 16 + 1 and "/" not in prefix and "$" not in prefix
+
+
+# ---- staging: the next timed cell builds its model while one trains (issue 40) ------------------------------------
+
+
+def test_on_one_gpu_the_waiting_cell_is_counted_in_cores_and_gpu(env, tmp_path):
+    """One GPU here, cores and GPUs the launcher's: Snakemake may start a second timed job (it builds its model, then
+    waits for the GPU in amprepro.gpuslots.claim_deferred), so `gpu` counts two and the cores the waiting cell's
+    CPUS_PER_GPU on top; gpu_share follows the two."""
+    fake_nvidia_smi(tmp_path / "bin", gpus=1)
+    usable = len(os.sched_getaffinity(0))
+    assert launchargs.stages_cells(env, [])
+    command, said = launchargs.snakemake_command([], env)
+    args = parsed(command)
+    assert args.cores == usable + resources.CPUS_PER_GPU
+    assert {name: r.value for name, r in args.resources.items()} == {
+        "gpu": 2, "gpu_share": 2 * resources.CELLS_PER_SHARED_GPU}
+    assert "the next timed cell builds its model while one trains" in said
+    assert f"and {resources.CPUS_PER_GPU} for the cell that waits for the GPU" in said
+    command, _ = launchargs.snakemake_command([], {**env, "CORES": "4"})
+    assert parsed(command).cores == 4 + resources.CPUS_PER_GPU
+
+
+@pytest.mark.parametrize("setting, gpus", [({"AMPREPRO_STAGE_CELLS": "0"}, 1),
+                                           ({"SNAKEMAKE_ARGS": "--cores 6"}, 1),
+                                           ({"SNAKEMAKE_ARGS": "--resources gpu=1"}, 1),
+                                           ({"SNAKEMAKE_ARGS": "--resources gpu_share=3"}, 1),
+                                           ({"SNAKEMAKE_ARGS": "--executor slurm"}, 1),
+                                           ({}, 2), ({}, 0)])
+def test_no_staging_where_the_user_sets_the_sizes_or_there_is_not_one_gpu(env, tmp_path, setting, gpus):
+    fake_nvidia_smi(tmp_path / "bin", gpus=gpus)
+    given = {**env, **setting}
+    assert not launchargs.stages_cells(given, launchargs.user_args(given))
+    command, said = launchargs.snakemake_command([], given)
+    assert "while one trains" not in said and "waits for the GPU" not in said
+    if gpus == 2 and not setting:
+        assert parsed(command).resources["gpu"].value == 2 and parsed(command).cores == len(os.sched_getaffinity(0))
+
+
+def test_a_bad_stage_setting_is_refused_with_the_fix(env, tmp_path):
+    fake_nvidia_smi(tmp_path / "bin", gpus=1)
+    with pytest.raises(launchargs.SettingError, match=r"AMPREPRO_STAGE_CELLS='yes please': set it to 0 to start"):
+        launchargs.snakemake_command([], {**env, "AMPREPRO_STAGE_CELLS": "yes please"})
+
+
+def test_the_launcher_tells_the_jobs_whether_it_stages(env, tmp_path, monkeypatch):
+    """launch.main puts its decision in the jobs' environment, where the Snakefile and gpuslots --defer read it."""
+    seen = {}
+    monkeypatch.setattr(launch, "run_snakemake", lambda command, lock, job_env: seen.update(job_env) or 0)
+    monkeypatch.setattr(launch.cellserver, "start", lambda env, cwd: None)
+    for gpus, word in ((1, "1"), (2, "0")):
+        fake_nvidia_smi(tmp_path / "bin", gpus=gpus)
+        seen.clear()
+        assert launch.main(["-n"], {**env, "SNAKEMAKE_ARGS": f"--directory {tmp_path}"}) == 0
+        assert seen[gpuslots.STAGE_ENV] == word

@@ -1,5 +1,6 @@
 import json
 import math
+import os
 
 import pytest
 import torch
@@ -30,6 +31,72 @@ def test_a_finished_cell_says_where_its_seconds_went():
     from amprepro.cellrecord import CellRecord
 
     assert CellRecord.from_dict(metrics, source="test").as_dict()["phase_seconds"] == phases
+
+
+@pytest.fixture
+def deferred_claim(tmp_path, monkeypatch):
+    """This process as a cell that gpuslots --defer started: an open, unlocked descriptor of its GPU's lock file."""
+    from amprepro import gpuslots
+
+    fd = gpuslots.open_lock(tmp_path / "gpu0.lock")
+    monkeypatch.setenv(gpuslots.CLAIM_ENV, str(fd))
+    yield tmp_path / "gpu0.lock"
+    os.close(fd)
+
+
+def test_a_staged_cell_builds_before_it_locks_its_gpu_and_trains_exactly_as_an_unstaged_one(deferred_claim,
+                                                                                              monkeypatch):
+    """Issue 40: a cell started while another trains (amprepro.gpuslots --defer) seeds and builds its model first,
+    then locks its GPU, and only then asks for its device; it goes on from the random state its build left, so its
+    losses are those of the same cell started on a free GPU."""
+    from amprepro import gpuslots
+    from amprepro.train import distributed
+
+    order = []
+    real_build, real_claim, real_device = cell.build_weights, gpuslots.claim_deferred, distributed.Dist.device
+    monkeypatch.setattr(cell, "build_weights", lambda *a, **k: order.append("build") or real_build(*a, **k))
+    monkeypatch.setattr(gpuslots, "claim_deferred", lambda *a, **k: order.append("claim") or real_claim(*a, **k))
+    monkeypatch.setattr(distributed.Dist, "device", lambda self: order.append("device") or real_device(self))
+    # GPT-tiny's builder draws its weights from the CPU generator: what is drawn after the model (dropout, LoRA's
+    # adapters) must come from where the build left it, as in a cell started on a free GPU
+    tokens = {"arch": "gpt_tiny", "data": "synthetic_tokens", "batch_size": 2, "seq_len": 32}
+    cell_spec = {**spec(steps=6), "model_config": tokens}
+    after_build = []
+    real_prepare = cell.prepare_model
+    monkeypatch.setattr(cell, "prepare_model", lambda *a, **k: (real_prepare(*a, **k),
+                                                                after_build.append(torch.get_rng_state()))[0])
+    staged, staged_rows = train.run(cell_spec, NO_APEX, threads=1)
+    assert order == ["build", "claim", "device"]
+    assert gpuslots.CLAIM_ENV not in os.environ, "claimed once: nothing this cell starts locks it again"
+    fd = os.open(deferred_claim, os.O_RDWR)
+    assert not gpuslots.lock_nb(fd, gpuslots.fcntl.LOCK_EX), "the cell holds its GPU's lock"
+    os.close(fd)
+    assert list(staged["phase_seconds"])[:4] == ["process_start_to_run", "staged_build", "gpu_wait",
+                                                  "device_and_provenance"]
+    plain, plain_rows = train.run(cell_spec, NO_APEX, threads=1)
+    assert order.count("claim") == 1 and "staged_build" not in plain["phase_seconds"]
+    assert [r["loss"] for r in staged_rows] == [r["loss"] for r in plain_rows]
+    assert len(after_build) == 2 and torch.equal(*after_build), "the random state after the model differs"
+    assert staged["final_loss"] == plain["final_loss"] and staged["status"] == "ok"
+
+
+def test_a_staged_build_that_fails_is_built_again_once_the_gpu_is_held(deferred_claim, monkeypatch, capsys):
+    from amprepro import gpuslots
+
+    real_build = cell.build_weights
+    calls = []
+
+    def build_once_broken(*args, **kwargs):
+        calls.append(gpuslots.CLAIM_ENV in os.environ)
+        if len(calls) == 1:
+            raise OSError("disk gone")
+        return real_build(*args, **kwargs)
+
+    monkeypatch.setattr(cell, "build_weights", build_once_broken)
+    metrics, rows = train.run(spec(steps=4), NO_APEX, threads=1)
+    assert metrics["status"] == "ok" and calls == [True, False]
+    assert "building the model before the GPU was free failed" in capsys.readouterr().err
+    assert [r["loss"] for r in rows] == [r["loss"] for r in train.run(spec(steps=4), NO_APEX, threads=1)[1]]
 
 
 def test_fp32_run_writes_metrics_and_steps():

@@ -94,6 +94,10 @@ def critical_path(jobs: list[tuple], cells: list[tuple[Path, dict]], seconds_to_
                for path, metrics in cells}
     shared = {key for key, metrics in records.items() if metrics.get("gpu_shared")}
     loops = {key: (metrics.get("phase_seconds") or {}).get("loop") for key, metrics in records.items()}
+    # a staged cell (amprepro.gpuslots --defer) started while the one before trained: its job's seconds hold its
+    # wait for the GPU, which overlapped that cell's, and its model's build before it
+    waits = {key: (metrics.get("phase_seconds") or {}).get("gpu_wait") or 0.0 for key, metrics in records.items()}
+    staged = {key: (metrics.get("phase_seconds") or {}).get("staged_build") or 0.0 for key, metrics in records.items()}
 
     def cell_of(wildcards: str) -> tuple[str, str, str]:
         found = dict(item.split("=", 1) for item in wildcards.split(", ") if "=" in item)
@@ -105,13 +109,16 @@ def critical_path(jobs: list[tuple], cells: list[tuple[Path, dict]], seconds_to_
     own = [job for job in serial if job[0] == "train" and loops.get(cell_of(job[1])) is not None]
     job_s = sum((job[3] - job[2]).total_seconds() for job in own)
     loop_s = sum(loops[cell_of(job[1])] for job in own)
+    wait_s = sum(waits.get(cell_of(job[1]), 0.0) for job in own)
     return {
         "before_cells_s": (cells_start - first).total_seconds(),
         "cells_s": (cells_end - cells_start).total_seconds(),
         "after_cells_s": (last - cells_end).total_seconds(),
         "outside_snakemake_jobs_s": round(seconds_to_verdict - (last - first).total_seconds(), 1),
         "cells_on_their_own_gpu": {"jobs": len(own), "job_s": job_s, "loop_s": round(loop_s, 1),
-                                   "outside_loop_s": round(job_s - loop_s, 1)},
+                                   "waited_for_gpu_s": round(wait_s, 1),
+                                   "staged_build_s": round(sum(staged.get(cell_of(job[1]), 0.0) for job in own), 1),
+                                   "outside_loop_s": round(job_s - loop_s - wait_s, 1)},
         "serial_gpu_jobs": {rule: sum(1 for job in serial if job[0] == rule) for rule in SERIAL_GPU_RULES},
     }
 

@@ -1,6 +1,6 @@
 """Give each GPU job its own GPU(s) on a machine with several, then run the job's command.
 
-    python -m amprepro.gpuslots --gpus N -- COMMAND [ARGS...]
+    python -m amprepro.gpuslots --gpus N [--defer] -- COMMAND [ARGS...]
     python -m amprepro.gpuslots --gpus 0 --shared K -- COMMAND [ARGS...]
 
 Snakemake's `--resources gpu=N` limits how many GPU jobs run at once but does not say which GPU each job gets:
@@ -15,6 +15,14 @@ lock (LOCK_EX) out, plus an exclusive lock on one of that GPU's K slot files (gp
 cells share a GPU whatever Snakemake's resources say. It prefers the lowest GPU that has a free slot, so shared cells
 pack onto few GPUs, and a timed job tries the GPUs from the highest down, so the two meet as late as possible. Every
 lock dies with its process, as above. The job's environment says it shares (SHARED_ENV=K, recorded in metrics.json).
+
+A timed one-GPU cell may run with --defer (issue 40: the next cell prepares while one trains). Where the launcher
+stages cells (STAGE_ENV) and there is one GPU to hand out here, the job takes no lock yet: its environment names the
+GPU and carries an open descriptor of that GPU's lock file (CLAIM_ENV), and the cell locks it itself
+(claim_deferred), exclusively, once it has done what needs no GPU (its model built on the CPU) and before CUDA starts.
+The lock belongs to the open file, which the job's first process (this one, exec'd) keeps open until the cell has
+exited, so the lock still ends only after the cell's process and its GPU memory are gone. With several GPUs, or a GPU
+a scheduler chose, --defer claims at once, as without it.
 """
 
 from __future__ import annotations
@@ -35,6 +43,11 @@ SHARED_ENV = "AMPREPRO_GPU_SHARED"  # set to K in a cell that shares its GPU wit
 # The run's one `nvidia-smi -L` (amprepro.env.launch), for its DAG build and its jobs on the same host: each GPU job
 # asked nvidia-smi twice before (its slot here, the launcher's GPU check), and the DAG build and verify once more.
 LISTING_ENV = "AMPREPRO_GPU_LISTING"
+CLAIM_ENV = "AMPREPRO_GPU_CLAIM_FD"  # --defer: the descriptor of the GPU's lock file that the cell locks itself
+# The jobs' environment says whether the next timed cell builds its model while the one before trains ("1", from the
+# launcher: amprepro.env.launchargs.stages_cells; the Snakefile then starts timed cells with --defer). From the user,
+# AMPREPRO_STAGE_CELLS=0: never.
+STAGE_ENV = "AMPREPRO_STAGE_CELLS"
 MAX_SHARED = 32  # the most cells one GPU may take (config schema and amprepro.plan.resources keep to it)
 
 
@@ -177,6 +190,13 @@ def holders(count: int, locks: Path) -> list[str]:
 
 
 def claim(wanted: int, count: int, locks: Path) -> list[tuple[int, int]]:
+    if wanted == count == 1:  # one GPU: wait in the kernel, not by polling, and start the moment it is free
+        fd = open_lock(locks / "gpu0.lock")
+        if not lock_nb(fd, fcntl.LOCK_EX):
+            say_waiting("GPU 0 to be free", count, locks)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        sign(fd)
+        return [(0, fd)]
     return wait_for(lambda: try_claim(wanted, count, locks), f"{wanted} of {count} GPUs to be free", count, locks)
 
 
@@ -190,19 +210,25 @@ def wait_for(attempt, what: str, count: int, locks: Path):
     waited = False
     while (held := attempt()) is None:
         if not waited:
-            # A job whose Snakemake was killed can outlive it and keep its GPU: name the holders so it can be found.
-            who = "; ".join(holders(count, locks))
-            print(f"gpuslots: waiting for {what} (locks in {locks})"
-                  + (f": {who}. A job left running by a killed run keeps its GPU until it ends (kill PID)"
-                     if who else ""), file=sys.stderr, flush=True)
+            say_waiting(what, count, locks)
             waited = True
         time.sleep(POLL_SECONDS)
     return held
 
 
-def environment_for(wanted: int, env: dict, shared: int = 0) -> tuple[dict, list[int]]:
+def say_waiting(what: str, count: int, locks: Path) -> None:
+    # A job whose Snakemake was killed can outlive it and keep its GPU: name the holders so it can be found.
+    who = "; ".join(holders(count, locks))
+    print(f"gpuslots: waiting for {what} (locks in {locks})"
+          + (f": {who}. A job left running by a killed run keeps its GPU until it ends (kill PID)" if who else ""),
+          file=sys.stderr, flush=True)
+
+
+def environment_for(wanted: int, env: dict, shared: int = 0, defer: bool = False) -> tuple[dict, list[int]]:
     """The job's environment and the lock fds it must keep; unchanged when nothing is to be assigned. shared=K: a cell
-    that shares one GPU with up to K-1 others (wanted is then 0: Snakemake counts it in gpu_share, not gpu)."""
+    that shares one GPU with up to K-1 others (wanted is then 0: Snakemake counts it in gpu_share, not gpu). defer: a
+    one-GPU cell that locks its GPU itself (claim_deferred) where this machine has one GPU to hand out."""
+    env = {name: value for name, value in env.items() if name != CLAIM_ENV}  # only this job's own descriptor counts
     if shared:
         return shared_environment(shared, env)
     if wanted <= 0 or env.get("CUDA_VISIBLE_DEVICES") is not None:
@@ -210,11 +236,42 @@ def environment_for(wanted: int, env: dict, shared: int = 0) -> tuple[dict, list
     count = gpu_count(env)
     if count == 0:
         return env, []
+    if defer and wanted == 1 and count == 1 and env.get(STAGE_ENV) == "1":
+        fd = open_lock(lock_dir() / "gpu0.lock")
+        print("gpuslots: CUDA_VISIBLE_DEVICES=0, locked by the cell itself once it is ready for it (--defer)",
+              file=sys.stderr, flush=True)
+        return {**env, "CUDA_VISIBLE_DEVICES": "0", CLAIM_ENV: str(fd)}, [fd]
     # A cell asking for more GPUs than exist gets all of them and says itself why it cannot run.
     held = claim(min(wanted, count), count, lock_dir())
     indices = ",".join(str(index) for index, _ in held)
     print(f"gpuslots: CUDA_VISIBLE_DEVICES={indices}", file=sys.stderr, flush=True)
     return {**env, "CUDA_VISIBLE_DEVICES": indices}, [fd for _, fd in held]
+
+
+def claim_pending(environ=None) -> bool:
+    """Whether this process is a cell that must lock its GPU itself before it starts CUDA (--defer)."""
+    return CLAIM_ENV in (os.environ if environ is None else environ)
+
+
+def claim_deferred(environ=None) -> float | None:
+    """In a cell started with --defer: lock its GPU now, exclusively, waiting (without polling) for the job that holds
+    it; the seconds waited. None where there is nothing to lock (the job got its GPU another way). The variable is
+    taken out of the environment, so that nothing this process starts locks it again."""
+    environ = os.environ if environ is None else environ
+    text = environ.pop(CLAIM_ENV, None)
+    if text is None:
+        return None
+    start = time.monotonic()
+    try:
+        fd = int(text)
+        if not lock_nb(fd, fcntl.LOCK_EX):
+            say_waiting("GPU 0 (the cell before this one)", 1, lock_dir())
+            fcntl.flock(fd, fcntl.LOCK_EX)
+    except (ValueError, OSError) as exc:
+        raise RuntimeError(f"{CLAIM_ENV}={text!r} is not the open lock file amprepro.gpuslots --defer passes "
+                           f"({exc}); start the cell through amprepro.gpuslots, or unset {CLAIM_ENV}") from exc
+    sign(fd)
+    return round(time.monotonic() - start, 3)
 
 
 def shared_environment(cells_per_gpu: int, env: dict) -> tuple[dict, list[int]]:
@@ -243,6 +300,10 @@ def main(argv=None) -> None:
     parser.add_argument("--gpus", type=int, required=True, help="GPUs this job needs (0: run as is)")
     parser.add_argument("--shared", type=cells_per_gpu, default=0, metavar="K",
                         help="share one GPU with up to K-1 other such cells (--gpus 0)")
+    parser.add_argument("--defer", action="store_true",
+                        help=f"the command can lock its GPU itself (claim_deferred): it does so where the launcher "
+                             f"stages cells ({STAGE_ENV}=1), the job wants one GPU of its own and there is one to "
+                             "hand out; otherwise the GPU is claimed now, as without --defer")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command")
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -250,7 +311,7 @@ def main(argv=None) -> None:
         parser.error("give the command after --")
     if args.shared and args.gpus:
         parser.error("--shared K runs a cell on a GPU it shares: give --gpus 0 with it")
-    env, fds = environment_for(args.gpus, dict(os.environ), args.shared)
+    env, fds = environment_for(args.gpus, dict(os.environ), args.shared, args.defer)
     for fd in fds:
         os.set_inheritable(fd, True)  # the exec'd command holds the locks until it exits
     os.execvpe(command[0], command, env)

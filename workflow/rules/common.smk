@@ -1,8 +1,10 @@
 import hashlib
 import json
+import os
 from pathlib import Path
 
 from amprepro.plan import resources as cell_resources  # noqa: E402
+from amprepro.gpuslots import STAGE_ENV  # noqa: E402
 from amprepro import apexexts  # noqa: E402
 from amprepro.cellid import CellId  # noqa: E402
 from amprepro.codedigest import code_digest, keep_trees_in  # noqa: E402
@@ -46,7 +48,12 @@ with stop_on_config_error():
 CORES = max(1, workflow.resource_settings.cores or 1)  # None under `snakemake --report`; workflow.cores raises
 # Jobs on this machine share its GPUs through `--resources gpu=N`; a cluster job gets its own node's.
 LOCAL_GPUS = len(GPUS) if workflow.local_exec else 0
-BUILD_THREADS = cell_resources.apex_build_threads(CORES, LOCAL_GPUS)
+# The launcher's word (amprepro.env.launchargs.stages_cells): on this one GPU a timed cell may start while another
+# trains, build its model and then lock the GPU itself (amprepro.gpuslots --defer, which reads the same word).
+# Snakemake's cores and `gpu` then count the waiting cell too: the apex build's share is reckoned without it.
+STAGED = os.environ.get(STAGE_ENV) == "1" and workflow.local_exec and len(GPUS) == 1
+CORES_BESIDE_STAGED = CORES - cell_resources.CPUS_PER_GPU if STAGED and CORES > cell_resources.CPUS_PER_GPU else CORES
+BUILD_THREADS = cell_resources.apex_build_threads(CORES_BESIDE_STAGED, LOCAL_GPUS)
 # GPUs that nvidia-smi lists on this machine (not `gpu: true`, jobs sent to GPU nodes elsewhere): only these are shared
 # out by gpuslots' locks, so only here may untimed cells share one (shares_gpu).
 PROBED_GPUS = 0 if config.get("gpu") in (True, "true") else len(GPUS)

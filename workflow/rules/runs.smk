@@ -28,7 +28,8 @@ rule train:
         init_cache=INIT_CACHE,
         code=code_digest("train.train", "plan.launcher"),  # with what they import: cellspec, memory, cellserver
     shell:
-        "python -m amprepro.gpuslots --gpus {resources.gpu}{params.slots} --"
+        # --defer: where make run stages cells, a timed cell locks its GPU itself once its model is built
+        "python -m amprepro.gpuslots --gpus {resources.gpu}{params.slots} --defer --"
         " python -m amprepro.plan.launcher {params.launch} -- --spec {params.spec:q} {params.apex:q}"
         " --plan {input.plan} --threads {threads} {params.init_cache:q}"
         " --metrics {output.metrics} --steps {output.steps} > {log} 2>&1"

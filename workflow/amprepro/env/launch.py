@@ -30,12 +30,14 @@ import sys
 import threading
 
 from amprepro.env.launchargs import (
+    STAGE_ENV,
     SettingError,
     check_config_files,
     check_config_values,
     jobs_see_our_gpus,
     serves_cells,
     snakemake_command,
+    stages_cells,
     user_args,
     workdir_of,
 )
@@ -110,6 +112,7 @@ def main(argv: list[str] | None = None, env: dict | None = None) -> int:
     try:
         extra = user_args(env)
         env = with_gpu_listing(env, extra)
+        env[STAGE_ENV] = "1" if stages_cells(env, extra) else "0"  # for the Snakefile: --defer for the timed cells
         command, what = snakemake_command(targets, env)
         check_config_values(extra)
         check_config_files(extra)

@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 from amprepro.env import cpushare
-from amprepro.gpuslots import gpu_count
-from amprepro.plan.resources import CELLS_PER_SHARED_GPU
+from amprepro.gpuslots import STAGE_ENV, gpu_count
+from amprepro.plan.resources import CELLS_PER_SHARED_GPU, CPUS_PER_GPU
 
 CORES_PATTERN = re.compile(r"all|[1-9][0-9]*")
 COUNT_PATTERN = re.compile(r"[0-9]+")
@@ -182,6 +182,24 @@ def gpu_share_for_users_gpus(extra: list[str]) -> tuple[list[str], list[str]]:
     return with_resources(extra, [f"gpu_share={CELLS_PER_SHARED_GPU * int(gpus)}"])
 
 
+def stages_cells(env: dict, extra: list[str]) -> bool:
+    """Whether a timed cell may start while another trains, build its model on the CPU and then wait for the GPU
+    (amprepro.gpuslots --defer; issue 40: about a second of each cell's start-up, hidden behind the cell before). Only
+    where the launcher sets the cores and GPU resources itself, for one GPU that the jobs here share, and not where
+    AMPREPRO_STAGE_CELLS=0. Snakemake then counts one more GPU job and its CPUS_PER_GPU cores: the cell that waits."""
+    setting = env.get(STAGE_ENV, "").strip()
+    if setting not in ("", "0", "1"):
+        raise SettingError(f"{STAGE_ENV}={setting!r}: set it to 0 to start each timed cell only once the GPU is free, "
+                           "or leave it unset")
+    if setting == "0" or not jobs_see_our_gpus(extra):
+        return False
+    if option_index(extra, CORES_OPTIONS) is not None or user_sets_gpu(extra):
+        return False
+    if user_resource(extra, "gpu_share") is not None:
+        return False
+    return gpus_to_share(env)[0] == 1
+
+
 def snakemake_command(targets: list[str], env: dict) -> tuple[list[str], str]:
     """The Snakemake command line and one line saying what it uses. Raises SettingError before anything runs."""
     extra = user_args(env)
@@ -189,8 +207,12 @@ def snakemake_command(targets: list[str], env: dict) -> tuple[list[str], str]:
     if option_index(extra, PROFILE_OPTIONS) is not None:
         return [*command, "--rerun-incomplete", *extra], "cores and resources as the profile in SNAKEMAKE_ARGS sets"
     said = []
+    staged = stages_cells(env, extra)
     if option_index(extra, CORES_OPTIONS) is None:
         cores, source = cores_setting(env)
+        if staged:  # the waiting cell's cores on top: it computes nothing while it waits
+            cores = str((len(cpushare.usable_cpus()) if cores == "all" else int(cores)) + CPUS_PER_GPU)
+            source += f", and {CPUS_PER_GPU} for the cell that waits for the GPU"
         command += ["--cores", cores]
         said.append(f"{cores} cores ({source})")
     else:
@@ -200,9 +222,10 @@ def snakemake_command(targets: list[str], env: dict) -> tuple[list[str], str]:
         command += added
         said.append("GPUs as SNAKEMAKE_ARGS sets")
     elif (found := gpus_to_share(env))[0]:
-        added, extra = with_gpu_resource(extra, found[0])
+        added, extra = with_gpu_resource(extra, found[0] * (2 if staged else 1))
         command += added
-        said.append(f"{found[0]} GPU(s) ({found[1]})")
+        said.append(f"{found[0]} GPU(s) ({found[1]})"
+                    + (": the next timed cell builds its model while one trains" if staged else ""))
     else:
         said.append(f"no GPU (none listed by {found[1]})")
     return [*command, "--rerun-incomplete", *extra], ", ".join(said)

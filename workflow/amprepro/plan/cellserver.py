@@ -37,6 +37,8 @@ import time
 import traceback
 from dataclasses import dataclass
 
+from amprepro.gpuslots import CLAIM_ENV
+
 ENV = "AMPREPRO_CELL_SERVER"
 SOCKET_PREFIX = "amprepro-cells-"  # start's private folder in the temporary directory (amprepro.env.runlock sweeps)
 _RANDOM_PART = re.compile(r"[a-z0-9_]+")  # what tempfile.mkdtemp adds after the prefix: never a "-"
@@ -144,8 +146,10 @@ def run_cell(train_args: list[str], env: dict | None = None, entry: str = "train
         say(f"no cell server at {path} ({exc}); starting a fresh interpreter")
         return None
     cwd = os.getcwd()
+    # a cell that locks its GPU itself (amprepro.gpuslots --defer) gets the lock file's descriptor too
+    claim = [int(env[CLAIM_ENV])] if env.get(CLAIM_ENV, "").isdigit() else []
     send_message(conn, {"argv": train_args, "env": env, "cwd": cwd, "interpreter": interpreter(cwd),
-                        "entry": entry}, [0, 1, 2])
+                        "entry": entry}, [0, 1, 2, *claim])
     reply, _ = receive_message(conn)
     if reply is None or "refused" in reply:
         say(f"{reply['refused'] if reply else 'the server closed the connection'}; starting a fresh interpreter")
@@ -251,12 +255,16 @@ def become_cell(request: dict, fds: list[int], server_pid: int, server: Server) 
         return 1
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD):
         signal.signal(signum, signal.SIG_DFL)
-    for target, fd in enumerate(fds):
+    stdio, claim = fds[:3], fds[3:]
+    for target, fd in enumerate(stdio):
         os.dup2(fd, target)
         os.close(fd)
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update({**server.import_env, **request["env"]})
+    os.environ.pop(CLAIM_ENV, None)  # the job's number names its descriptor in the job, not here
+    if claim:  # the GPU's lock file, passed with the request: the cell locks it (amprepro.gpuslots.claim_deferred)
+        os.environ[CLAIM_ENV] = str(claim[0])
     threads = thread_count(request["env"])
     if threads is not None:
         import torch
@@ -281,13 +289,15 @@ def become_cell(request: dict, fds: list[int], server_pid: int, server: Server) 
 
 def fork_cell(conn: socket.socket, listener: socket.socket, clients: dict, server: Server) -> int | None:
     conn.settimeout(30)
-    request, fds = receive_message(conn, want_fds=3)
+    request, fds = receive_message(conn, want_fds=4)  # stdin, stdout, stderr and, with --defer, the GPU's lock file
     conn.settimeout(None)
-    if request is None or len(fds) != 3:
+    if request is None or len(fds) not in (3, 4):
         for fd in fds:
             os.close(fd)
         return None
     why = refusal(request, server)
+    if not why and CLAIM_ENV in (request.get("env") or {}) and len(fds) != 4:
+        why = "the job's GPU lock file did not come with its request (amprepro.gpuslots --defer)"
     if why:
         for fd in fds:
             os.close(fd)

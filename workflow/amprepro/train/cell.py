@@ -80,16 +80,26 @@ def swap_layer_norms(model):
     return model
 
 
-def prepare_model(settings: ModelSettings | dict, device, init_cache=None):
-    """The model, on its device, and where its initial weights came from (amprepro.train.initcache: built, or read
-    from init_cache, the directory of weights earlier cells built; None: always built)."""
-    import torch
-
-    from amprepro.train import initcache, lora, models
+def build_weights(settings: ModelSettings | dict, init_cache=None):
+    """The model as its builder makes it, on the CPU (or the meta device, for a model its GPU initialises), and where
+    its initial weights came from (amprepro.train.initcache: built, or read from init_cache, the directory of weights
+    earlier cells built; None: always built). Needs no GPU: a cell whose GPU is still busy does it first
+    (amprepro.train.train.stage)."""
+    from amprepro.train import initcache, models
 
     settings = ModelSettings.of(settings)
-    model, init_weights = initcache.build(settings.arch_entry, settings, lambda: models.build(settings.arch, settings),
-                                          init_cache)
+    return initcache.build(settings.arch_entry, settings, lambda: models.build(settings.arch, settings), init_cache)
+
+
+def prepare_model(settings: ModelSettings | dict, device, init_cache=None, built=None):
+    """The model, on its device, and where its initial weights came from (build_weights; built: what it returned,
+    when the cell called it before its GPU was free)."""
+    import torch
+
+    from amprepro.train import lora, models
+
+    settings = ModelSettings.of(settings)
+    model, init_weights = built if built is not None else build_weights(settings, init_cache)
     if settings.fused_layer_norm:
         model = swap_layer_norms(model)
     adapters = lora.setting(settings)  # LoRA: a frozen base with trainable adapters (amprepro.train.lora)
@@ -149,16 +159,16 @@ class Cell:
 
 
 def build_cell(spec: CellSpec | dict, device, plan: dict | None, dist=None, compile_now: bool = True,
-               init_cache=None) -> Cell:
+               init_cache=None, built=None) -> Cell:
     """The cell of `spec` at the batch and shape of `plan` (its model's view of the memory plan; None: as written), on
     `device`. dist: the data-parallel group (amprepro.train.distributed.Dist) whose DDP wraps the model; None: one
     process. compile_now=False leaves the compile to the caller's cell.compile() (the training run: after its held-out
-    loss before the first step, which runs eager). init_cache: the directory of initial weights (prepare_model)."""
+    loss before the first step, which runs eager). init_cache, built: the initial weights (prepare_model)."""
     from amprepro.train import float8, precision
 
     spec = CellSpec.of(spec).planned(plan)
     settings, train = spec.settings, spec.train
-    model, init_weights = prepare_model(settings, device, init_cache)
+    model, init_weights = prepare_model(settings, device, init_cache, built)
     fp8 = float8.convert(model, spec.precision)  # torchao Float8Linear on the qualifying layers; None: no FP8
     # only what trains: every parameter, or a LoRA model's adapters (its frozen base has no gradient and no state)
     trainable = [p for p in model.parameters() if p.requires_grad]

@@ -14,6 +14,7 @@ import argparse
 import os
 import sys
 
+from amprepro import gpuslots
 from amprepro.cellspec import CellSpec
 from amprepro.train.cell import (
     build_cell,
@@ -87,6 +88,7 @@ def run(spec: CellSpec | dict, apex: dict, threads: int, dist=None, plan: dict |
     spec = CellSpec.of(spec).planned(plan)
     dist = dist or distributed.Dist()
     torch.set_num_threads(threads)
+    built = stage(spec, init_cache, phases) if gpuslots.claim_pending() else None
     device = dist.device()
     base = base_record(spec, apex, device, dist, plan)
     skip = skip_cause(spec, device, apex)
@@ -95,26 +97,56 @@ def run(spec: CellSpec | dict, apex: dict, threads: int, dist=None, plan: dict |
         return {**base, "status": "skipped", "reason": reason, "skip_cause": cause, "skip_needs": needs}, []
     phases.mark("device_and_provenance")
     try:
-        return train_cell(spec, apex, dist, device, base, plan, phases, init_cache)
+        return train_cell(spec, apex, dist, device, base, plan, phases, init_cache, built)
     except Exception as exc:
         if dist.active:  # torchrun stops the other ranks; a half-written DDP record would be worse than none
             raise
         return failure_record(base, exc), []
 
 
+def stage(spec: CellSpec, init_cache, phases) -> tuple | None:
+    """For a cell that locks its GPU itself (amprepro.gpuslots --defer): while the cell before it still trains, seed
+    and build the model on the CPU (build_weights: what train_cell would do first), then wait for the GPU. What
+    build_weights returned, which train_cell goes on from; None where the build failed (train_cell builds again once
+    the GPU is free, and the cell's record says why it failed). Nothing here starts CUDA."""
+    import traceback
+
+    from amprepro.train.cell import build_weights
+
+    built = None
+    try:
+        seed_cell(spec)
+        built = build_weights(spec.settings, init_cache)
+    except Exception:
+        traceback.print_exc()
+        print("amprepro.train: building the model before the GPU was free failed; building it again after",
+              file=sys.stderr, flush=True)
+    phases.mark("staged_build")
+    gpuslots.claim_deferred()
+    phases.mark("gpu_wait")
+    return built
+
+
+def seed_cell(spec: CellSpec) -> None:
+    """The cell's random state, before anything draws from it (the build first)."""
+    if spec.train.get("deterministic"):
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    seed_everything(spec.seed, spec.train.get("deterministic", False))
+
+
 def train_cell(spec: CellSpec, apex: dict, dist, device, base: dict, plan: dict | None = None, phases=None,
-               init_cache=None) -> tuple[dict, list[dict]]:
+               init_cache=None, built=None) -> tuple[dict, list[dict]]:
     """Seed, set TF32, cap the allocator and skip a cell that cannot fit; then build the cell (build_cell), its
     memory breakdown and its batches, and train it (train_loop). phases (measure.Phases): a finished cell's record
-    says in phase_seconds how long each of these took."""
+    says in phase_seconds how long each of these took. built: the model stage() built and the random state it left,
+    which this goes on from (no seeding again)."""
     from amprepro import memory
     from amprepro.train import measure, precision
 
     phases = phases or measure.Phases()  # a caller without the run's phases: timed from here
-    settings, train = spec.settings, spec.train
-    if train.get("deterministic"):
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    seed_everything(spec.seed, train.get("deterministic", False))
+    settings = spec.settings
+    if built is None:
+        seed_cell(spec)
     tf32 = precision.configure_tf32(spec.precision)
     # in place: failure_record names them when the cell runs out of memory anyway
     base["memory_estimate"] = memory.estimate(settings, spec.precision, spec.optimizer).as_record()
@@ -124,7 +156,7 @@ def train_cell(spec: CellSpec, apex: dict, dist, device, base: dict, plan: dict 
         return skipped, []
     phases.mark("fit_check")
     # compiled in the loop, after the step-0 eval
-    cell = build_cell(spec, device, plan, dist, compile_now=False, init_cache=init_cache)
+    cell = build_cell(spec, device, plan, dist, compile_now=False, init_cache=init_cache, built=built)
     breakdown = measure.Breakdown(cell.model, cell.trainer.optimizer, enabled=device.type == "cuda")
     phases.mark("build")
     batches = make_data(settings, spec.seed, device, cell.model)
