@@ -139,17 +139,32 @@ def reference_budget(reference_dir: Path, band: float, tolerances: dict | None =
     return totals_of(cells, band, apart)
 
 
+def windows_arg(text: str) -> list[tuple[int, int]]:
+    found = [part.strip().split("+") for part in text.split(",")]
+    if not all(len(pair) == 2 and all(n.isdigit() for n in pair) and int(pair[1]) > 0 for pair in found):
+        raise argparse.ArgumentTypeError(f"{text!r}: give windows as W+K, comma-separated (e.g. 2+4,3+4)")
+    return [(int(w), int(k)) for w, k in found]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", type=Path, help="a results/runs folder (a reference/<gpu> folder with --reference)")
     parser.add_argument("--reference", action="store_true", help="read a reference folder's committed runs")
     parser.add_argument("--band", type=float, default=0.08, help="relative distance a window may have (0.08)")
     parser.add_argument("--tolerances", type=Path, help="reference/tolerances.yaml: leave out what it does not compare")
+    parser.add_argument("--windows", type=windows_arg, help="W+K,...: these (warm-up, timed) windows instead of "
+                        + ",".join(f"{w}+{k}" for w, k in WINDOWS))
+    parser.add_argument("--model", help="only this model's cells (e.g. llama7b)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
+    if args.windows:
+        WINDOWS[:] = args.windows
     read = reference_budget if args.reference else budget
     # a reference folder is named by its GPU's slug: its own tolerances.yaml applies, as verify applies it
     out = read(args.runs, args.band, read_tolerances(args.tolerances, args.runs.name if args.reference else None))
+    if args.model:  # keys: [<run id>/]<model>/<precision>/<seed>
+        out = totals_of({key: cell for key, cell in out["cells"].items() if args.model in key.split("/")[-3:-2]},
+                        args.band, out["throughput_not_compared"])
     args.out.write_text(json.dumps(out, indent=2) + "\n")
     for name, total in out["windows"].items():
         print(f"warm-up+timed {name}: {total['hold']} of {total['cells']} cells within {args.band:.0%}, worst "
