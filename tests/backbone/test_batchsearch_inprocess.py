@@ -338,7 +338,7 @@ def fake_gpu(monkeypatch):
     model[1].weight.requires_grad_(False)
     state.model = model
     monkeypatch.setattr(cell, "prepare_model",
-                        lambda config, device, init_cache=None: (on_card(device) or model, None))
+                        lambda config, device, init_cache=None, built=None: (on_card(device) or model, None))
     monkeypatch.setattr(cell.Cell, "inputs", inputs)
     monkeypatch.setattr(cell, "make_optimizer", make_optimizer)
     monkeypatch.setattr(precision, "Trainer", Trainer)

@@ -157,7 +157,7 @@ def test_the_plans_batch_and_shape_are_what_the_cell_runs_and_records():
     RuntimeError("cuDNN error: CUDNN_STATUS_ALLOC_FAILED"),
 ])
 def test_an_allocation_failure_is_memory_not_a_crash_and_names_the_batch_and_estimate(monkeypatch, error):
-    def too_big(model_config, device, init_cache=None):
+    def too_big(model_config, device, init_cache=None, built=None):
         raise error
 
     monkeypatch.setattr(cell, "prepare_model", too_big)

@@ -232,7 +232,7 @@ def test_fp16_scaler_steps_report_scale_and_skips_without_reading_back_inside_th
 
 
 def test_a_cell_that_breaks_is_recorded_as_failed_with_the_reason(monkeypatch, capsys):
-    def broken(model_config, device, init_cache=None):
+    def broken(model_config, device, init_cache=None, built=None):
         raise TypeError("zero_grad() got an unexpected keyword argument 'set_to_none'")
 
     monkeypatch.setattr(cell, "prepare_model", broken)
@@ -244,7 +244,7 @@ def test_a_cell_that_breaks_is_recorded_as_failed_with_the_reason(monkeypatch, c
 
 
 def test_out_of_memory_is_a_skip_that_names_the_batch_size(monkeypatch):
-    def too_big(model_config, device, init_cache=None):
+    def too_big(model_config, device, init_cache=None, built=None):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
 
     monkeypatch.setattr(cell, "prepare_model", too_big)
