@@ -80,6 +80,46 @@ def test_a_staged_cell_builds_before_it_locks_its_gpu_and_trains_exactly_as_an_u
     assert staged["final_loss"] == plain["final_loss"] and staged["status"] == "ok"
 
 
+STAGED_IMAGES = """
+import json, os, sys, tempfile, types
+# this venv's torchvision is the CUDA wheel beside a CPU torch: its operator registrations fail, its models build
+sys.modules["torchvision._meta_registrations"] = types.ModuleType("torchvision._meta_registrations")
+from amprepro import gpuslots
+from amprepro.train import train
+
+order = []
+real_make, real_claim = train.make_data, gpuslots.claim_deferred
+train.make_data = lambda *a, **k: order.append(f"data on {a[2]}") or real_make(*a, **k)
+gpuslots.claim_deferred = lambda *a, **k: order.append("claim") or real_claim(*a, **k)
+images = {"model": "m", "precision": "fp32", "seed": 0,
+          "model_config": {"arch": "resnet50", "data": "synthetic_images", "batch_size": 2, "image_size": 32},
+          "train": {"steps": 3, "warmup_steps": 1, "lr": 0.002, "optimizer": "adamw"}}
+os.environ[gpuslots.CLAIM_ENV] = str(gpuslots.open_lock(os.path.join(tempfile.mkdtemp(), "gpu0.lock")))
+staged, staged_rows = train.run(images, {"status": "skipped", "reason": "none"}, 1)
+plain, plain_rows = train.run(images, {"status": "skipped", "reason": "none"}, 1)
+print(json.dumps({"order": order, "status": [staged["status"], plain["status"]],
+                  "losses": [[r["loss"] for r in staged_rows], [r["loss"] for r in plain_rows]]}))
+"""
+
+
+def test_a_staged_cell_draws_its_synthetic_images_before_the_claim_and_moves_them_after():
+    """A benchmark cell's one synthetic image batch comes from its own generator: drawn on the CPU while the cell
+    before trains, moved to the device once the GPU is held, the same values as drawn after (ResNet-50, in a
+    subprocess for this venv's torchvision)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    run = subprocess.run([sys.executable, "-c", STAGED_IMAGES], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": str(repo / "workflow")})
+    assert run.returncode == 0, run.stderr[-2000:]
+    found = json.loads(run.stdout.splitlines()[-1])
+    # staged: drawn once, before the claim, not again after; then the unstaged cell draws it after its build
+    assert found["order"] == ["data on cpu", "claim", "data on cpu"]
+    assert found["status"] == ["ok", "ok"] and found["losses"][0] == found["losses"][1]
+
+
 def test_a_staged_build_that_fails_is_built_again_once_the_gpu_is_held(deferred_claim, monkeypatch, capsys):
     from amprepro import gpuslots
 

@@ -104,6 +104,12 @@ class SyntheticImages:
         self.x = torch.randn(batch_size, 3, image_size, image_size, generator=generator, device=where).to(device)
         self.y = torch.randint(0, self.num_classes, (batch_size,), generator=generator, device=where).to(device)
 
+    def to(self, device) -> SyntheticImages:
+        """The same batch on `device`: a cell drew it on the CPU before its GPU was free (amprepro.train.train.stage);
+        its own generator, so when it is drawn changes nothing."""
+        self.x, self.y = self.x.to(device), self.y.to(device)
+        return self
+
     def next(self):
         return self.x, self.y
 

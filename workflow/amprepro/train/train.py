@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from dataclasses import dataclass
 
 from amprepro import gpuslots
 from amprepro.cellspec import CellSpec
@@ -88,7 +89,7 @@ def run(spec: CellSpec | dict, apex: dict, threads: int, dist=None, plan: dict |
     spec = CellSpec.of(spec).planned(plan)
     dist = dist or distributed.Dist()
     torch.set_num_threads(threads)
-    built = stage(spec, init_cache, phases) if gpuslots.claim_pending() else None
+    staged = stage(spec, init_cache, phases) if gpuslots.claim_pending() else Staged(None)
     device = dist.device()
     base = base_record(spec, apex, device, dist, plan)
     skip = skip_cause(spec, device, apex)
@@ -97,26 +98,40 @@ def run(spec: CellSpec | dict, apex: dict, threads: int, dist=None, plan: dict |
         return {**base, "status": "skipped", "reason": reason, "skip_cause": cause, "skip_needs": needs}, []
     phases.mark("device_and_provenance")
     try:
-        return train_cell(spec, apex, dist, device, base, plan, phases, init_cache, built)
+        return train_cell(spec, apex, dist, device, base, plan, phases, init_cache, staged)
     except Exception as exc:
         if dist.active:  # torchrun stops the other ranks; a half-written DDP record would be worse than none
             raise
         return failure_record(base, exc), []
 
 
-def stage(spec: CellSpec, init_cache, phases) -> tuple | None:
+@dataclass
+class Staged:
+    """What a cell made before its GPU was free (stage): build_weights' model and record, and its batch where that is
+    one synthetic image batch drawn from the cell's own generator (None: made after, as always)."""
+
+    built: tuple | None
+    batches: object | None = None
+
+
+def stage(spec: CellSpec, init_cache, phases) -> Staged:
     """For a cell that locks its GPU itself (amprepro.gpuslots --defer): while the cell before it still trains, seed
-    and build the model on the CPU (build_weights: what train_cell would do first), then wait for the GPU. What
-    build_weights returned, which train_cell goes on from; None where the build failed (train_cell builds again once
-    the GPU is free, and the cell's record says why it failed). Nothing here starts CUDA."""
+    and build the model on the CPU (build_weights: what train_cell would do first) and draw a synthetic image batch,
+    then wait for the GPU. train_cell goes on from the model and the random state the build left. Where the build
+    failed, built is None: train_cell builds again once the GPU is free, and the cell's record says why it failed.
+    Nothing here starts CUDA."""
     import traceback
+
+    import torch
 
     from amprepro.train.cell import build_weights
 
-    built = None
+    staged = Staged(None)
     try:
         seed_cell(spec)
-        built = build_weights(spec.settings, init_cache)
+        staged.built = build_weights(spec.settings, init_cache)
+        if spec.settings.data == "synthetic_images":  # drawn from its own generator: not from the one the build left
+            staged.batches = make_data(spec.settings, spec.seed, torch.device("cpu"), staged.built[0])
     except Exception:
         traceback.print_exc()
         print("amprepro.train: building the model before the GPU was free failed; building it again after",
@@ -124,7 +139,7 @@ def stage(spec: CellSpec, init_cache, phases) -> tuple | None:
     phases.mark("staged_build")
     gpuslots.claim_deferred()
     phases.mark("gpu_wait")
-    return built
+    return staged
 
 
 def seed_cell(spec: CellSpec) -> None:
@@ -135,16 +150,17 @@ def seed_cell(spec: CellSpec) -> None:
 
 
 def train_cell(spec: CellSpec, apex: dict, dist, device, base: dict, plan: dict | None = None, phases=None,
-               init_cache=None, built=None) -> tuple[dict, list[dict]]:
+               init_cache=None, staged: Staged | None = None) -> tuple[dict, list[dict]]:
     """Seed, set TF32, cap the allocator and skip a cell that cannot fit; then build the cell (build_cell), its
     memory breakdown and its batches, and train it (train_loop). phases (measure.Phases): a finished cell's record
-    says in phase_seconds how long each of these took. built: the model stage() built and the random state it left,
-    which this goes on from (no seeding again)."""
+    says in phase_seconds how long each of these took. staged: what stage() made before the GPU was free; this goes
+    on from its model and the random state the build left (no seeding again)."""
     from amprepro import memory
     from amprepro.train import measure, precision
 
     phases = phases or measure.Phases()  # a caller without the run's phases: timed from here
     settings = spec.settings
+    built = staged.built if staged is not None else None
     if built is None:
         seed_cell(spec)
     tf32 = precision.configure_tf32(spec.precision)
@@ -159,7 +175,10 @@ def train_cell(spec: CellSpec, apex: dict, dist, device, base: dict, plan: dict 
     cell = build_cell(spec, device, plan, dist, compile_now=False, init_cache=init_cache, built=built)
     breakdown = measure.Breakdown(cell.model, cell.trainer.optimizer, enabled=device.type == "cuda")
     phases.mark("build")
-    batches = make_data(settings, spec.seed, device, cell.model)
+    if built is not None and staged.batches is not None:
+        batches = staged.batches.to(device)
+    else:
+        batches = make_data(settings, spec.seed, device, cell.model)
     phases.mark("data")
     metrics, rows = train_loop(spec, dist, device, base, cell, batches, breakdown, {"tf32": tf32, **cell.settings()})
     phases.mark("loop")  # its steps, warm-up included, the held-out losses, the compile, FLOP count and evaluation
