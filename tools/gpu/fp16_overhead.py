@@ -3,10 +3,10 @@
     PYTHONPATH=workflow python tools/gpu/fp16_overhead.py --arch vit_base_patch16_224 --batch 128 --out overhead.json
 
 Each variant: fresh model and AdamW, warm-up steps, then the mean step time over the timed steps from CUDA events,
-with the loss read back every step as the cells do. Variants: the cell's own bf16 and fp16 steps
-(amprepro.train.precision.Trainer), fp16 autocast with no scaler (what timm's benchmark.py times), a bare GradScaler
-step
-with no loss-scale read-back, and the same with torch's fused AdamW (no host sync in scaler.step).
+with the loss read back every step (the unread_ variants: not, as in a cell's timed loop). Variants: the cell's own
+bf16 and fp16 steps (amprepro.train.precision.Trainer), fp16 autocast with no scaler (what timm's benchmark.py
+times), a bare GradScaler step with no loss-scale read-back, the same with torch's fused AdamW (no host sync in
+scaler.step), and a prototype that skips an overflowing step on the device (scaler_step).
 """
 
 import argparse
@@ -33,18 +33,23 @@ def trainer_step(name):
     return setup
 
 
-def autocast_fp16_no_scaler(arch, batch, device):
+def no_scaler_step(arch, batch, device):
     model, optimizer, batches = make(arch, batch, device)
 
-    def step():
+    def step(read=True):
         x, y = batches.next()
         with torch.autocast("cuda", dtype=torch.float16):
             loss = train.cross_entropy(model(x), y)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        return float(loss)
+        return float(loss) if read else loss
     return step
+
+
+def autocast_fp16_no_scaler(arch, batch, device):
+    step = no_scaler_step(arch, batch, device)
+    return lambda: step()
 
 
 def bare_scaler(fused):
@@ -65,12 +70,59 @@ def bare_scaler(fused):
     return setup
 
 
+def unread(setup):
+    """The variant's step without reading its loss back: as a cell's timed loop runs (it reads after the loop)."""
+    def wrapped(arch, batch, device):
+        step = setup(arch, batch, device)
+        return lambda: step(read=False)
+    return wrapped
+
+
+def scaler_step(fused=False, device_skip=False):
+    """fp16 with a GradScaler, the loss not read back. device_skip: foreach AdamW with capturable=True, stepped
+    without GradScaler.step's host read of the inf flag; where the flag is set, the parameters and the optimizer's
+    state are put back as they were, on the device (torch.where), so the step is skipped as GradScaler skips it. A
+    prototype for issue 40's fp16 parity: timing only (a first step that overflows would leave Adam's state made)."""
+    def setup(arch, batch, device):
+        model, optimizer, batches = make(arch, batch, device, fused)
+        if device_skip:
+            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True, capturable=True)
+        scaler = torch.amp.GradScaler("cuda")
+        params = list(model.parameters())
+
+        def step(read=True):
+            x, y = batches.next()
+            with torch.autocast("cuda", dtype=torch.float16):
+                loss = train.cross_entropy(model(x), y)
+            scaler.scale(loss).backward()
+            if not device_skip or not optimizer.state:
+                scaler.step(optimizer)
+            else:
+                scaler.unscale_(optimizer)
+                found = sum(scaler._per_optimizer_states[id(optimizer)]["found_inf_per_device"].values())
+                held = params + [t for p in params for t in optimizer.state[p].values()]
+                before = torch._foreach_add(held, 0)  # copies
+                optimizer.step()
+                skip = found > 0
+                for now, then in zip(held, before):
+                    now.copy_(torch.where(skip, then, now))
+            scaler.update()
+            optimizer.zero_grad(set_to_none=True)
+            return float(loss) if read else loss
+        return setup
+
+
 VARIANTS = {
     "cell_amp_bf16": trainer_step("amp_bf16"),
     "cell_amp_fp16": trainer_step("amp_fp16"),
     "fp16_autocast_no_scaler": autocast_fp16_no_scaler,
     "fp16_gradscaler_bare": bare_scaler(fused=False),
     "fp16_gradscaler_bare_fused_adamw": bare_scaler(fused=True),
+    # the loss not read back each step, as in a cell's timed loop (timm's benchmark reads none either)
+    "unread_fp16_autocast_no_scaler": unread(lambda a, b, d: no_scaler_step(a, b, d)),
+    "unread_fp16_gradscaler_foreach": unread(scaler_step()),
+    "unread_fp16_gradscaler_fused": unread(scaler_step(fused=True)),
+    "unread_fp16_gradscaler_foreach_device_skip": unread(scaler_step(device_skip=True)),
 }
 
 
@@ -94,12 +146,14 @@ def main():
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--rounds", type=int, default=2, help="every variant this many times, interleaved")
+    parser.add_argument("--only", help="a prefix: only the variants whose name starts with it (e.g. unread_)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     device = torch.device("cuda")
-    results = {name: [] for name in VARIANTS}
+    chosen = {name: setup for name, setup in VARIANTS.items() if name.startswith(args.only or "")}
+    results = {name: [] for name in chosen}
     for _ in range(args.rounds):
-        for name, setup in VARIANTS.items():
+        for name, setup in chosen.items():
             seconds = time_steps(setup(args.arch, args.batch, device), args.warmup, args.steps)
             results[name].append(seconds)
             print(f"{name:36s} {seconds * 1000:7.2f} ms/step  {args.batch / seconds:8.1f} samples/s", flush=True)
