@@ -155,9 +155,10 @@ def test_cells_that_share_a_gpu_get_k_slots_per_gpu(env, tmp_path):
 
 def test_a_target_after_the_gpu_resource_stays_a_target(env, tmp_path):
     fake_nvidia_smi(tmp_path / "bin", gpus=1)
-    command, _ = launchargs.snakemake_command([], {**env, "SNAKEMAKE_ARGS": "results/summary/summary.json"})
+    given = {**env, "CORES": "16", "SNAKEMAKE_ARGS": "results/summary/summary.json"}
+    command, _ = launchargs.snakemake_command([], given)
     args = parsed(command)
-    assert args.targets == ["results/summary/summary.json"] and args.resources["gpu"].value == 2  # one staged
+    assert args.targets == ["results/summary/summary.json"] and args.resources["gpu"].value == 2  # one cell staged
 
 
 def test_user_cores_and_profiles_are_left_alone(env):
@@ -703,17 +704,27 @@ def test_on_one_gpu_the_waiting_cell_is_counted_in_cores_and_gpu(env, tmp_path):
     waits for the GPU in amprepro.gpuslots.claim_deferred), so `gpu` counts two and the cores the waiting cell's
     CPUS_PER_GPU on top; gpu_share follows the two."""
     fake_nvidia_smi(tmp_path / "bin", gpus=1)
-    usable = len(os.sched_getaffinity(0))
+    env = {**env, "CORES": "16"}  # the fewest with which the apex build runs beside the cells
     assert launchargs.stages_cells(env, [])
     command, said = launchargs.snakemake_command([], env)
     args = parsed(command)
-    assert args.cores == usable + resources.CPUS_PER_GPU
+    assert args.cores == 16 + resources.CPUS_PER_GPU
     assert {name: r.value for name, r in args.resources.items()} == {
         "gpu": 2, "gpu_share": 2 * resources.CELLS_PER_SHARED_GPU}
     assert "the next timed cell builds its model while one trains" in said
     assert f"and {resources.CPUS_PER_GPU} for the cell that waits for the GPU" in said
-    command, _ = launchargs.snakemake_command([], {**env, "CORES": "4"})
-    assert parsed(command).cores == 4 + resources.CPUS_PER_GPU
+
+
+@pytest.mark.parametrize("cores", ["15", "8", "2"])
+def test_no_staging_where_the_apex_build_takes_every_core(env, tmp_path, cores):
+    """On fewer than 16 cores the apex build runs alone, on every core Snakemake counts: a waiting cell's cores
+    counted on top would let a timed cell run beside it."""
+    fake_nvidia_smi(tmp_path / "bin", gpus=1)
+    given = {**env, "CORES": cores}
+    assert resources.apex_build_threads(int(cores), 1) == int(cores)
+    assert not launchargs.stages_cells(given, [])
+    command, _ = launchargs.snakemake_command([], given)
+    assert parsed(command).cores == int(cores) and parsed(command).resources["gpu"].value == 1
 
 
 @pytest.mark.parametrize("setting, gpus", [({"AMPREPRO_STAGE_CELLS": "0"}, 1),
@@ -724,18 +735,18 @@ def test_on_one_gpu_the_waiting_cell_is_counted_in_cores_and_gpu(env, tmp_path):
                                            ({}, 2), ({}, 0)])
 def test_no_staging_where_the_user_sets_the_sizes_or_there_is_not_one_gpu(env, tmp_path, setting, gpus):
     fake_nvidia_smi(tmp_path / "bin", gpus=gpus)
-    given = {**env, **setting}
+    given = {**env, "CORES": "16", **setting}  # 16 cores would stage on one GPU (the test above)
     assert not launchargs.stages_cells(given, launchargs.user_args(given))
     command, said = launchargs.snakemake_command([], given)
     assert "while one trains" not in said and "waits for the GPU" not in said
     if gpus == 2 and not setting:
-        assert parsed(command).resources["gpu"].value == 2 and parsed(command).cores == len(os.sched_getaffinity(0))
+        assert parsed(command).resources["gpu"].value == 2 and parsed(command).cores == 16
 
 
 def test_a_bad_stage_setting_is_refused_with_the_fix(env, tmp_path):
     fake_nvidia_smi(tmp_path / "bin", gpus=1)
     with pytest.raises(launchargs.SettingError, match=r"AMPREPRO_STAGE_CELLS='yes please': set it to 0 to start"):
-        launchargs.snakemake_command([], {**env, "AMPREPRO_STAGE_CELLS": "yes please"})
+        launchargs.snakemake_command([], {**env, "CORES": "16", "AMPREPRO_STAGE_CELLS": "yes please"})
 
 
 def test_the_launcher_tells_the_jobs_whether_it_stages(env, tmp_path, monkeypatch):
@@ -746,5 +757,5 @@ def test_the_launcher_tells_the_jobs_whether_it_stages(env, tmp_path, monkeypatc
     for gpus, word in ((1, "1"), (2, "0")):
         fake_nvidia_smi(tmp_path / "bin", gpus=gpus)
         seen.clear()
-        assert launch.main(["-n"], {**env, "SNAKEMAKE_ARGS": f"--directory {tmp_path}"}) == 0
+        assert launch.main(["-n"], {**env, "CORES": "16", "SNAKEMAKE_ARGS": f"--directory {tmp_path}"}) == 0
         assert seen[gpuslots.STAGE_ENV] == word

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from amprepro.env import cpushare
 from amprepro.gpuslots import STAGE_ENV, gpu_count
-from amprepro.plan.resources import CELLS_PER_SHARED_GPU, CPUS_PER_GPU
+from amprepro.plan.resources import CELLS_PER_SHARED_GPU, CPUS_PER_GPU, apex_build_threads
 
 CORES_PATTERN = re.compile(r"all|[1-9][0-9]*")
 COUNT_PATTERN = re.compile(r"[0-9]+")
@@ -185,7 +185,9 @@ def gpu_share_for_users_gpus(extra: list[str]) -> tuple[list[str], list[str]]:
 def stages_cells(env: dict, extra: list[str]) -> bool:
     """Whether a timed cell may start while another trains, build its model on the CPU and then wait for the GPU
     (amprepro.gpuslots --defer; issue 40: about a second of each cell's start-up, hidden behind the cell before). Only
-    where the launcher sets the cores and GPU resources itself, for one GPU that the jobs here share, and not where
+    where the launcher sets the cores and GPU resources itself, for one GPU that the jobs here share, on enough cores
+    that the apex build runs beside the cells (16 or more: amprepro.plan.resources.apex_build_threads; on fewer it
+    takes every core, and a waiting cell's cores counted on top would let a cell run beside it), and not where
     AMPREPRO_STAGE_CELLS=0. Snakemake then counts one more GPU job and its CPUS_PER_GPU cores: the cell that waits."""
     setting = env.get(STAGE_ENV, "").strip()
     if setting not in ("", "0", "1"):
@@ -197,7 +199,9 @@ def stages_cells(env: dict, extra: list[str]) -> bool:
         return False
     if user_resource(extra, "gpu_share") is not None:
         return False
-    return gpus_to_share(env)[0] == 1
+    cores = cores_setting(env)[0]
+    cores = len(cpushare.usable_cpus()) if cores == "all" else int(cores)
+    return apex_build_threads(cores, 1) < cores and gpus_to_share(env)[0] == 1
 
 
 def snakemake_command(targets: list[str], env: dict) -> tuple[list[str], str]:
