@@ -95,7 +95,7 @@ def critical_path(jobs: list[tuple], cells: list[tuple[Path, dict]], seconds_to_
     shared = {key for key, metrics in records.items() if metrics.get("gpu_shared")}
     loops = {key: (metrics.get("phase_seconds") or {}).get("loop") for key, metrics in records.items()}
     # a staged cell (amprepro.gpuslots --defer) started while the one before trained: its job's seconds hold its
-    # wait for the GPU, which overlapped that cell's, and its model's build before it
+    # model's build and its wait for the GPU, both beside that cell; outside_loop_s is the rest, after the lock
     waits = {key: (metrics.get("phase_seconds") or {}).get("gpu_wait") or 0.0 for key, metrics in records.items()}
     staged = {key: (metrics.get("phase_seconds") or {}).get("staged_build") or 0.0 for key, metrics in records.items()}
 
@@ -110,6 +110,7 @@ def critical_path(jobs: list[tuple], cells: list[tuple[Path, dict]], seconds_to_
     job_s = sum((job[3] - job[2]).total_seconds() for job in own)
     loop_s = sum(loops[cell_of(job[1])] for job in own)
     wait_s = sum(waits.get(cell_of(job[1]), 0.0) for job in own)
+    staged_s = sum(staged.get(cell_of(job[1]), 0.0) for job in own)
     return {
         "before_cells_s": (cells_start - first).total_seconds(),
         "cells_s": (cells_end - cells_start).total_seconds(),
@@ -117,8 +118,8 @@ def critical_path(jobs: list[tuple], cells: list[tuple[Path, dict]], seconds_to_
         "outside_snakemake_jobs_s": round(seconds_to_verdict - (last - first).total_seconds(), 1),
         "cells_on_their_own_gpu": {"jobs": len(own), "job_s": job_s, "loop_s": round(loop_s, 1),
                                    "waited_for_gpu_s": round(wait_s, 1),
-                                   "staged_build_s": round(sum(staged.get(cell_of(job[1]), 0.0) for job in own), 1),
-                                   "outside_loop_s": round(job_s - loop_s - wait_s, 1)},
+                                   "staged_build_s": round(staged_s, 1),
+                                   "outside_loop_s": round(job_s - loop_s - wait_s - staged_s, 1)},
         "serial_gpu_jobs": {rule: sum(1 for job in serial if job[0] == rule) for rule in SERIAL_GPU_RULES},
     }
 
