@@ -101,15 +101,18 @@ def scaler_step(fused=False, device_skip=False):
                 scaler.unscale_(optimizer)
                 found = sum(scaler._per_optimizer_states[id(optimizer)]["found_inf_per_device"].values())
                 held = params + [t for p in params for t in optimizer.state[p].values()]
-                before = torch._foreach_add(held, 0)  # copies
+                with torch.no_grad():
+                    before = torch._foreach_add(held, 0)  # copies
                 optimizer.step()
                 skip = found > 0
-                for now, then in zip(held, before):
-                    now.copy_(torch.where(skip, then, now))
+                with torch.no_grad():
+                    for now, then in zip(held, before):
+                        now.copy_(torch.where(skip, then, now))
             scaler.update()
             optimizer.zero_grad(set_to_none=True)
             return float(loss) if read else loss
-        return setup
+        return step
+    return setup
 
 
 VARIANTS = {
