@@ -220,6 +220,32 @@ def test_a_malformed_request_leaves_the_server_and_its_cells_running(env, server
     assert wait_gone(cell)
 
 
+@pytest.mark.parametrize("message", [b"{nope", json.dumps({"argv": [], "env": {}, "cwd": "/"}).encode()])
+def test_a_request_the_server_cannot_serve_leaves_it_none_of_the_jobs_descriptors(server, tmp_path, message):
+    """A malformed request, or one whose check raises (no interpreter given), with a staged cell's GPU lock file among
+    its descriptors: the server must keep no copy, or a lock later taken through that open file would outlive the
+    job and hold every GPU job after it."""
+    import fcntl
+    import socket
+
+    from amprepro import gpuslots
+
+    lock = tmp_path / "gpu0.lock"
+    fd = gpuslots.open_lock(lock)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as bad:
+        bad.connect(server[1])
+        socket.send_fds(bad, [cellserver.HEADER.pack(len(message)) + message], [0, 1, 2, fd])
+        assert bad.recv(100) == b""  # closed, no answer
+    assert server[0].poll() is None
+    fcntl.flock(fd, fcntl.LOCK_EX)  # the job's cell, in a fresh interpreter, locks the same open file
+    os.close(fd)  # and ends
+    other = gpuslots.open_lock(lock)
+    try:
+        assert gpuslots.lock_nb(other, fcntl.LOCK_EX), "the server kept the job's GPU lock file open"
+    finally:
+        os.close(other)
+
+
 def test_a_largest_batch_search_forks_from_the_server_too_and_only_known_entries_run(env, server, tmp_path):
     cell = tmp_path / "cell.json"
     cell.write_text(json.dumps({"status": "ok"}))
@@ -328,14 +354,19 @@ def test_a_staged_cell_gets_its_gpus_lock_file_and_waits_for_it_after_its_build(
     job = subprocess.Popen([sys.executable, "-m", "amprepro.gpuslots", "--gpus", "1", "--defer", "--",
                             *launcher(6, tmp_path, "staged")], env=job_env, cwd=tmp_path, stdout=subprocess.PIPE,
                            stderr=subprocess.STDOUT, text=True)
-    time.sleep(4)
+    said = []
+    for line in job.stdout:  # the cell built its model and now waits for the GPU
+        said.append(line)
+        if "waiting for GPU 0 (the cell before this one)" in line:
+            break
+    time.sleep(1)
     os.close(holder)  # the cell before ends
-    out, _ = job.communicate(timeout=300)
+    out = "".join(said) + job.communicate(timeout=300)[0]
     assert job.returncode == 0, out[-3000:]
     assert "waiting for GPU 0 (the cell before this one)" in out and "starting a fresh interpreter" not in out
     metrics = json.loads((tmp_path / "staged.json").read_text())
     phases = metrics["phase_seconds"]
-    assert "staged_build" in phases and phases["gpu_wait"] > 0.5, phases
+    assert "staged_build" in phases and phases["gpu_wait"] >= 1.0, phases
     assert metrics["process"].startswith("forked") == forked
     plain = subprocess.run(launcher(6, tmp_path, "plain"), env=env, cwd=tmp_path, capture_output=True, text=True,
                            timeout=300)

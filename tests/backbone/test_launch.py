@@ -33,7 +33,7 @@ SLEEPING_SNAKEFILE = textwrap.dedent("""\
 """)
 VENV = Path(sys.executable).parent.parent
 LAUNCHER_ENV = ("CORES", "SNAKEMAKE_ARGS", "AMPREPRO_GPU_COUNT", "AMPREPRO_GPU_LISTING", "AMPREPRO_STAGE_CELLS",
-                "MAKEFLAGS", "MFLAGS", "MAKELEVEL")
+                "CUDA_VISIBLE_DEVICES", "MAKEFLAGS", "MFLAGS", "MAKELEVEL")
 
 
 @pytest.fixture
@@ -713,6 +713,7 @@ def test_on_one_gpu_the_waiting_cell_is_counted_in_cores_and_gpu(env, tmp_path):
         "gpu": 2, "gpu_share": 2 * resources.CELLS_PER_SHARED_GPU}
     assert "the next timed cell builds its model while one trains" in said
     assert f"and {resources.CPUS_PER_GPU} for the cell that waits for the GPU" in said
+    assert launchargs.stages_cells({**env, "SNAKEMAKE_ARGS": "--config gpu=auto"}, ["--config", "gpu=auto"])
 
 
 @pytest.mark.parametrize("cores", ["15", "8", "2"])
@@ -732,6 +733,9 @@ def test_no_staging_where_the_apex_build_takes_every_core(env, tmp_path, cores):
                                            ({"SNAKEMAKE_ARGS": "--resources gpu=1"}, 1),
                                            ({"SNAKEMAKE_ARGS": "--resources gpu_share=3"}, 1),
                                            ({"SNAKEMAKE_ARGS": "--executor slurm"}, 1),
+                                           ({"CUDA_VISIBLE_DEVICES": "0"}, 1),  # no locks then: Snakemake's gpu=1
+                                           ({"SNAKEMAKE_ARGS": "--config gpu=false"}, 1),
+                                           ({"SNAKEMAKE_ARGS": "--config gpu=true"}, 1),
                                            ({}, 2), ({}, 0)])
 def test_no_staging_where_the_user_sets_the_sizes_or_there_is_not_one_gpu(env, tmp_path, setting, gpus):
     fake_nvidia_smi(tmp_path / "bin", gpus=gpus)

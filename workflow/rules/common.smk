@@ -51,7 +51,7 @@ LOCAL_GPUS = len(GPUS) if workflow.local_exec else 0
 # The launcher's word (amprepro.env.launchargs.stages_cells): on this one GPU a timed cell may start while another
 # trains, build its model and then lock the GPU itself (amprepro.gpuslots --defer, which reads the same word).
 # Snakemake's cores and `gpu` then count the waiting cell too: the apex build's share is reckoned without it.
-STAGED = os.environ.get(STAGE_ENV) == "1" and workflow.local_exec and len(GPUS) == 1
+STAGED = os.environ.get(STAGE_ENV) == "1" and workflow.local_exec and bool(GPUS)
 CORES_BESIDE_STAGED = CORES - cell_resources.CPUS_PER_GPU if STAGED and CORES > cell_resources.CPUS_PER_GPU else CORES
 BUILD_THREADS = cell_resources.apex_build_threads(CORES_BESIDE_STAGED, LOCAL_GPUS)
 # GPUs that nvidia-smi lists on this machine (not `gpu: true`, jobs sent to GPU nodes elsewhere): only these are shared
@@ -68,7 +68,8 @@ def sharing_here():
 def whole_gpu_share(wildcards=None):
     """A job that takes a whole GPU here also takes a whole GPU's `gpu_share` (amprepro.env.launch: CELLS_PER_SHARED_GPU
     per GPU), so that Snakemake starts no cell that would share its GPU while it runs (gpuslots would only make it
-    wait); none where no cell shares."""
+    wait); none where no cell shares. Where make run stages cells (STAGED: the pools count one GPU twice) a shared cell
+    may start beside a timed job, and waits in gpuslots for its shared lock."""
     return cell_resources.CELLS_PER_SHARED_GPU if sharing_here() else 0
 
 

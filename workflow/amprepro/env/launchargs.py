@@ -185,7 +185,8 @@ def gpu_share_for_users_gpus(extra: list[str]) -> tuple[list[str], list[str]]:
 def stages_cells(env: dict, extra: list[str]) -> bool:
     """Whether a timed cell may start while another trains, build its model on the CPU and then wait for the GPU
     (amprepro.gpuslots --defer; issue 40: about a second of each cell's start-up, hidden behind the cell before). Only
-    where the launcher sets the cores and GPU resources itself, for one GPU that the jobs here share, on enough cores
+    where the launcher sets the cores and GPU resources itself, for one GPU that the jobs here share through
+    amprepro.gpuslots' locks (no CUDA_VISIBLE_DEVICES set, no --config gpu=false or gpu=true), on enough cores
     that the apex build runs beside the cells (16 or more: amprepro.plan.resources.apex_build_threads; on fewer it
     takes every core, and a waiting cell's cores counted on top would let a cell run beside it), and not where
     AMPREPRO_STAGE_CELLS=0. Snakemake then counts one more GPU job and its CPUS_PER_GPU cores: the cell that waits."""
@@ -196,6 +197,14 @@ def stages_cells(env: dict, extra: list[str]) -> bool:
     if setting == "0" or not jobs_see_our_gpus(extra):
         return False
     if option_index(extra, CORES_OPTIONS) is not None or user_sets_gpu(extra):
+        return False
+    # a GPU a scheduler or the user chose: gpuslots hands out no locks there, and only Snakemake's count (gpu=1) keeps
+    # the timed jobs apart
+    if env.get("CUDA_VISIBLE_DEVICES") is not None:
+        return False
+    # --config gpu=false (CPU cells on a GPU machine) or gpu=true (GPU nodes elsewhere): no GPU here to stage for
+    if any(word.partition("=")[0] == "gpu" and word.partition("=")[2].strip().lower() not in ("", "auto")
+           for word in option_values(extra, ("--config", "-C"))):
         return False
     if user_resource(extra, "gpu_share") is not None:
         return False
@@ -214,7 +223,7 @@ def snakemake_command(targets: list[str], env: dict) -> tuple[list[str], str]:
     staged = stages_cells(env, extra)
     if option_index(extra, CORES_OPTIONS) is None:
         cores, source = cores_setting(env)
-        if staged:  # the waiting cell's cores on top: it computes nothing while it waits
+        if staged:  # the waiting cell's cores on top: it builds its model (a second or so), then only waits
             cores = str((len(cpushare.usable_cpus()) if cores == "all" else int(cores)) + CPUS_PER_GPU)
             source += f", and {CPUS_PER_GPU} for the cell that waits for the GPU"
         command += ["--cores", cores]

@@ -115,16 +115,21 @@ def receive_message(conn: socket.socket, want_fds: int = 0) -> tuple[dict | None
     def wanted() -> int:
         return HEADER.size + (HEADER.unpack(buffer[:HEADER.size])[0] if len(buffer) >= HEADER.size else 0)
 
-    while len(buffer) < wanted():
-        size = wanted() - len(buffer)
-        if want_fds and not fds:
-            chunk, fds, _, _ = socket.recv_fds(conn, size, want_fds)
-        else:
-            chunk = conn.recv(size)
-        if not chunk:
-            return None, fds
-        buffer += chunk
-    return json.loads(buffer[HEADER.size:]), fds
+    try:
+        while len(buffer) < wanted():
+            size = wanted() - len(buffer)
+            if want_fds and not fds:
+                chunk, fds, _, _ = socket.recv_fds(conn, size, want_fds)
+            else:
+                chunk = conn.recv(size)
+            if not chunk:
+                return None, fds
+            buffer += chunk
+        return json.loads(buffer[HEADER.size:]), fds
+    except BaseException:  # a timeout or a malformed message: the descriptors that came with it are not kept open
+        for fd in fds:
+            os.close(fd)
+        raise
 
 
 def say(line: str) -> None:
@@ -291,43 +296,41 @@ def fork_cell(conn: socket.socket, listener: socket.socket, clients: dict, serve
     conn.settimeout(30)
     request, fds = receive_message(conn, want_fds=4)  # stdin, stdout, stderr and, with --defer, the GPU's lock file
     conn.settimeout(None)
-    if request is None or len(fds) not in (3, 4):
+    try:  # the server keeps none of the job's descriptors, whatever happens: a GPU lock file it held would stay locked
+        if request is None or len(fds) not in (3, 4):
+            return None
+        why = refusal(request, server)
+        if not why and CLAIM_ENV in (request.get("env") or {}) and len(fds) != 4:
+            why = "the job's GPU lock file did not come with its request (amprepro.gpuslots --defer)"
+        if why:
+            send_message(conn, {"refused": why})
+            return None
+        sys.stdout.flush()
+        sys.stderr.flush()
+        server_pid = os.getpid()
+        pid = os.fork()
+        if pid == 0:
+            listener.close()
+            for other in clients:
+                other.close()
+            conn.close()
+            code = 1
+            try:
+                code = become_cell(request, fds, server_pid, server)
+            except BaseException:  # before its entry ran (the job's directory, threads, the entry's import): say why
+                traceback.print_exc()
+            finally:
+                for stream in (sys.stdout, sys.stderr):
+                    try:
+                        stream.flush()
+                    except Exception:
+                        pass
+                os._exit(code)
+        send_message(conn, {"pid": pid})
+        return pid
+    finally:
         for fd in fds:
             os.close(fd)
-        return None
-    why = refusal(request, server)
-    if not why and CLAIM_ENV in (request.get("env") or {}) and len(fds) != 4:
-        why = "the job's GPU lock file did not come with its request (amprepro.gpuslots --defer)"
-    if why:
-        for fd in fds:
-            os.close(fd)
-        send_message(conn, {"refused": why})
-        return None
-    sys.stdout.flush()
-    sys.stderr.flush()
-    server_pid = os.getpid()
-    pid = os.fork()
-    if pid == 0:
-        listener.close()
-        for other in clients:
-            other.close()
-        conn.close()
-        code = 1
-        try:
-            code = become_cell(request, fds, server_pid, server)
-        except BaseException:  # before its entry ran (the job's directory, threads, the entry's import): say why
-            traceback.print_exc()
-        finally:
-            for stream in (sys.stdout, sys.stderr):
-                try:
-                    stream.flush()
-                except Exception:
-                    pass
-            os._exit(code)
-    for fd in fds:
-        os.close(fd)
-    send_message(conn, {"pid": pid})
-    return pid
 
 
 def reap(clients: dict) -> None:
