@@ -471,6 +471,26 @@ def test_make_run_uses_every_core_for_the_apex_build_and_no_shell_for_snakemake_
 
 
 @pytest.mark.e2e
+def test_make_run_on_one_gpu_stages_the_timed_cells_and_leaves_the_apex_build_its_share(make_workdir, tmp_path):
+    """The Snakefile's side of staging (a dry run of the paper preset as `make run` starts it on a 16-core machine
+    with one GPU): Snakemake counts 24 cores and two GPU jobs, the apex build still gets the 7 threads it gets
+    without staging (16 - one cell's 8 - 1), and the train jobs ask gpuslots to --defer."""
+    fake_nvidia_smi(tmp_path / "bin", gpus=1)
+    path = f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}"
+    dry = make(make_workdir, "run", "-n -p --config preset=paper", CORES="16", PATH=path)
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    assert "amprepro: 24 cores (CORES, and 8 for the cell that waits for the GPU)" in dry.stderr
+    assert "--resources gpu=2 gpu_share=16" in dry.stderr
+    assert "--out results/apex/build.json --jobs 7 " in dry.stdout
+    assert "--gpus 1 --defer -- python -m amprepro.plan.launcher --per-node 1" in dry.stdout
+    unstaged = make(make_workdir, "run", "-n -p --config preset=paper", CORES="16", PATH=path,
+                    AMPREPRO_STAGE_CELLS="0")
+    assert unstaged.returncode == 0, unstaged.stderr[-3000:]
+    assert "amprepro: 16 cores (CORES)" in unstaged.stderr and "--resources gpu=1 gpu_share=8" in unstaged.stderr
+    assert "--out results/apex/build.json --jobs 7 " in unstaged.stdout
+
+
+@pytest.mark.e2e
 def test_make_run_finishes_after_sigkill_at_every_stage_keeping_what_was_done(tmp_path):
     """Kill the whole `make run` process group (a crash, a power cut) while each stage runs, one after another in
     the same directory; every following plain `make run` removes the dead run's lock and goes on."""
