@@ -192,10 +192,7 @@ def holders(count: int, locks: Path) -> list[str]:
 def claim(wanted: int, count: int, locks: Path) -> list[tuple[int, int]]:
     if wanted == count == 1:  # one GPU: wait in the kernel, not by polling, and start the moment it is free
         fd = open_lock(locks / "gpu0.lock")
-        if not lock_nb(fd, fcntl.LOCK_EX):
-            say_waiting("GPU 0 to be free", count, locks)
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        sign(fd)
+        lock_waiting(fd, "GPU 0 to be free", locks)
         return [(0, fd)]
     return wait_for(lambda: try_claim(wanted, count, locks), f"{wanted} of {count} GPUs to be free", count, locks)
 
@@ -214,6 +211,14 @@ def wait_for(attempt, what: str, count: int, locks: Path):
             waited = True
         time.sleep(POLL_SECONDS)
     return held
+
+
+def lock_waiting(fd: int, what: str, locks: Path) -> None:
+    """Lock GPU 0's lock file `fd` exclusively, saying who holds it if it has to wait (in the kernel), and sign it."""
+    if not lock_nb(fd, fcntl.LOCK_EX):
+        say_waiting(what, 1, locks)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    sign(fd)
 
 
 def say_waiting(what: str, count: int, locks: Path) -> None:
@@ -263,14 +268,10 @@ def claim_deferred(environ=None) -> float | None:
         return None
     start = time.monotonic()
     try:
-        fd = int(text)
-        if not lock_nb(fd, fcntl.LOCK_EX):
-            say_waiting("GPU 0 (the cell before this one)", 1, lock_dir())
-            fcntl.flock(fd, fcntl.LOCK_EX)
+        lock_waiting(int(text), "GPU 0 (the cell before this one)", lock_dir())
     except (ValueError, OSError) as exc:
         raise RuntimeError(f"{CLAIM_ENV}={text!r} is not the open lock file amprepro.gpuslots --defer passes "
                            f"({exc}); start the cell through amprepro.gpuslots, or unset {CLAIM_ENV}") from exc
-    sign(fd)
     return round(time.monotonic() - start, 3)
 
 

@@ -103,6 +103,11 @@ def check_config_values(extra: list[str]) -> None:
                                "(or put it in a file given with --configfile; docs/config.md)")
 
 
+def core_count(cores: str) -> int:
+    """A cores_setting value as a number ('all': the usable CPUs)."""
+    return len(cpushare.usable_cpus()) if cores == "all" else int(cores)
+
+
 def cores_setting(env: dict) -> tuple[str, str]:
     """(value for --cores, where it came from)."""
     cores = env.get("CORES", "").strip()
@@ -208,8 +213,7 @@ def stages_cells(env: dict, extra: list[str]) -> bool:
         return False
     if user_resource(extra, "gpu_share") is not None:
         return False
-    cores = cores_setting(env)[0]
-    cores = len(cpushare.usable_cpus()) if cores == "all" else int(cores)
+    cores = core_count(cores_setting(env)[0])
     return apex_build_threads(cores, 1) < cores and gpus_to_share(env)[0] == 1
 
 
@@ -224,7 +228,7 @@ def snakemake_command(targets: list[str], env: dict) -> tuple[list[str], str]:
     if option_index(extra, CORES_OPTIONS) is None:
         cores, source = cores_setting(env)
         if staged:  # the waiting cell's cores on top: it builds its model (a second or so), then only waits
-            cores = str((len(cpushare.usable_cpus()) if cores == "all" else int(cores)) + CPUS_PER_GPU)
+            cores = str(core_count(cores) + CPUS_PER_GPU)
             source += f", and {CPUS_PER_GPU} for the cell that waits for the GPU"
         command += ["--cores", cores]
         said.append(f"{cores} cores ({source})")
