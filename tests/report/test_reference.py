@@ -182,6 +182,42 @@ def test_a_run_with_fewer_timed_steps_counts_for_throughput_and_memory_not_for_t
     assert cell["metrics"]["throughput_per_s"]["n"] == 1 and "other" in cell["excluded_runs"]
 
 
+def test_a_run_at_older_step_counts_compares_its_loss_with_the_reference_runs_at_those_counts():
+    """The 7B cells went 3 + 7 -> 2 + 4 -> 3 + 7 steps: a run at the older counts still has the reference's runs at its
+    own counts for its loss (by_step_counts), not only speed and memory; counts no run ran still compare nothing."""
+    def spec(steps, warmup):
+        return {"model": "m", "precision": "fp32", "seed": 0, "model_config": {"arch": "gpt"},
+                "train": {"steps": steps, "warmup_steps": warmup}}
+
+    def run(run_id, steps, warmup, loss, machine=None):
+        row = {"model": "m", "precision": "fp32", "seed": 0, "status": "ok", "reason": "",
+               "throughput_per_s": 100.0, "peak_allocated_bytes": 100, "final_loss": loss}
+        return reference.Run(id=run_id, provenance={"specs": {"m/fp32/0": spec(steps, warmup)},
+                                                    "machine": {"id": machine or run_id}}, rows={"m/fp32/0": row})
+
+    cell = reference.aggregate_cell("m/fp32/0", [run("a", 10, 3, 1.00), run("b", 10, 3, 1.02, machine="a"),
+                                                 run("c", 6, 2, 2.0)])
+    assert cell["metrics"]["final_loss"]["n"] == 1  # the newest run's counts: 6 steps, 2 warm-up
+    old = cell["by_step_counts"]["10 steps, 3 warm-up"]
+    assert old["runs"] == ["a", "b"] and old["n_machines"] == 1 and old["metrics"]["final_loss"]["median"] == 1.01
+    assert "throughput_per_s" not in old["metrics"]  # speed and memory: every run, in "metrics"
+    rules = {"final_loss": {"rel_floor": 0.05, "k": 2}}
+    here = {"model": "m", "precision": "fp32", "seed": 0, "status": "ok", "throughput_per_s": 100.0,
+            "final_loss": 1.03}
+    verdict = cellcompare.compare_cell("m/fp32/seed0", here, cell, rules, spec(10, 3), cell["spec"])
+    (check,) = verdict["checks"]
+    assert check["ok"] is True and check["reference"] == 1.01 and check["reference_runs"] == 2
+    assert "at this run's step counts (10 steps, 3 warm-up)" in check["note"]
+    verdict = cellcompare.compare_cell("m/fp32/seed0", {**here, "final_loss": 1.5}, cell, rules, spec(10, 3),
+                                       cell["spec"])
+    assert verdict["verdict"] == "fail" and verdict["checks"][0]["ok"] is False
+    verdict = cellcompare.compare_cell("m/fp32/seed0", here, cell, rules, spec(12, 3), cell["spec"])
+    assert verdict["verdict"] == "pass" and verdict["checks"][0]["ok"] is None
+    assert verdict["checks"][0]["note"].startswith(cellcompare.STEP_COUNTS_NOTE + " 2 warm-up + 4 timed steps")
+    # A reference whose runs all ran the newest counts has no by_step_counts at all
+    assert "by_step_counts" not in reference.aggregate_cell("m/fp32/0", [run("a", 6, 2, 2.0), run("b", 6, 2, 2.1)])
+
+
 def test_a_cell_every_reference_run_failed_is_nothing_to_compare_a_failure_here_still_fails():
     spec = {"model": "m", "precision": "apex_o1", "seed": 0, "model_config": {"arch": "llama"}, "train": {"steps": 10}}
 
@@ -214,7 +250,8 @@ def test_the_committed_card_runs_still_verify_against_the_committed_reference(ru
     summary = json.loads((REPO / "results-reference" / "memory-caps" / run / "summary.json").read_text())
     # These summaries (2026-12-01 to 12-03) predate the steps columns; their cells ran what the paper preset's cells ran
     # then (10 + 20 steps), as a reference run of that preset records per cell. Since 04ad031 the paper preset runs
-    # 3 + 10 and the reference's newest runs too, so their loss is no longer compared; their speed and memory are.
+    # 3 + 10 and the reference's newest runs too; their loss compares with the reference's runs at 10 + 20
+    # (by_step_counts), their speed and memory with every run.
     then = json.loads((REPO / "reference/nvidia-h200/runs/2026-12-04-cc22bc65/provenance.json").read_text())["specs"]
     for row in summary["cells"]:
         train = then[f"{row['model']}/{row['precision']}/{row['seed']}"]["train"]
@@ -225,5 +262,7 @@ def test_the_committed_card_runs_still_verify_against_the_committed_reference(ru
     assert result["counts"]["pass"] == on_the_gpu["counts"]["pass"] == compared
     assert result["counts"]["fail"] == 0 and result["gate"]["result"] == "PASS"
     loss = [check for cell in result["cells"] for check in cell["checks"] if check["metric"] == "final_loss"]
-    assert {check["ok"] for check in loss} == {True, None}  # compared where the counts agree (digits, 7B, compile)
-    assert any(check["note"].startswith("not compared: the reference ran 3 warm-up + 10 timed") for check in loss)
+    assert {check["ok"] for check in loss} <= {True, None}
+    at_their_counts = [check for check in loss if "at this run's step counts (30 steps, 10 warm-up)" in check["note"]]
+    assert at_their_counts and all(check["ok"] and check["reference_runs"] >= 5 for check in at_their_counts)
+    assert not any(check["note"].startswith("not compared: the reference ran") for check in loss)

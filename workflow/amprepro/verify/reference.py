@@ -47,6 +47,16 @@ AGGREGATED = ["throughput_per_s", "peak_allocated_bytes", "peak_reserved_bytes",
 STEP_COUNTS = ("steps", "warmup_steps")
 STEP_COUNT_FREE = {"throughput_per_s", "peak_allocated_bytes", "peak_reserved_bytes", "step_time_median_s",
                    "step_time_p90_s", "speedup_vs_fp32", "speedup_vs_tf32", "memory_ratio_vs_fp32"}
+# The others (the loss after the last step, the accuracy) hold only for the counts a run ran: a cell's aggregate keeps
+# them for the newest run's counts (its "metrics") and, under "by_step_counts", for each other counts its runs ran, so
+# that a run at older counts is still compared with the runs at its own (the 7B cells went from 3 + 7 steps to 2 + 4
+# and back, 68b578b and 5706dee).
+STEP_COUNT_BOUND = [metric for metric in AGGREGATED if metric not in STEP_COUNT_FREE]
+
+
+def counts_key(steps, warmup_steps) -> str:
+    """by_step_counts' key for (steps, warm-up steps): '10 steps, 3 warm-up'."""
+    return f"{steps} steps, {warmup_steps} warm-up"
 
 
 class ReferenceError(ValueError):
@@ -262,7 +272,30 @@ def aggregate_cell(key: str, runs: list[Run]) -> dict:
         stats = value_stats(values)
         if stats:
             cell["metrics"][metric] = stats
+    by_counts = by_step_counts(key, [run for run in used if run.id in partly])
+    if by_counts:
+        cell["by_step_counts"] = by_counts
     return cell
+
+
+def by_step_counts(key: str, runs: list[Run]) -> dict:
+    """The step-count-bound metrics (STEP_COUNT_BOUND) of runs at other counts than the newest's, per counts."""
+    groups: dict[str, list[Run]] = {}
+    for run in runs:
+        train = run.specs[key].get("train", {})
+        groups.setdefault(counts_key(train.get("steps"), train.get("warmup_steps")), []).append(run)
+    out = {}
+    for counts, group in groups.items():
+        metrics = {}
+        for metric in STEP_COUNT_BOUND:
+            stats = value_stats([run.rows[key][metric] for run in group if run.rows[key]["status"] == "ok"
+                                 and isinstance(run.rows[key].get(metric), (int, float))])
+            if stats:
+                metrics[metric] = stats
+        if metrics:
+            out[counts] = {"runs": [run.id for run in group],
+                           "n_machines": len({run.machine_id for run in group if run.machine_id}), "metrics": metrics}
+    return out
 
 
 def step_counts(spec: dict, newest: dict) -> str:
