@@ -214,6 +214,16 @@ def test_a_run_at_older_step_counts_compares_its_loss_with_the_reference_runs_at
     verdict = cellcompare.compare_cell("m/fp32/seed0", here, cell, rules, spec(12, 3), cell["spec"])
     assert verdict["verdict"] == "pass" and verdict["checks"][0]["ok"] is None
     assert verdict["checks"][0]["note"].startswith(cellcompare.STEP_COUNTS_NOTE + " 2 warm-up + 4 timed steps")
+    # Not recorded here, or not in the runs at those counts (accuracy): said so, and not "none of its runs ran them"
+    verdict = cellcompare.compare_cell("m/fp32/seed0", {**here, "final_loss": None}, cell, rules, spec(10, 3),
+                                       cell["spec"])
+    assert verdict["checks"][0]["note"] == ("not recorded here (the reference's 2 run(s) at this run's step counts "
+                                            "(10 steps, 3 warm-up), not its newest runs')")
+    accuracy = {**rules, "eval_accuracy": {"abs_floor": 0.01, "k": 2}}
+    verdict = cellcompare.compare_cell("m/fp32/seed0", {**here, "eval_accuracy": 0.9}, cell, accuracy, spec(10, 3),
+                                       cell["spec"])
+    assert verdict["verdict"] == "pass" and verdict["checks"][1]["note"].startswith("not recorded in the reference (")
+    assert cellcompare.comparison_warnings([verdict], dict.fromkeys(cellcompare.VERDICTS, 0)) == []
     # A reference whose runs all ran the newest counts has no by_step_counts at all
     assert "by_step_counts" not in reference.aggregate_cell("m/fp32/0", [run("a", 6, 2, 2.0), run("b", 6, 2, 2.1)])
 
