@@ -185,6 +185,11 @@ def test_steps_budget_slices_each_cells_own_step_times(tmp_path):
     assert "10+20" not in windows  # the cell's own window
     assert record["windows"]["3+10"] == {"cells": 1, "hold": 0, "worst_rel": -0.0909, "saves_s": 19.0}
     assert "3+10: 0 of 1 cells within 5%, worst -9.1%, saves 19.0 s of 36.0 s" in done.stdout
+    # steps 9, 10 and 11 over the median of steps 12-29 (1.2): the warm-up's last step, the first two timed ones
+    assert record["cells"]["big/fp32/seed0"]["around_warmup"] == {"last_warmup": 0.8333, "first_timed": 0.8333,
+                                                                  "second_timed": 0.8333}
+    assert record["around_warmup"]["first_timed"] == {"cells": 1, "median": 0.8333, "slow": 0}
+    assert "first timed step: 0 of 1 cells more than 5% slower than steady (median 0.833x)" in done.stdout
     (tmp_path / "tol.yaml").write_text("metrics: {throughput_per_s: {rel_floor: 0.08}}\n")  # read as verify would
     refused = subprocess.run([sys.executable, str(REPO / "tools/gpu/steps_budget.py"), str(tmp_path / "runs"),
                               "--tolerances", str(tmp_path / "tol.yaml"), "--out", str(out)],
@@ -225,6 +230,9 @@ def test_steps_budget_over_a_reference_reads_each_runs_steps_and_its_warmup(tmp_
     assert (big["warmup"], big["median_s"], big["spent_s"]) == (8, 1.0, 64.0)  # median of steps 8-29
     assert big["windows"]["3+10"] == {"median_s": 3.0, "rel": 2.0, "holds": False, "saves_s": 19.0}
     assert big["windows"]["10+10"] == {"median_s": 1.0, "rel": 0.0, "holds": True, "saves_s": 12.0}
+    # steps 7 (warm-up, 5.0 s), 8 and 9 over the median of steps 10-29 (1.1): only the warm-up's last step is slow
+    assert big["around_warmup"] == {"last_warmup": 4.5455, "first_timed": 0.9091, "second_timed": 0.9091}
+    assert record["around_warmup"]["last_warmup"] == {"cells": 1, "median": 4.5455, "slow": 1}
 
 
 def test_chain_runs_the_stages_asked_for_in_their_own_session_and_packs_them(tmp_path):

@@ -15,6 +15,11 @@ reference/tolerances.yaml; the cells whose throughput that file does not compare
 host-bound, there for accuracy or memory) are listed apart and count in no window. The windows are slices of one run,
 not independent runs. The final loss is not judged here: a run of fewer steps ends at another loss, which is why
 cutting steps means recording the reference again.
+
+Each cell also gets "around_warmup": its last warm-up step and its first two timed steps, each over the median of the
+steps after them (the steady step). The loop waits for the GPU between the last two (amprepro.train.loop: the energy
+window starts there), so the first timed step starts with nothing queued; the totals count the cells where each was
+more than AROUND_SLOW slower than steady.
 """
 
 import argparse
@@ -32,6 +37,8 @@ from amprepro.train import measure
 from amprepro.verify import reference
 
 WINDOWS = [(3, 20), (5, 20), (10, 10), (5, 10), (3, 10), (5, 5)]  # (warm-up steps, timed steps)
+AROUND = {"last_warmup": -1, "first_timed": 0, "second_timed": 1}  # steps around the warm-up's end, from it
+AROUND_SLOW = 0.05
 
 
 def read_times(handle) -> list[float]:
@@ -62,7 +69,17 @@ def cell_budget(times: list[float], warmup: int, reported: float, band: float) -
         windows[f"{w}+{k}"] = {"median_s": round(median, 6), "rel": round(rel, 4), "holds": abs(rel) <= band,
                                "saves_s": round(spent - sum(times[:w + k]), 3)}
     return {"steps": len(times), "warmup": warmup, "median_s": reported, "spent_s": round(spent, 3),
-            "windows": windows}
+            "windows": windows, "around_warmup": around_warmup(times, warmup)}
+
+
+def around_warmup(times: list[float], warmup: int) -> dict:
+    """The steps around the warm-up's end over the steady step (the median of the steps after them); {} where a cell
+    has no warm-up or fewer than one steady step."""
+    steady = times[warmup + 2:]
+    if warmup < 1 or not steady:
+        return {}
+    median = statistics.median(steady)
+    return {label: round(times[warmup + at] / median, 4) for label, at in AROUND.items()}
 
 
 def read_tolerances(path: Path | None, slug: str | None = None) -> dict | None:
@@ -108,8 +125,14 @@ def totals_of(cells: dict, band: float, apart: list) -> dict:
                         "worst_rel": max((w["rel"] for w in held), key=abs),
                         "saves_s": round(sum(w["saves_s"] for w in held), 1)}
     spent = round(sum(c["spent_s"] for c in cells.values()), 1)
+    around = {}
+    for label in AROUND:
+        ratios = [c["around_warmup"][label] for c in cells.values() if c.get("around_warmup")]
+        if ratios:
+            around[label] = {"cells": len(ratios), "median": round(statistics.median(ratios), 4),
+                             "slow": sum(r > 1 + AROUND_SLOW for r in ratios)}
     return {"band": band, "throughput_not_compared": apart, "spent_s": spent,
-            "windows": dict(sorted(totals.items())), "cells": cells}
+            "windows": dict(sorted(totals.items())), "around_warmup": around, "cells": cells}
 
 
 def reference_budget(reference_dir: Path, band: float, tolerances: dict | None = None) -> dict:
@@ -169,6 +192,9 @@ def main() -> None:
     for name, total in out["windows"].items():
         print(f"warm-up+timed {name}: {total['hold']} of {total['cells']} cells within {args.band:.0%}, worst "
               f"{total['worst_rel']:+.1%}, saves {total['saves_s']} s of {out['spent_s']} s")
+    for label, total in out["around_warmup"].items():
+        print(f"{label.replace('_', ' ')} step: {total['slow']} of {total['cells']} cells more than "
+              f"{AROUND_SLOW:.0%} slower than steady (median {total['median']:.3f}x)")
 
 
 if __name__ == "__main__":
