@@ -20,6 +20,10 @@ Each cell also gets "around_warmup": its last warm-up step and its first two tim
 steps after them (the steady step). The loop waits for the GPU between the last two (amprepro.train.loop: the energy
 window starts there), so the first timed step starts with nothing queued; the totals count the cells where each was
 more than AROUND_SLOW slower than steady.
+
+A shorter window is a slice of a run that waited at its own warm-up's end, not what a run at those counts would
+measure: such a run waits earlier, and the steps after its wait can run slow. The 7B cells' 2 + 4 held within 2.1 % on
+the slices (68b578b) and failed on an H100 when run (results-reference/perf/9d8afa1-h100/, first-timed-step/).
 """
 
 import argparse
