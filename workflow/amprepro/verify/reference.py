@@ -234,6 +234,16 @@ def value_stats(values: list[float]) -> dict | None:
     return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
 
 
+def ok_values(key: str, runs: list[Run], metric: str) -> list[float]:
+    """The metric of the cell in the runs where it ran ok and recorded a number."""
+    return [run.rows[key][metric] for run in runs
+            if run.rows[key]["status"] == "ok" and isinstance(run.rows[key].get(metric), (int, float))]
+
+
+def machine_count(runs: list[Run]) -> int:
+    return len({run.machine_id for run in runs if run.machine_id})
+
+
 def aggregate_cell(key: str, runs: list[Run]) -> dict:
     """The cell over the runs that measured it with the newest run's settings, on a machine that could run it."""
     present = [run for run in runs if key in run.rows]
@@ -256,7 +266,7 @@ def aggregate_cell(key: str, runs: list[Run]) -> dict:
     cell = {"model": last["model"], "precision": last["precision"], "seed": last["seed"], "spec": newest_spec,
             "runs": [run.id for run in used], "excluded_runs": excluded, "partly_used_runs": partly,
             "n_runs": len(used),
-            "n_machines": len({run.machine_id for run in used if run.machine_id}),
+            "n_machines": machine_count(used),
             "statuses": dict(sorted(statuses.items())), "metrics": {}}
     if not used:
         last_left_out = next(run.rows[key] for run in reversed(present) if run.id in excluded)
@@ -266,10 +276,8 @@ def aggregate_cell(key: str, runs: list[Run]) -> dict:
     cell["status"] = next(iter(statuses)) if len(statuses) == 1 else "mixed"
     cell["reason"] = "; ".join(sorted({run.rows[key]["reason"] for run in used if run.rows[key].get("reason")})) or None
     for metric in AGGREGATED:
-        values = [run.rows[key][metric] for run in used
-                  if run.rows[key]["status"] == "ok" and isinstance(run.rows[key].get(metric), (int, float))
-                  and (metric in STEP_COUNT_FREE or run.id not in partly)]
-        stats = value_stats(values)
+        stats = value_stats(ok_values(key, [run for run in used if metric in STEP_COUNT_FREE or run.id not in partly],
+                                      metric))
         if stats:
             cell["metrics"][metric] = stats
     by_counts = by_step_counts(key, [run for run in used if run.id in partly])
@@ -288,13 +296,11 @@ def by_step_counts(key: str, runs: list[Run]) -> dict:
     for counts, group in groups.items():
         metrics = {}
         for metric in STEP_COUNT_BOUND:
-            stats = value_stats([run.rows[key][metric] for run in group if run.rows[key]["status"] == "ok"
-                                 and isinstance(run.rows[key].get(metric), (int, float))])
+            stats = value_stats(ok_values(key, group, metric))
             if stats:
                 metrics[metric] = stats
         if metrics:
-            out[counts] = {"runs": [run.id for run in group],
-                           "n_machines": len({run.machine_id for run in group if run.machine_id}), "metrics": metrics}
+            out[counts] = {"runs": [run.id for run in group], "n_machines": machine_count(group), "metrics": metrics}
     return out
 
 
@@ -323,10 +329,9 @@ def stack_of(provenance: dict) -> dict:
 
 def aggregate(runs: list[Run]) -> dict:
     keys = list(dict.fromkeys(key for run in runs for key in run.rows))
-    machines = {run.machine_id for run in runs if run.machine_id}
     return {
         "gpu": runs[-1].provenance.get("gpu") if runs else None,
-        "n_runs": len(runs), "n_machines": len(machines),
+        "n_runs": len(runs), "n_machines": machine_count(runs),
         "runs": {run.id: {"created_utc": run.provenance.get("created_utc"), "note": run.provenance.get("note", ""),
                           "machine": run.provenance.get("machine"), "stack": stack_of(run.provenance),
                           "summary_csv_sha256": run.provenance.get("summary_csv_sha256"),
