@@ -296,3 +296,75 @@ def test_a_cells_own_ranks_on_this_host(monkeypatch):
     assert measure.local_ranks(Dist()) == 2
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "two")
     assert measure.local_ranks(Dist()) == 1
+
+
+class QueuedStep:
+    """A warm-up step's timer as the GPU sees it: running until finish(), then done; settle() waits for it."""
+
+    def __init__(self, log, running):
+        self.log, self.running = log, running
+
+    def done(self):
+        return not self.running
+
+    def settle(self):
+        self.log.append("wait for the warm-up step's end")
+        self.running = False
+        return 0.1
+
+
+def window_log(monkeypatch):
+    log = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: log.append("empty the queue"))
+    window = measure.TimedWindow(lambda: log.append("read") or ("joules", "cpu"))
+    return log, window
+
+
+def test_the_window_starts_after_the_first_timed_step_is_queued_while_the_gpu_is_still_on_the_warmup(monkeypatch):
+    log, window = window_log(monkeypatch)
+    window.before_first(QueuedStep(log, running=True), torch.device("cuda"))
+    assert log == [] and window.start is None  # nothing waited for, nothing read: the first timed step goes first
+    log.append("queue the first timed step")
+    window.after_first_queued()
+    assert log == ["queue the first timed step", "wait for the warm-up step's end", "read"]
+    assert window.start == ("joules", "cpu")
+    window.after_first_queued()  # once only
+    assert log.count("read") == 1
+
+
+@pytest.mark.parametrize("last_warmup, device, expected", [
+    ("done", "cuda", ["empty the queue", "read"]),    # the host is behind: the GPU has run past the warm-up already
+    (None, "cuda", ["empty the queue", "read"]),      # no warm-up step: the building's queued work ends first
+    ("done", "cpu", ["read"]),                        # CPU ops are synchronous
+])
+def test_the_window_starts_before_the_first_timed_step_where_nothing_of_the_warmup_is_left(monkeypatch, last_warmup,
+                                                                                            device, expected):
+    log, window = window_log(monkeypatch)
+    timer = QueuedStep(log, running=False) if last_warmup == "done" else None
+    window.before_first(timer, torch.device(device))
+    assert log == expected and window.start == ("joules", "cpu")
+    window.after_first_queued()
+    assert log == expected  # no second reading
+
+
+def test_a_cpu_timer_is_always_done_and_a_cuda_timer_asks_its_end_event(monkeypatch):
+    with measure.StepTimer(torch.device("cpu")) as timer:
+        pass
+    assert timer.done() is True
+    asked = []
+
+    class Event:
+        def __init__(self, enable_timing=False):
+            pass
+
+        def record(self):
+            pass
+
+        def query(self):
+            asked.append("query")
+            return False
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    with measure.StepTimer(torch.device("cuda"), sync=False) as timer:
+        pass
+    assert timer.done() is False and asked == ["query"]

@@ -292,3 +292,33 @@ def test_out_of_memory_is_a_skip_that_names_the_batch_size(monkeypatch):
     assert metrics["status"] == "skipped"
     assert metrics["reason"].startswith("out of GPU memory at batch size 32: CUDA out of memory")
     assert "a batch written in your config is kept as written: lower it" in metrics["reason"]
+
+
+def test_the_timed_window_opens_on_the_last_warmup_steps_end_once_the_first_timed_step_is_queued(monkeypatch):
+    """Issue 40, results-reference/perf/first-timed-step: the loop hands the window the last warm-up step's timer
+    before the first timed step, and opens it only once that step is queued, so the GPU's queue never runs out."""
+    from amprepro.train import measure
+
+    events, timers = [], []
+
+    class Timer(measure.StepTimer):
+        def __enter__(self):
+            timers.append(self)
+            return super().__enter__()
+
+    class Window(measure.TimedWindow):
+        def before_first(self, last_warmup, device):
+            events.append(("before", timers.index(last_warmup)))
+            super().before_first(last_warmup, device)
+
+        def after_first_queued(self):
+            events.append("after")
+            super().after_first_queued()
+
+    real_step = precision.Trainer.step
+    monkeypatch.setattr(precision.Trainer, "step", lambda self, x, y: events.append("step") or real_step(self, x, y))
+    monkeypatch.setattr(measure, "StepTimer", Timer)
+    monkeypatch.setattr(measure, "TimedWindow", Window)
+    metrics, _ = train.run(spec(steps=5), NO_APEX, threads=1)
+    assert metrics["status"] == "ok" and metrics["timed_steps"] == 3
+    assert events == ["step", "step", ("before", 1), "step", "after", "step", "step"]

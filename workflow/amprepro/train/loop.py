@@ -96,7 +96,8 @@ def train_loop(spec, dist, device, base, cell, batches, breakdown, settings) -> 
     # slower than timm's benchmark.py, which reads nothing in its timed loop; issue 40). Every PROGRESS_EVERY steps the
     # rows up to PROGRESS_LAG steps back are read and the progress line printed, while the GPU still has the last
     # PROGRESS_LAG steps queued, so it never waits for the host; the rest are read after the last step.
-    pending, rows, started, energy_start, cpu_start = collections.deque(), [], time.time(), None, None
+    pending, rows, started = collections.deque(), [], time.time()
+    window = measure.TimedWindow(lambda: (energy.read_joules(), measure.cpu_snapshot()))
 
     def settle(upto: float) -> None:
         while pending and pending[0][0] <= upto:
@@ -107,21 +108,22 @@ def train_loop(spec, dist, device, base, cell, batches, breakdown, settings) -> 
                 print(f"step {step:5d} loss {loss:.4f} scale {scale} {seconds * 1000:.1f} ms", flush=True)
 
     for step in range(train["steps"]):
-        if step == train["warmup_steps"]:
-            if device.type == "cuda":  # the host runs ahead of the GPU: the warm-up's energy ends when its work does
-                torch.cuda.synchronize(device)
-            energy_start, cpu_start = energy.read_joules(), measure.cpu_snapshot()
+        if step == train["warmup_steps"]:  # the timed steps' energy and CPU windows start where the warm-up's work ends
+            window.before_first(pending[-1][3] if pending else None, device)
         x, y = next_batch()
         set_lr(trainer.optimizer, train, step)
         with measure.StepTimer(device, sync=False) as timer:
             result = trainer.step(x, y)
             loss = dist.mean(result.loss)
         pending.append((step, loss, result, timer))
+        if step == train["warmup_steps"]:
+            window.after_first_queued()
         if step % PROGRESS_EVERY == PROGRESS_LAG:
             settle(step - PROGRESS_LAG)
         curve.maybe(step + 1, trainer, batches)
     settle(math.inf)
     energy_end, cpu_end = energy.read_joules(), measure.cpu_snapshot()
+    energy_start, cpu_start = window.start or (None, None)
     load = {**measure.host_load(), **measure.busy_during(cpu_start, cpu_end, own_ranks=measure.local_ranks(dist))}
     energy_j = dist.total(energy_end - energy_start if None not in (energy_start, energy_end) else None, device)
     # Counted after training, on the last batch, so counting changes neither the data order nor the timings. Every
