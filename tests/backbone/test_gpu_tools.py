@@ -303,6 +303,20 @@ def test_time_to_verdict_names_what_our_cell_runs_that_timm_does_not(tmp_path):
     assert "reads the inf flag on the host" in rows["vit_timm", "amp_fp16"]["recipe_differs"]
     assert "no host wait" in rows["vit_timm_fused_adamw", "amp_fp16"]["recipe_differs"]
     assert json.loads(out.read_text())["timm_note"] is None
+    assert all(row["cell_ratio"] == row["ratio"] and row["compared_as"] == row["precision"] for row in rows.values())
+    # Where timm_compare.py also timed our harness on timm's recipe (fp16, no scaler), that is the ratio; the cell's
+    # own is cell_ratio.
+    both = json.loads((perf / "timm_compare.json").read_text())
+    both[1]["same_recipe"] = {"precision": "amp_fp16_unscaled", "amprepro_samples_per_s": 2600.0, "ratio": 1.0123}
+    (tmp_path / "both.json").write_text(json.dumps(both))
+    done = subprocess.run([sys.executable, str(REPO / "tools/gpu/time_to_verdict.py"), "--started", "started",
+                           "--verdict", "verdict", "--log", str(log), "--results", "results", "--commit", "3015d60",
+                           "--timm", str(tmp_path / "both.json"), "--out", str(out)], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    fp16 = json.loads(out.read_text())["timm_ratios"][1]
+    assert (fp16["precision"], fp16["ratio"], fp16["compared_as"], fp16["cell_ratio"]) == (
+        "amp_fp16", 1.0123, "amp_fp16_unscaled", 0.9366)
     # Part of a comparison (the call's budget ended first: time_to_verdict.sh passes the partial file) keeps its note.
     partial = tmp_path / "timm_compare.partial.json"
     partial.write_text(json.dumps(json.loads((perf / "timm_compare.json").read_text())[:3]))
@@ -357,3 +371,20 @@ def test_a_failed_gate_is_a_verdict_timed_and_recorded(tmp_path, gate, verdict):
         assert len(list(state.glob("amprepro-verdict-epoch-*"))) == 2
     else:
         assert "no verdict yet: call again" in done.stdout and not (tmp_path / "out/time-to-verdict.json").exists()
+
+
+def test_timm_compare_times_a_scaled_cell_again_on_timms_recipe_without_the_scaler():
+    """tools/gpu/timm_compare.py: timm's benchmark runs no GradScaler, so an fp16 cell's harness comparison is run on
+    the same spec with the scaler dropped (and its init-scale setting, which config refuses without a scaler)."""
+    import importlib.util
+
+    loaded = importlib.util.spec_from_file_location("timm_compare", REPO / "tools/gpu/timm_compare.py")
+    module = importlib.util.module_from_spec(loaded)
+    loaded.loader.exec_module(module)
+    spec = {"model": "vit_timm", "precision": "amp_fp16", "seed": 0, "model_config": {"arch": "vit_base_patch16_224"},
+            "train": {"optimizer": "adamw", "steps": 30, "grad_scaler_init_scale": 16384}}
+    same = module.timm_recipe(spec)
+    assert same == {**spec, "precision": "amp_fp16_unscaled", "train": {"optimizer": "adamw", "steps": 30}}
+    assert spec["precision"] == "amp_fp16" and "grad_scaler_init_scale" in spec["train"]  # the cell's own untouched
+    for unchanged in ("amp_bf16", "fp32", "apex_o1"):
+        assert module.timm_recipe({**spec, "precision": unchanged}) is None

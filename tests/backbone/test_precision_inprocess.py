@@ -39,6 +39,7 @@ BUILT = {"status": "built", "has_amp": True, "commit": "abc"}
     ("fp32", None), ("amp_bf16", None), ("amp_bf16_compile", None),
     ("tf32", "TF32 is a Tensor Core mode of NVIDIA GPUs (compute capability >= 8.0); no CUDA GPU here"),
     ("amp_fp16", "fp16 AMP with GradScaler is the CUDA recipe the articles measure; no CUDA GPU here"),
+    ("amp_fp16_unscaled", "fp16 autocast with no loss scaler is timm benchmark.py's CUDA recipe; no CUDA GPU here"),
     ("apex_o1", "apex.amp runs on CUDA GPUs only; no CUDA GPU here"),
     ("apex_o2", "apex.amp runs on CUDA GPUs only; no CUDA GPU here"),
     ("fp8_rowwise", "fp8_rowwise: FP8 matmuls (torch._scaled_mm) need an NVIDIA GPU of compute capability >= 8.9 "

@@ -134,6 +134,18 @@ def recipe_difference(precision: str, optimizer: str) -> str | None:
     return "GradScaler (timm runs none): its step reads the inf flag on the host before this non-fused optimizer's step"
 
 
+def timm_ratio(row: dict) -> dict:
+    """One compared cell: "ratio" is our harness against timm's on the same work (on timm's recipe, where our cell's
+    differs: tools/gpu/timm_compare.py's "same_recipe"), "cell_ratio" the cell as the pipeline runs it."""
+    same = row.get("same_recipe")
+    return {"model": row["model"], "precision": row["precision"],
+            "optimizer": row["amprepro"]["spec"]["train"]["optimizer"], "timm_samples_per_s": row["timm_samples_per_s"],
+            "amprepro_samples_per_s": round(row["amprepro_samples_per_s"], 2),
+            "ratio": round((same or row)["ratio"], 4), "compared_as": (same or row)["precision"],
+            "cell_ratio": round(row["ratio"], 4),
+            "recipe_differs": recipe_difference(row["precision"], row["amprepro"]["spec"]["train"]["optimizer"])}
+
+
 def record(args) -> dict:
     started, verdict = (float(Path(p).read_text().split()[0]) for p in (args.started, args.verdict))
     results = Path(args.results)
@@ -156,12 +168,7 @@ def record(args) -> dict:
         "init_weights": init_weights(cells),
         "step_seconds": step_seconds(cells),
         "critical_path": critical_path(jobs, cells, verdict - started),
-        "timm_ratios": None if timm is None else [
-            {"model": r["model"], "precision": r["precision"],
-             "optimizer": r["amprepro"]["spec"]["train"]["optimizer"], "timm_samples_per_s": r["timm_samples_per_s"],
-             "amprepro_samples_per_s": round(r["amprepro_samples_per_s"], 2), "ratio": round(r["ratio"], 4),
-             "recipe_differs": recipe_difference(r["precision"], r["amprepro"]["spec"]["train"]["optimizer"])}
-            for r in timm],
+        "timm_ratios": None if timm is None else [timm_ratio(r) for r in timm],
         "timm_note": args.timm_note or (None if timm else "no timm comparison in this lease "
                                                           "(vendor/timm/benchmark.py not carried)"),
     }

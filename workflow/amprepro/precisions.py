@@ -55,6 +55,11 @@ REGISTRY: dict[str, Precision] = {
         Precision("tf32", "TF32", "#8f9bb3", "tf32", tf32=True),
         Precision("amp_fp16", "fp16 AMP", "#d1495b", "fp16", autocast_dtype="float16", grad_scaler=True,
                   bytes_per_parameter=(4, 4, 8, 0, 2), compute_bytes=2),
+        # fp16 autocast with no loss scaler: the recipe timm's benchmark.py times, so that issue 40's harness
+        # comparison (tools/gpu/timm_compare.py) times our harness on the same work; no preset runs it. Without a
+        # scaler a small fp16 gradient underflows to zero, the risk the articles' GradScaler answers.
+        Precision("amp_fp16_unscaled", "fp16 AMP, no loss scaler", "#e6859a", "fp16", autocast_dtype="float16",
+                  bytes_per_parameter=(4, 4, 8, 0, 2), compute_bytes=2),
         Precision("amp_bf16", "bf16 AMP", "#edae49", "bf16", autocast_dtype="bfloat16",
                   bytes_per_parameter=(4, 4, 8, 0, 2), compute_bytes=2),
         Precision("apex_o1", "apex O1", "#00798c", "fp16", apex_opt_level="O1",

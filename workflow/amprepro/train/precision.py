@@ -37,6 +37,8 @@ def unsupported_reason(precision: str, device: torch.device, apex: dict) -> str 
             return f"TF32 needs compute capability >= 8.0; this GPU is {torch.cuda.get_device_capability(device)}"
     if spec.grad_scaler and not on_cuda:
         return "fp16 AMP with GradScaler is the CUDA recipe the articles measure; no CUDA GPU here"
+    if spec.autocast_dtype == "float16" and not on_cuda:
+        return "fp16 autocast with no loss scaler is timm benchmark.py's CUDA recipe; no CUDA GPU here"
     if spec.autocast_dtype == "bfloat16" and on_cuda and not torch.cuda.is_bf16_supported():
         return "this GPU does not support bf16 (needs compute capability >= 8.0)"
     if spec.needs_apex:
