@@ -14,7 +14,8 @@
 # (time_to_verdict.sh); full, the full preset (issue 39) in the same results/, so it runs only the cells the paper
 # preset has not, then make verify; full12, the full preset at a 12 GiB cap, then make verify; ref, the paper preset's
 # route again in a copy of the tree with no results/ (another reference run of this machine, to promote: one box then
-# gives two runs).
+# gives two runs); ab, after ttv in its results/, the 7B mixed-precision cells with the train loop of ab-old/ (an older
+# commit's loop.py and measure.py, put there untracked) and of this tree, side by side (tools/gpu/loop_ab.py).
 set -uo pipefail
 OUT=${OUT:?set OUT to the output directory of the call}
 mkdir -p "$OUT" || exit 1
@@ -28,7 +29,10 @@ if [ "$mode" = start ] && [ ! -f "$chain/started" ]; then
   [[ $COMMIT =~ ^[0-9a-f]{7,40}$ ]] || { echo "COMMIT=$COMMIT is not a commit hash"; exit 1; }
   stages=${STAGES:-ttv full full12}
   for stage in $stages; do
-    [[ $stage =~ ^(ttv|full|full12|ref)$ ]] || { echo "STAGES: $stage is not one of ttv, full, full12, ref"; exit 1; }
+    [[ $stage =~ ^(ttv|full|full12|ref|ab)$ ]] || {
+      echo "STAGES: $stage is not one of ttv, full, full12, ref, ab"
+      exit 1
+    }
   done
   mkdir -p "$tree" "$chain/out"
   tar cf - --exclude=./results --exclude=./.snakemake . | tar xf - -C "$tree" || exit 1
@@ -46,6 +50,9 @@ if [ "$mode" = start ] && [ ! -f "$chain/started" ]; then
         ref) echo "mkdir -p $chain/ref-tree && tar cf - --exclude=./results --exclude=./.snakemake . |" \
                   "tar xf - -C $chain/ref-tree && (cd $chain/ref-tree &&" \
                   "OUT=$chain/out/ref bash tools/gpu/make_run.sh 1150 verify > $chain/ref.out 2>&1)" ;;
+        ab) echo "mkdir -p $chain/out/ab && CUDA_VISIBLE_DEVICES=0 ${AMPREPRO_VENV:-/tmp/amprepro-venv}/bin/python" \
+                 "tools/gpu/loop_ab.py --old ab-old --apex results/apex/apex.json --out $chain/out/ab" \
+                 "--model llama7b > $chain/ab.out 2>&1" ;;
       esac
     done
     echo "echo \"stage done \$(date +%s)\""
@@ -59,9 +66,9 @@ while [ $((deadline - SECONDS)) -gt 25 ] && ! grep -q "stage done" "$chain/stage
 done
 echo "== $(($(date +%s) - $(cat "$chain/started"))) s since the chain started"
 cat "$chain/stages.log"
-for f in ttv full full12 ref; do [ -f "$chain/$f.out" ] && { echo "== $f"; tail -n 30 "$chain/$f.out"; }; done
+for f in ttv full full12 ref ab; do [ -f "$chain/$f.out" ] && { echo "== $f"; tail -n 30 "$chain/$f.out"; }; done
 # At most 8 files come back: one tarball per finished stage folder, plus the running stage's make-run log.
-for d in ttv full full12 ref; do
+for d in ttv full full12 ref ab; do
   [ -d "$chain/out/$d" ] && tar czf "$OUT/$d.tgz" -C "$chain/out" "$d"
 done
 for log in /tmp/amprepro-ttv-make-run*.log /tmp/make-run-full-none.log /tmp/make-run-full-12.log; do
