@@ -257,6 +257,8 @@ def test_chain_runs_the_stages_asked_for_in_their_own_session_and_packs_them(tmp
 
     refused = chain("start", "30", STAGES="ttv report")
     assert refused.returncode == 1 and "STAGES: report is not one of ttv, full, full12, ref, ab" in refused.stdout
+    no_old_loop = chain("start", "30", STAGES="ttv ab")  # found before the ttv stage, not after it
+    assert no_old_loop.returncode == 1 and "ab needs ab-old/loop.py" in no_old_loop.stdout
     assert chain("wait", "30").stdout.strip() == "no chain on this box: the box is fresh, start it again"
     done = chain("start", "60", STAGES="ttv full12 ref")
     assert done.returncode == 0, done.stdout + done.stderr
@@ -315,8 +317,19 @@ def test_time_to_verdict_names_what_our_cell_runs_that_timm_does_not(tmp_path):
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     fp16 = json.loads(out.read_text())["timm_ratios"][1]
-    assert (fp16["precision"], fp16["ratio"], fp16["compared_as"], fp16["cell_ratio"]) == (
-        "amp_fp16", 1.0123, "amp_fp16_unscaled", 0.9366)
+    assert (fp16["precision"], fp16["ratio"], fp16["compared_as"], fp16["amprepro_samples_per_s"]) == (
+        "amp_fp16", 1.0123, "amp_fp16_unscaled", 2600.0)
+    assert (fp16["cell_ratio"], fp16["cell_samples_per_s"]) == (0.9366, round(both[1]["amprepro_samples_per_s"], 2))
+    # A same-recipe run that failed: no harness ratio for the cell, and why; the cell's own stays.
+    both[1]["same_recipe"] = {"precision": "amp_fp16_unscaled", "error": "amprepro cell failed (1): CUDA error"}
+    (tmp_path / "both.json").write_text(json.dumps(both))
+    done = subprocess.run([sys.executable, str(REPO / "tools/gpu/time_to_verdict.py"), "--started", "started",
+                           "--verdict", "verdict", "--log", str(log), "--results", "results", "--commit", "3015d60",
+                           "--timm", str(tmp_path / "both.json"), "--out", str(out)], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60)
+    fp16 = json.loads(out.read_text())["timm_ratios"][1]
+    assert done.returncode == 0 and fp16["ratio"] is None and fp16["amprepro_samples_per_s"] is None
+    assert fp16["error"].endswith("CUDA error") and fp16["cell_ratio"] == 0.9366
     # Part of a comparison (the call's budget ended first: time_to_verdict.sh passes the partial file) keeps its note.
     partial = tmp_path / "timm_compare.partial.json"
     partial.write_text(json.dumps(json.loads((perf / "timm_compare.json").read_text())[:3]))

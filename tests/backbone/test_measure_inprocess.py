@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import platform
 import sys
+import threading
 import types
 
 import pytest
@@ -299,37 +300,66 @@ def test_a_cells_own_ranks_on_this_host(monkeypatch):
 
 
 class QueuedStep:
-    """A warm-up step's timer as the GPU sees it: running until finish(), then done; settle() waits for it."""
+    """A warm-up step's timer as the GPU sees it: running until finish(), then done; wait() blocks until then."""
 
-    def __init__(self, log, running):
-        self.log, self.running = log, running
+    def __init__(self, running):
+        self.ended = threading.Event()
+        if not running:
+            self.ended.set()
 
     def done(self):
-        return not self.running
+        return self.ended.is_set()
 
-    def settle(self):
-        self.log.append("wait for the warm-up step's end")
-        self.running = False
-        return 0.1
+    def finish(self):
+        self.ended.set()
+
+    def wait(self):
+        assert self.ended.wait(10), "the warm-up step never ended"
 
 
-def window_log(monkeypatch):
-    log = []
+def window_log(monkeypatch, read=None):
+    log, was_read = [], threading.Event()
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: log.append("empty the queue"))
-    window = measure.TimedWindow(lambda: log.append("read") or ("joules", "cpu"))
-    return log, window
+
+    def reading():
+        log.append("read")
+        was_read.set()
+        if read:
+            read()
+        return ("joules", "cpu")
+
+    return log, was_read, measure.TimedWindow(reading)
 
 
-def test_the_window_starts_after_the_first_timed_step_is_queued_while_the_gpu_is_still_on_the_warmup(monkeypatch):
-    log, window = window_log(monkeypatch)
-    window.before_first(QueuedStep(log, running=True), torch.device("cuda"))
-    assert log == [] and window.start is None  # nothing waited for, nothing read: the first timed step goes first
+def test_the_window_opens_when_the_gpu_ends_the_warmup_while_the_first_timed_step_is_being_queued(monkeypatch):
+    """The first timed step is queued while the GPU still runs the last warm-up step; the counters are read when the
+    GPU ends that step, even while the host waits inside the first timed step for the GPU (GradScaler's inf check
+    with a non-fused optimizer), not once the step is queued: that would leave part of the step out of the window."""
+    log, was_read, window = window_log(monkeypatch)
+    warmup = QueuedStep(running=True)
+    window.before_first(warmup, torch.device("cuda"))
     log.append("queue the first timed step")
+    assert log == ["queue the first timed step"] and window.start is None  # nothing emptied, nothing read yet
+    warmup.finish()  # the GPU passes the warm-up's end event; the host is inside the step, waiting for the GPU
+    assert was_read.wait(10), "the counters were not read when the warm-up step ended"
+    log.append("the first timed step returns")
     window.after_first_queued()
-    assert log == ["queue the first timed step", "wait for the warm-up step's end", "read"]
+    assert log == ["queue the first timed step", "read", "the first timed step returns"]
     assert window.start == ("joules", "cpu")
     window.after_first_queued()  # once only
     assert log.count("read") == 1
+
+
+def test_a_failed_reading_is_raised_on_the_loops_thread(monkeypatch):
+    def broken():
+        raise RuntimeError("NVML went away")
+
+    _, _, window = window_log(monkeypatch, read=broken)
+    warmup = QueuedStep(running=True)
+    window.before_first(warmup, torch.device("cuda"))
+    warmup.finish()
+    with pytest.raises(RuntimeError, match="NVML went away"):
+        window.after_first_queued()
 
 
 @pytest.mark.parametrize("last_warmup, device, expected", [
@@ -339,12 +369,19 @@ def test_the_window_starts_after_the_first_timed_step_is_queued_while_the_gpu_is
 ])
 def test_the_window_starts_before_the_first_timed_step_where_nothing_of_the_warmup_is_left(monkeypatch, last_warmup,
                                                                                             device, expected):
-    log, window = window_log(monkeypatch)
-    timer = QueuedStep(log, running=False) if last_warmup == "done" else None
+    log, _, window = window_log(monkeypatch)
+    timer = QueuedStep(running=False) if last_warmup == "done" else None
     window.before_first(timer, torch.device(device))
     assert log == expected and window.start == ("joules", "cpu")
     window.after_first_queued()
     assert log == expected  # no second reading
+
+
+def test_side_reads_are_a_plain_context_on_the_cpu():
+    reads = measure.SideReads(torch.device("cpu"))
+    assert reads.stream is None
+    with reads:
+        assert float(torch.tensor(2.5)) == 2.5
 
 
 def test_a_cpu_timer_is_always_done_and_a_cuda_timer_asks_its_end_event(monkeypatch):

@@ -322,3 +322,37 @@ def test_the_timed_window_opens_on_the_last_warmup_steps_end_once_the_first_time
     metrics, _ = train.run(spec(steps=5), NO_APEX, threads=1)
     assert metrics["status"] == "ok" and metrics["timed_steps"] == 3
     assert events == ["step", "step", ("before", 1), "step", "after", "step", "step"]
+
+
+def test_progress_reads_wait_for_their_own_steps_end_and_read_on_a_side_stream(monkeypatch):
+    """Review of 70e81ac: at 3 warm-up steps the progress read of step 0 comes at step 2. Read on the loop's stream
+    (float(loss)), it waited for everything queued, step 2 included, so the first timed step started with nothing
+    queued and the timed window never took its new path. Each read now waits for its own step's end event, then reads
+    in measure.SideReads."""
+    from amprepro.train import measure
+
+    events = []
+
+    class Reads(measure.SideReads):
+        def __enter__(self):
+            events.append("side")
+            return super().__enter__()
+
+        def __exit__(self, *exc):
+            events.append("main")
+            return super().__exit__(*exc)
+
+    class Timer(measure.StepTimer):
+        def settle(self):
+            events.append("its end")
+            return super().settle()
+
+    real = precision.StepResult.read_back
+    monkeypatch.setattr(precision.StepResult, "read_back", lambda self: events.append("read") or real(self))
+    monkeypatch.setattr(measure, "SideReads", Reads)
+    monkeypatch.setattr(measure, "StepTimer", Timer)
+    cell_spec = spec(steps=5)
+    cell_spec["train"]["warmup_steps"] = 3
+    metrics, rows = train.run(cell_spec, NO_APEX, threads=1)
+    assert metrics["status"] == "ok" and len(rows) == 5
+    assert events == ["its end", "side", "read", "main"] * 5

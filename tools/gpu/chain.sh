@@ -34,6 +34,10 @@ if [ "$mode" = start ] && [ ! -f "$chain/started" ]; then
       exit 1
     }
   done
+  if [[ " $stages " == *" ab "* ]] && [ ! -f ab-old/loop.py ]; then
+    echo "STAGES: ab needs ab-old/loop.py and ab-old/measure.py (an older commit's, carried)"
+    exit 1
+  fi
   mkdir -p "$tree" "$chain/out"
   tar cf - --exclude=./results --exclude=./.snakemake . | tar xf - -C "$tree" || exit 1
   date +%s > "$chain/started"

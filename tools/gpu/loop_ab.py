@@ -41,11 +41,16 @@ def run(spec: dict, workflow: Path, apex: Path, out: Path) -> dict:
     command = [sys.executable, "-m", "amprepro.train.train", "--spec", json.dumps(spec), "--apex", str(apex),
                "--threads", "8", "--metrics", str(out / "metrics.json"), "--steps", str(out / "steps.csv")]
     started = time.time()
-    done = subprocess.run(command, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "PYTHONPATH": str(workflow)})
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=600,
+                              env={**os.environ, "PYTHONPATH": str(workflow)})
+    except subprocess.TimeoutExpired:
+        return {"error": "ran past 600 s"}
     if done.returncode != 0:
         return {"error": done.stderr[-2000:]}
     metrics = json.loads((out / "metrics.json").read_text())
+    if metrics["status"] != "ok":
+        return {"error": f"{metrics['status']}: {metrics.get('reason')}"}
     with open(out / "steps.csv") as f:
         seconds = [float(r["step_time_s"]) for r in csv.DictReader(f)]
     warmup = spec["train"]["warmup_steps"]

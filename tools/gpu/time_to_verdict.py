@@ -135,15 +135,21 @@ def recipe_difference(precision: str, optimizer: str) -> str | None:
 
 
 def timm_ratio(row: dict) -> dict:
-    """One compared cell: "ratio" is our harness against timm's on the same work (on timm's recipe, where our cell's
-    differs: tools/gpu/timm_compare.py's "same_recipe"), "cell_ratio" the cell as the pipeline runs it."""
+    """One compared cell: "ratio" is our harness against timm's on the same work ("compared_as": on timm's recipe where
+    our cell's differs, tools/gpu/timm_compare.py's "same_recipe"), with its samples/s; "cell_ratio" and
+    "cell_samples_per_s" are the cell as the pipeline runs it, and "recipe_differs" what that cell runs that timm does
+    not. A same-recipe run that failed leaves "ratio" None, with its error."""
     same = row.get("same_recipe")
-    return {"model": row["model"], "precision": row["precision"],
-            "optimizer": row["amprepro"]["spec"]["train"]["optimizer"], "timm_samples_per_s": row["timm_samples_per_s"],
-            "amprepro_samples_per_s": round(row["amprepro_samples_per_s"], 2),
-            "ratio": round((same or row)["ratio"], 4), "compared_as": (same or row)["precision"],
-            "cell_ratio": round(row["ratio"], 4),
-            "recipe_differs": recipe_difference(row["precision"], row["amprepro"]["spec"]["train"]["optimizer"])}
+    compared = same if same and "ratio" in same else (None if same else row)
+    optimizer = row["amprepro"]["spec"]["train"]["optimizer"]
+    return {"model": row["model"], "precision": row["precision"], "optimizer": optimizer,
+            "timm_samples_per_s": row["timm_samples_per_s"],
+            "compared_as": (same or row)["precision"],
+            "amprepro_samples_per_s": round(compared["amprepro_samples_per_s"], 2) if compared else None,
+            "ratio": round(compared["ratio"], 4) if compared else None,
+            **({"error": same["error"]} if same and "error" in same else {}),
+            "cell_samples_per_s": round(row["amprepro_samples_per_s"], 2), "cell_ratio": round(row["ratio"], 4),
+            "recipe_differs": recipe_difference(row["precision"], optimizer)}
 
 
 def record(args) -> dict:

@@ -66,6 +66,11 @@ def our_throughput(spec: dict, apex: Path, out: Path) -> tuple[float, dict]:
                                          "hardware": metrics["hardware"], "software": metrics["software"]}
 
 
+def save_partial(out: Path, rows: list[dict]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "timm_compare.partial.json").write_text(json.dumps(rows, indent=2))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--benchmark", type=Path, required=True)
@@ -84,16 +89,20 @@ def main() -> None:
                "amprepro_samples_per_s": ours, "ratio": ours / timm, "timm": timm_detail, "amprepro": our_detail}
         print(f"{spec['model']}/{spec['precision']}: timm {timm:.1f}/s, amprepro {ours:.1f}/s, "
               f"ratio {ours / timm:.3f} ({(ours / timm - 1) * 100:+.1f} %)", flush=True)
+        rows.append(row)
+        save_partial(args.out, rows)  # what has finished, should the call's budget end before the rest
         same = timm_recipe(spec)
         if same is not None:
-            plain, plain_detail = our_throughput(same, args.apex, args.out / spec["model"] / same["precision"])
-            row["same_recipe"] = {"precision": same["precision"], "amprepro_samples_per_s": plain,
-                                  "ratio": plain / timm, "amprepro": plain_detail}
-            print(f"{spec['model']}/{same['precision']} (timm's recipe): amprepro {plain:.1f}/s, "
-                  f"ratio {plain / timm:.3f} ({(plain / timm - 1) * 100:+.1f} %)", flush=True)
-        rows.append(row)
-        args.out.mkdir(parents=True, exist_ok=True)  # what has finished, should the call's budget end before the rest
-        (args.out / "timm_compare.partial.json").write_text(json.dumps(rows, indent=2))
+            try:
+                plain, plain_detail = our_throughput(same, args.apex, args.out / spec["model"] / same["precision"])
+            except SystemExit as failed:  # the cell's own comparison stands; the harness comparison says why not
+                row["same_recipe"] = {"precision": same["precision"], "error": str(failed)[-1000:]}
+            else:
+                row["same_recipe"] = {"precision": same["precision"], "amprepro_samples_per_s": plain,
+                                      "ratio": plain / timm, "amprepro": plain_detail}
+                print(f"{spec['model']}/{same['precision']} (timm's recipe): amprepro {plain:.1f}/s, "
+                      f"ratio {plain / timm:.3f} ({(plain / timm - 1) * 100:+.1f} %)", flush=True)
+            save_partial(args.out, rows)
     (args.out / "timm_compare.json").write_text(json.dumps(rows, indent=2))
     (args.out / "timm_compare.partial.json").unlink()
 

@@ -94,15 +94,18 @@ def train_loop(spec, dist, device, base, cell, batches, breakdown, settings) -> 
     # Every step's loss, loss scale and skip flag stay on the device until the GPU is past them: reading them as each
     # step is queued would make the host wait for that step before queueing the next (fp16 ViT-B/16 measured 3.6 %
     # slower than timm's benchmark.py, which reads nothing in its timed loop; issue 40). Every PROGRESS_EVERY steps the
-    # rows up to PROGRESS_LAG steps back are read and the progress line printed, while the GPU still has the last
-    # PROGRESS_LAG steps queued, so it never waits for the host; the rest are read after the last step.
-    pending, rows, started = collections.deque(), [], time.time()
+    # rows up to PROGRESS_LAG steps back are read and the progress line printed: each waits for its step's end event
+    # only, and is read on a side stream (measure.SideReads), so the GPU keeps the last PROGRESS_LAG steps queued; the
+    # rest are read after the last step.
+    pending, rows, started, reads = collections.deque(), [], time.time(), measure.SideReads(device)
     window = measure.TimedWindow(lambda: (energy.read_joules(), measure.cpu_snapshot()))
 
     def settle(upto: float) -> None:
         while pending and pending[0][0] <= upto:
             step, loss, result, timer = pending.popleft()
-            loss, (scale, skipped), seconds = float(loss), result.read_back(), timer.settle()
+            seconds = timer.settle()
+            with reads:
+                loss, (scale, skipped) = float(loss), result.read_back()
             rows.append({"step": step, "loss": loss, "loss_scale": scale, "skipped": skipped, "step_time_s": seconds})
             if step % PROGRESS_EVERY == 0 and dist.is_main:
                 print(f"step {step:5d} loss {loss:.4f} scale {scale} {seconds * 1000:.1f} ms", flush=True)

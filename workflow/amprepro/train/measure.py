@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import resource
@@ -9,6 +10,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import threading
 import time
 
 import torch
@@ -56,36 +58,72 @@ class StepTimer:
         """Whether the GPU has run past the step's end (always on CPU); it does not wait."""
         return self.end.query() if self.cuda else True
 
+    def wait(self) -> None:
+        """Until the GPU has run past the step's end (at once on CPU)."""
+        if self.cuda:
+            self.end.synchronize()
+
+
+class SideReads:
+    """A context to read a finished step's values (its loss, loss scale, skip flag) in, without waiting for the steps
+    queued after it. A tensor's value read on the stream that queued it (float(loss)) waits for everything queued
+    there since: each progress read emptied the GPU's queue, so the next step started with nothing queued (at 3 warm-up
+    steps, the first timed one; issue 40). Once the step's end event has passed (StepTimer.settle), its values are
+    final, and an otherwise idle stream copies them at once. On CPU, a plain context."""
+
+    def __init__(self, device: torch.device):
+        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self._context = None
+
+    def __enter__(self):
+        self._context = torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()
+        return self._context.__enter__()
+
+    def __exit__(self, *exc):
+        return self._context.__exit__(*exc)
+
 
 class TimedWindow:
-    """Where the timed steps' energy and CPU windows start: at the GPU's end of the last warm-up step, found without
+    """Where the timed steps' energy and CPU windows start: when the GPU ends the last warm-up step, found without
     emptying the GPU's queue.
 
     The host runs ahead of the GPU, so when the first timed step is queued the GPU may still be on the warm-up. Waiting
-    for it first (torch.cuda.synchronize, until 2026-12-06) left the first timed step to start with nothing queued: the
-    likely cause of the mixed-precision 7B cells' first timed steps up to 18 % slow (results-reference/perf/
+    for it first (torch.cuda.synchronize, until 2026-12-06) left the first timed step to start with nothing queued,
+    a likely cause of the mixed-precision 7B cells' first timed steps up to 18 % slow (results-reference/perf/
     first-timed-step/), where the host needs nearly as long to queue a step as the GPU needs to run it.
 
-    So where the last warm-up step is still running, the first timed step is queued first (before_first, then
-    after_first_queued): the host then waits for the warm-up step's end event and reads, while the GPU runs the first
-    timed step. Where the GPU is already past it (the host is behind), or there was no warm-up step, the reading is
-    taken before the first timed step, after the GPU's queue has run out, as until now. read: () -> the start values."""
+    So where the last warm-up step is still running, a thread waits for its end event and reads the counters the
+    moment the GPU passes it (before_first), while this thread queues the first timed step; after_first_queued joins
+    it. The step itself may wait for the GPU (GradScaler's inf check with a non-fused optimizer, apex's overflow
+    check), so the reading cannot wait until the step is queued. Where the GPU is already past the warm-up (the host is
+    behind), or there was no warm-up step, the reading is taken at once, after the GPU's queue has run out, as until
+    now. read: () -> the start values; NVML and /proc, which another thread may read."""
 
     def __init__(self, read):
-        self.read, self.start, self._waiting_on = read, None, None
+        self.read, self.start, self._waiter, self._error = read, None, None, None
 
     def before_first(self, last_warmup: StepTimer | None, device: torch.device) -> None:
         if last_warmup is not None and not last_warmup.done():
-            self._waiting_on = last_warmup
+            def wait_and_read():
+                try:
+                    last_warmup.wait()
+                    self.start = self.read()
+                except BaseException as exc:  # raised in after_first_queued, on the loop's thread
+                    self._error = exc
+
+            self._waiter = threading.Thread(target=wait_and_read, name="timed-window", daemon=True)
+            self._waiter.start()
             return
         if device.type == "cuda":  # what was queued since (a loss's all-reduce, a batch's copy) ends the warm-up's work
             torch.cuda.synchronize(device)
         self.start = self.read()
 
     def after_first_queued(self) -> None:
-        if self._waiting_on is not None:
-            self._waiting_on.settle()
-            self.start, self._waiting_on = self.read(), None
+        if self._waiter is not None:
+            self._waiter.join()
+            self._waiter = None
+            if self._error is not None:
+                raise self._error
 
 
 def percentile(values: list[float], q: float) -> float:
