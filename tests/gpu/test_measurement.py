@@ -118,3 +118,47 @@ def test_the_measured_matmul_peak_is_in_a_plausible_band_for_the_card(device):
         assert BAND[0] <= ratio <= BAND[1], f"{kind}: {value:.1f} TFLOP/s is {ratio:.0%} of the datasheet's " \
                                             f"{datasheet[kind]} ({product})"
     assert torch.backends.cuda.matmul.allow_tf32 is False, "the peak measurement left TF32 on"
+
+
+def spin(seconds: float) -> None:
+    """Queue about `seconds` of GPU work: torch.cuda._sleep spins for a number of cycles (at the SM clock, ~1-2 GHz)."""
+    torch.cuda._sleep(int(seconds * 1.5e9))
+
+
+# The train loop reads a step's loss and loss scale after the step's end event, on a side stream (measure.SideReads):
+# a read on the loop's own stream waits for every step queued after it, which emptied the GPU's queue (issue 40).
+def test_a_side_read_does_not_wait_for_the_work_queued_after_the_value(device):
+    value = torch.full((), 3.0, device=device)
+    measure.SideReads(device)  # the stream made before the timing
+    torch.cuda.synchronize()
+    spin(0.5)  # a later step, still queued
+    reads = measure.SideReads(device)
+    started = time.perf_counter()
+    with reads:
+        got = float(value)
+    side_s = time.perf_counter() - started
+    started = time.perf_counter()
+    assert float(value) == 3.0  # on the loop's stream: behind the spin
+    main_s = time.perf_counter() - started
+    assert got == 3.0
+    assert side_s < 0.05 and main_s > 0.1, (side_s, main_s)
+
+
+# measure.TimedWindow: where the last warm-up step is still running, the counters are read the moment the GPU ends it,
+# from a thread, while the loop queues the first timed step and even waits inside it for the GPU.
+def test_the_timed_window_opens_when_the_gpu_ends_the_warmup_step_not_when_the_host_is_done(device):
+    with measure.StepTimer(device, sync=False) as warmup:
+        spin(0.3)
+    started, read_at = time.perf_counter(), []
+    window = measure.TimedWindow(lambda: read_at.append(time.perf_counter()) or ("joules", "cpu"))
+    window.before_first(warmup, device)
+    with measure.StepTimer(device, sync=False) as first:
+        spin(0.3)
+        torch.cuda.synchronize()  # a host wait inside the step (GradScaler's inf check with a non-fused optimizer)
+    host_done = time.perf_counter()
+    window.after_first_queued()
+    warmup_s, first_s = warmup.settle(), first.settle()
+    assert window.start == ("joules", "cpu") and len(read_at) == 1
+    opened = read_at[0] - started
+    assert opened < warmup_s + 0.05, (opened, warmup_s)  # at the warm-up's end (its time left, at most)
+    assert host_done - started > warmup_s + first_s * 0.8, (host_done - started, warmup_s, first_s)
