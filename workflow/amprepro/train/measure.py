@@ -88,9 +88,10 @@ class TimedWindow:
     emptying the GPU's queue.
 
     The host runs ahead of the GPU, so when the first timed step is queued the GPU may still be on the warm-up. Waiting
-    for it first (torch.cuda.synchronize, until 2026-12-06) left the first timed step to start with nothing queued,
-    a likely cause of the mixed-precision 7B cells' first timed steps up to 18 % slow (results-reference/perf/
-    first-timed-step/), where the host needs nearly as long to queue a step as the GPU needs to run it.
+    for it first (torch.cuda.synchronize, until 2026-12-06) left the first timed step to start with nothing queued:
+    the mixed-precision 7B cells' first timed steps ran up to 18 % slow, where the host needs nearly as long to queue
+    a step as the GPU needs to run it (side by side on one H100, that loop's up to 5.9 %, this one's 0.1 % at most:
+    results-reference/perf/first-timed-step/).
 
     So where the last warm-up step is still running, a thread waits for its end event and reads the counters the
     moment the GPU passes it (before_first), while this thread queues the first timed step; after_first_queued joins
