@@ -336,8 +336,12 @@ def test_the_window_opens_when_the_gpu_ends_the_warmup_while_the_first_timed_ste
     GPU ends that step, even while the host waits inside the first timed step for the GPU (GradScaler's inf check
     with a non-fused optimizer), not once the step is queued: that would leave part of the step out of the window."""
     log, was_read, window = window_log(monkeypatch)
+    devices = []  # a DDP rank on GPU 3: the waiting thread takes GPU 3, not a new thread's GPU 0
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda index: devices.append((index, threading.current_thread())))
     warmup = QueuedStep(running=True)
-    window.before_first(warmup, torch.device("cuda"))
+    window.before_first(warmup, torch.device("cuda", 3))
     log.append("queue the first timed step")
     assert log == ["queue the first timed step"] and window.start is None  # nothing emptied, nothing read yet
     warmup.finish()  # the GPU passes the warm-up's end event; the host is inside the step, waiting for the GPU
@@ -346,6 +350,7 @@ def test_the_window_opens_when_the_gpu_ends_the_warmup_while_the_first_timed_ste
     window.after_first_queued()
     assert log == ["queue the first timed step", "read", "the first timed step returns"]
     assert window.start == ("joules", "cpu")
+    assert [index for index, _ in devices] == [3] and devices[0][1] is not threading.current_thread()
     window.after_first_queued()  # once only
     assert log.count("read") == 1
 

@@ -129,7 +129,8 @@ def spin(seconds: float) -> None:
 # a read on the loop's own stream waits for every step queued after it, which emptied the GPU's queue (issue 40).
 def test_a_side_read_does_not_wait_for_the_work_queued_after_the_value(device):
     value = torch.full((), 3.0, device=device)
-    measure.SideReads(device)  # the stream made before the timing
+    with measure.SideReads(device):  # a first read allocates pinned host memory, which synchronises: before the timing
+        float(value)
     torch.cuda.synchronize()
     spin(0.5)  # a later step, still queued
     reads = measure.SideReads(device)

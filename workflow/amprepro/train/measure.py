@@ -98,15 +98,23 @@ class TimedWindow:
     it. The step itself may wait for the GPU (GradScaler's inf check with a non-fused optimizer, apex's overflow
     check), so the reading cannot wait until the step is queued. Where the GPU is already past the warm-up (the host is
     behind), or there was no warm-up step, the reading is taken at once, after the GPU's queue has run out, as until
-    now. read: () -> the start values; NVML and /proc, which another thread may read."""
+    now. read: () -> the start values; NVML and /proc, which another thread may read. The thread needs the GIL to
+    read, so the window may open a few ms (Python's switch interval) after the GPU ends the warm-up step; and the end
+    event's wait spins, so it keeps a core busy until then."""
 
     def __init__(self, read):
         self.read, self.start, self._waiter, self._error = read, None, None, None
 
     def before_first(self, last_warmup: StepTimer | None, device: torch.device) -> None:
         if last_warmup is not None and not last_warmup.done():
+            # A new thread's CUDA device is 0: on a DDP rank of another GPU it would open a context there (~0.5 GiB of
+            # another rank's memory) inside the wait. It takes this thread's device first.
+            index = torch.cuda.current_device() if torch.cuda.is_available() else None
+
             def wait_and_read():
                 try:
+                    if index is not None:
+                        torch.cuda.set_device(index)
                     last_warmup.wait()
                     self.start = self.read()
                 except BaseException as exc:  # raised in after_first_queued, on the loop's thread
