@@ -401,3 +401,37 @@ def test_timm_compare_times_a_scaled_cell_again_on_timms_recipe_without_the_scal
     assert spec["precision"] == "amp_fp16" and "grad_scaler_init_scale" in spec["train"]  # the cell's own untouched
     for unchanged in ("amp_bf16", "fp32", "apex_o1"):
         assert module.timm_recipe({**spec, "precision": unchanged}) is None
+
+
+def test_timm_compare_keeps_a_cells_ratio_when_its_same_recipe_run_fails(tmp_path, monkeypatch):
+    """Review of 00b1526: the fp16 cell's own comparison is written before its run on timm's recipe, and a failed
+    same-recipe run is recorded with its error instead of ending the comparison of the cells after it."""
+    import importlib.util
+    import json
+
+    loaded = importlib.util.spec_from_file_location("timm_compare", REPO / "tools/gpu/timm_compare.py")
+    module = importlib.util.module_from_spec(loaded)
+    loaded.loader.exec_module(module)
+    cells = []
+    for model, precision in (("vit_timm", "amp_fp16"), ("vit_timm", "amp_bf16")):
+        cell = tmp_path / "runs" / model / precision / "seed0"
+        cell.mkdir(parents=True)
+        spec = {"model": model, "precision": precision, "seed": 0, "model_config": {"arch": "vit_base_patch16_224"},
+                "train": {"optimizer": "adamw"}}
+        (cell / "metrics.json").write_text(json.dumps({"spec": spec}))
+        cells += ["--cell", str(cell)]
+
+    def ours(spec, apex, out):
+        if spec["precision"] == "amp_fp16_unscaled":
+            raise SystemExit("amprepro cell failed (1):\nCUDA error")
+        return 90.0, {"spec": spec}
+
+    monkeypatch.setattr(module, "timm_throughput", lambda benchmark, spec, iters, warmup: (100.0, {}))
+    monkeypatch.setattr(module, "our_throughput", ours)
+    monkeypatch.setattr(sys, "argv", ["timm_compare.py", "--benchmark", "b.py", *cells, "--apex", "a.json",
+                                      "--out", str(tmp_path / "out")])
+    module.main()
+    rows = json.loads((tmp_path / "out/timm_compare.json").read_text())
+    assert [(r["precision"], r["ratio"]) for r in rows] == [("amp_fp16", 0.9), ("amp_bf16", 0.9)]
+    assert rows[0]["same_recipe"] == {"precision": "amp_fp16_unscaled", "error": "amprepro cell failed (1):\nCUDA error"}
+    assert "same_recipe" not in rows[1] and not (tmp_path / "out/timm_compare.partial.json").exists()
