@@ -433,5 +433,6 @@ def test_timm_compare_keeps_a_cells_ratio_when_its_same_recipe_run_fails(tmp_pat
     module.main()
     rows = json.loads((tmp_path / "out/timm_compare.json").read_text())
     assert [(r["precision"], r["ratio"]) for r in rows] == [("amp_fp16", 0.9), ("amp_bf16", 0.9)]
-    assert rows[0]["same_recipe"] == {"precision": "amp_fp16_unscaled", "error": "amprepro cell failed (1):\nCUDA error"}
+    failed = {"precision": "amp_fp16_unscaled", "error": "amprepro cell failed (1):\nCUDA error"}
+    assert rows[0]["same_recipe"] == failed
     assert "same_recipe" not in rows[1] and not (tmp_path / "out/timm_compare.partial.json").exists()
