@@ -436,3 +436,34 @@ def test_timm_compare_keeps_a_cells_ratio_when_its_same_recipe_run_fails(tmp_pat
     failed = {"precision": "amp_fp16_unscaled", "error": "amprepro cell failed (1):\nCUDA error"}
     assert rows[0]["same_recipe"] == failed
     assert "same_recipe" not in rows[1] and not (tmp_path / "out/timm_compare.partial.json").exists()
+
+
+def test_loop_ab_runs_each_cell_with_both_loops_and_records_a_skipped_one(tmp_path):
+    """tools/gpu/loop_ab.py on this CPU: a cell run with an older loop (here this tree's own files, copied) and with this
+    tree's, and a cell this machine skips (fp16 AMP needs CUDA) recorded with its reason instead of ending the stage."""
+    import json
+
+    old = tmp_path / "ab-old"
+    old.mkdir()
+    for name in ("loop.py", "measure.py"):
+        shutil.copy(REPO / "workflow/amprepro/train" / name, old / name)
+    cells = []
+    for precision in ("fp32", "amp_fp16"):
+        cell = tmp_path / "runs/m" / precision / "seed0"
+        cell.mkdir(parents=True)
+        spec = {"model": "m", "precision": precision, "seed": 0,
+                "model_config": {"arch": "small_cnn", "data": "digits", "batch_size": 32},
+                "train": {"steps": 5, "warmup_steps": 2, "lr": 0.002, "optimizer": "adamw"}}
+        (cell / "metrics.json").write_text(json.dumps({"spec": spec}))
+        cells += ["--cell", str(cell)]
+    (tmp_path / "apex.json").write_text(json.dumps({"status": "skipped", "reason": "none"}))
+    done = subprocess.run([sys.executable, str(REPO / "tools/gpu/loop_ab.py"), "--old", str(old), *cells,
+                           "--apex", str(tmp_path / "apex.json"), "--rounds", "1", "--out", str(tmp_path / "ab")],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    rows = json.loads((tmp_path / "ab/loop_ab.json").read_text())
+    assert [(r["precision"], r["loop"]) for r in rows] == [("fp32", "old"), ("fp32", "new"), ("amp_fp16", "old"),
+                                                           ("amp_fp16", "new")]
+    assert all(len(r["step_time_s"]) == 5 and r["first_timed_over_steady"] > 0 for r in rows[:2])
+    assert rows[2]["error"].startswith("skipped: fp16 AMP with GradScaler is the CUDA recipe")
+    assert not (tmp_path / "ab/old-tree").exists()
