@@ -439,8 +439,9 @@ def test_timm_compare_keeps_a_cells_ratio_when_its_same_recipe_run_fails(tmp_pat
 
 
 def test_loop_ab_runs_each_cell_with_both_loops_and_records_a_skipped_one(tmp_path):
-    """tools/gpu/loop_ab.py on this CPU: a cell run with an older loop (here this tree's own files, copied) and with this
-    tree's, and a cell this machine skips (fp16 AMP needs CUDA) recorded with its reason instead of ending the stage."""
+    """tools/gpu/loop_ab.py on this CPU: a cell run with an older loop (here this tree's own files, copied) and with
+    this tree's, and a cell this machine skips (fp16 AMP needs CUDA) recorded with its reason instead of ending the
+    stage."""
     import json
 
     old = tmp_path / "ab-old"
