@@ -19,9 +19,10 @@ import os
 import shutil
 import statistics
 import subprocess
-import sys
 import time
 from pathlib import Path
+
+from timm_compare import cell_command  # this folder's: the same train CLI call
 
 REPO = Path(__file__).resolve().parents[2]
 SWAPPED = ("loop.py", "measure.py")
@@ -38,11 +39,9 @@ def old_tree(old: Path, into: Path) -> Path:
 
 def run(spec: dict, workflow: Path, apex: Path, out: Path) -> dict:
     out.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "amprepro.train.train", "--spec", json.dumps(spec), "--apex", str(apex),
-               "--threads", "8", "--metrics", str(out / "metrics.json"), "--steps", str(out / "steps.csv")]
     started = time.time()
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=600,
+        done = subprocess.run(cell_command(spec, apex, out), capture_output=True, text=True, timeout=600,
                               env={**os.environ, "PYTHONPATH": str(workflow)})
     except subprocess.TimeoutExpired:
         return {"error": "ran past 600 s"}

@@ -17,9 +17,9 @@ not independent runs. The final loss is not judged here: a run of fewer steps en
 cutting steps means recording the reference again.
 
 Each cell also gets "around_warmup": its last warm-up step and its first two timed steps, each over the median of the
-steps after them (the steady step). The loop waits for the GPU between the last two (amprepro.train.loop: the energy
-window starts there), so the first timed step starts with nothing queued; the totals count the cells where each was
-more than AROUND_SLOW slower than steady.
+steps after them (the steady step). Until ebb54cc the loop emptied the GPU's queue before the first timed step, which
+then ran slow (results-reference/perf/first-timed-step/); the totals count the cells where each was more than
+AROUND_SLOW slower than steady.
 
 A shorter window is a slice of a run that waited at its own warm-up's end, not what a run at those counts would
 measure: such a run waits earlier, and the steps after its wait can run slow. The 7B cells' 2 + 4 held within 2.1 % on

@@ -54,11 +54,15 @@ def timm_recipe(spec: dict) -> dict | None:
     return {**spec, "precision": twin[0], "train": train}
 
 
+def cell_command(spec: dict, apex: Path, out: Path) -> list[str]:
+    """The train CLI's command for one cell spec, writing metrics.json and steps.csv in out (loop_ab.py runs it too)."""
+    return [sys.executable, "-m", "amprepro.train.train", "--spec", json.dumps(spec), "--apex", str(apex),
+            "--threads", "8", "--metrics", str(out / "metrics.json"), "--steps", str(out / "steps.csv")]
+
+
 def our_throughput(spec: dict, apex: Path, out: Path) -> tuple[float, dict]:
     env = {**os.environ, "PYTHONPATH": "workflow"}
-    command = [sys.executable, "-m", "amprepro.train.train", "--spec", json.dumps(spec), "--apex", str(apex),
-               "--threads", "8", "--metrics", str(out / "metrics.json"), "--steps", str(out / "steps.csv")]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
+    done = subprocess.run(cell_command(spec, apex, out), capture_output=True, text=True, timeout=600, env=env)
     if done.returncode != 0:
         raise SystemExit(f"amprepro cell failed ({done.returncode}):\n{done.stderr[-3000:]}")
     metrics = json.loads((out / "metrics.json").read_text())

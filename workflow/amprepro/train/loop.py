@@ -98,7 +98,11 @@ def train_loop(spec, dist, device, base, cell, batches, breakdown, settings) -> 
     # only, and is read on a side stream (measure.SideReads), so the GPU keeps the last PROGRESS_LAG steps queued; the
     # rest are read after the last step.
     pending, rows, started, reads = collections.deque(), [], time.time(), measure.SideReads(device)
-    window = measure.TimedWindow(lambda: (energy.read_joules(), measure.cpu_snapshot()))
+
+    def counters():  # where the timed steps' energy and CPU windows start and end
+        return energy.read_joules(), measure.cpu_snapshot()
+
+    window = measure.TimedWindow(counters)
 
     def settle(upto: float) -> None:
         while pending and pending[0][0] <= upto:
@@ -125,7 +129,7 @@ def train_loop(spec, dist, device, base, cell, batches, breakdown, settings) -> 
             settle(step - PROGRESS_LAG)
         curve.maybe(step + 1, trainer, batches)
     settle(math.inf)
-    energy_end, cpu_end = energy.read_joules(), measure.cpu_snapshot()
+    energy_end, cpu_end = counters()
     energy_start, cpu_start = window.start or (None, None)
     load = {**measure.host_load(), **measure.busy_during(cpu_start, cpu_end, own_ranks=measure.local_ranks(dist))}
     energy_j = dist.total(energy_end - energy_start if None not in (energy_start, energy_end) else None, device)

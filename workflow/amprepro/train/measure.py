@@ -50,7 +50,7 @@ class StepTimer:
     def settle(self) -> float:
         """The step's seconds, waiting for its end event if the GPU has not reached it yet."""
         if self.cuda:
-            self.end.synchronize()
+            self.wait()
             self.seconds = self.start.elapsed_time(self.end) / 1000.0
         return self.seconds
 
